@@ -1,0 +1,38 @@
+"""Exceptions raised by agentsim.
+
+Every error a user can trigger derives from :class:`AgentsimError`. Configuration
+mistakes (unknown model, bad parameter, malformed config file) are
+:class:`ConfigError`, which is also a :class:`ValueError` so that generic callers
+catch them as bad values.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class AgentsimError(Exception):
+    """Base class of every agentsim error."""
+
+
+class ConfigError(AgentsimError, ValueError):
+    """A model, parameter, config file or command-line value is invalid."""
+
+
+class FieldAccessError(AgentsimError, RuntimeError):
+    """A substep read or wrote a field it did not declare."""
+
+
+class SimulationError(AgentsimError, RuntimeError):
+    """An error flag was raised inside vectorized code (NaN, overflow, ...)."""
+
+
+class OutputError(AgentsimError, OSError):
+    """A trajectory file could not be created, written or read."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """Return ``" Perhaps you meant 'x'?"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Perhaps you meant '{close[0]}'?" if close else ""

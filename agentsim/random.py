@@ -1,0 +1,202 @@
+"""Counter-based random numbers keyed by (seed, id, step, stream).
+
+Every draw is a pure function of the run seed, an integer id (an agent's ``uid``,
+a grid cell index, an edge index, ...), the step number, a named stream and a draw
+index. Nothing depends on the order of agents in memory or on how they are split
+across ranks, so a run gives the same numbers on one process or many.
+
+The generator is the SplitMix64 finalizer (Steele, Lea & Flood 2014) evaluated in
+int64 arithmetic: wrapping ``+`` and ``*`` give the same bits as uint64, and a
+logical right shift is an arithmetic shift followed by a mask. An id is hashed
+once into a key, ``key = mix(id * golden + mix(seed, stream))``; each draw is
+``mix(key ^ mix(step, draw))``.
+
+Examples:
+    >>> import torch
+    >>> rng = CounterRNG(seed=7)
+    >>> uid = torch.arange(5)
+    >>> u = rng.uniform(uid, step=3, stream="move")
+    >>> bool(torch.equal(u[2:4], rng.uniform(uid[2:4], step=3, stream="move")))
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import Tensor
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(c: int) -> int:
+    """Write a uint64 constant as the int64 with the same bits."""
+    c &= _MASK64
+    return c - (1 << 64) if c >= (1 << 63) else c
+
+
+GOLDEN = _signed(0x9E3779B97F4A7C15)
+_M1 = _signed(0xBF58476D1CE4E5B9)
+_M2 = _signed(0x94D049BB133111EB)
+
+
+def _shr(z: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 bits by ``k``."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: Tensor) -> Tensor:
+    """SplitMix64 finalizer on an int64 tensor (elementwise, any shape)."""
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return z ^ _shr(z, 31)
+
+
+def mix64_int(z: int) -> int:
+    """SplitMix64 finalizer on a Python int; returns the int64 with those bits."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return _signed(z ^ (z >> 31))
+
+
+def stream_id(stream: int | str) -> int:
+    """Map a stream name or number to an int. Names hash with CRC-32 (stable across runs)."""
+    if isinstance(stream, str):
+        return zlib.crc32(stream.encode("utf-8"))
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    raise TypeError(f"stream must be an int or a str (got {type(stream).__name__})")
+
+
+class CounterRNG:
+    """Random numbers that are pure functions of (seed, id, step, stream, draw).
+
+    Args:
+        seed: The run seed (any Python int).
+
+    All methods take ``ids``, an int64 tensor of shape ``[n]`` (or any shape), and
+    return a tensor of the same shape on the same device, or ``[*ids.shape, draws]``
+    when ``draws`` is given.
+    """
+
+    def __init__(self, seed: int) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int (got {type(seed).__name__})")
+        self.seed = seed
+
+    def __repr__(self) -> str:
+        return f"CounterRNG(seed={self.seed})"
+
+    def key(self, ids: Tensor, stream: int | str) -> Tensor:
+        """Per-id key for ``stream``: int64 tensor shaped like ``ids``."""
+        if ids.dtype != torch.int64:
+            ids = ids.to(torch.int64)
+        salt = mix64_int(mix64_int(self.seed) ^ stream_id(stream))
+        return mix64(ids * GOLDEN + salt)
+
+    def bits(
+        self, ids: Tensor, step: int, stream: int | str, draw: int = 0, draws: int | None = None
+    ) -> Tensor:
+        """Raw 64 random bits per id as int64.
+
+        Args:
+            ids: int64 ids, shape ``[...]``.
+            step: The simulation step (int >= 0).
+            stream: A name or number that separates independent uses.
+            draw: Index of the first draw within (id, step, stream).
+            draws: If given, return ``draws`` consecutive draws as a last dimension.
+        """
+        key = self.key(ids, stream)
+        if draws is None:
+            return mix64(key ^ mix64_int((step << 20) ^ draw))
+        salts = torch.tensor(
+            [mix64_int((step << 20) ^ (draw + d)) for d in range(draws)],
+            dtype=torch.int64,
+            device=key.device,
+        )
+        return mix64(key.unsqueeze(-1) ^ salts)
+
+    def uniform(
+        self,
+        ids: Tensor,
+        step: int,
+        stream: int | str,
+        draw: int = 0,
+        draws: int | None = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> Tensor:
+        """Uniform numbers in ``[0, 1)``: 53 random bits for float64, 24 for float32."""
+        b = self.bits(ids, step, stream, draw, draws)
+        if dtype == torch.float64:
+            return _shr(b, 11).to(torch.float64) * (2.0**-53)
+        if dtype == torch.float32:
+            return _shr(b, 40).to(torch.float32) * (2.0**-24)
+        raise TypeError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
+
+    def normal(
+        self,
+        ids: Tensor,
+        step: int,
+        stream: int | str,
+        draw: int = 0,
+        draws: int | None = None,
+        dtype: torch.dtype = torch.float64,
+    ) -> Tensor:
+        """Standard normal numbers (Box-Muller); draw ``d`` consumes raw draws ``2d, 2d+1``."""
+        n = 1 if draws is None else draws
+        u = self.uniform(ids, step, stream, 2 * draw, 2 * n, dtype=torch.float64)
+        u1, u2 = u[..., 0::2], u[..., 1::2]
+        z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
+        z = z.to(dtype)
+        return z.squeeze(-1) if draws is None else z
+
+    def integers(
+        self, ids: Tensor, step: int, stream: int | str, high: int | Tensor, draw: int = 0
+    ) -> Tensor:
+        """Integers in ``[0, high)`` (``high`` an int or an int tensor shaped like ``ids``).
+
+        Uses ``floor(u * high)`` with a 53-bit uniform: the bias is below ``high / 2**53``.
+        """
+        u = self.uniform(ids, step, stream, draw)
+        if isinstance(high, Tensor):
+            out = torch.floor(u * high.to(torch.float64)).to(torch.int64)
+            return torch.minimum(out, (high.to(torch.int64) - 1).clamp(min=0))
+        if high < 1:
+            raise ValueError(f"high must be >= 1 (got {high})")
+        return torch.floor(u * high).to(torch.int64).clamp(max=high - 1)
+
+    def bernoulli(self, ids: Tensor, step: int, stream: int | str, p: float | Tensor, draw: int = 0) -> Tensor:
+        """Boolean draws that are True with probability ``p``."""
+        return self.uniform(ids, step, stream, draw) < p
+
+    def at(self, step: int) -> StepRNG:
+        """A view of this generator with the step fixed (what substeps receive)."""
+        return StepRNG(self, step)
+
+
+class StepRNG:
+    """A :class:`CounterRNG` bound to one step: ``rng.uniform(ids, "move")``."""
+
+    def __init__(self, rng: CounterRNG, step: int) -> None:
+        self.rng = rng
+        self.step = step
+
+    def bits(self, ids: Tensor, stream: int | str, draw: int = 0, draws: int | None = None) -> Tensor:
+        return self.rng.bits(ids, self.step, stream, draw, draws)
+
+    def uniform(self, ids: Tensor, stream: int | str, draw: int = 0, draws: int | None = None,
+                dtype: torch.dtype = torch.float64) -> Tensor:
+        return self.rng.uniform(ids, self.step, stream, draw, draws, dtype)
+
+    def normal(self, ids: Tensor, stream: int | str, draw: int = 0, draws: int | None = None,
+               dtype: torch.dtype = torch.float64) -> Tensor:
+        return self.rng.normal(ids, self.step, stream, draw, draws, dtype)
+
+    def integers(self, ids: Tensor, stream: int | str, high: int | Tensor, draw: int = 0) -> Tensor:
+        return self.rng.integers(ids, self.step, stream, high, draw)
+
+    def bernoulli(self, ids: Tensor, stream: int | str, p: float | Tensor, draw: int = 0) -> Tensor:
+        return self.rng.bernoulli(ids, self.step, stream, p, draw)
