@@ -1,0 +1,122 @@
+"""The ``agentsim`` command.
+
+::
+
+    agentsim run MODEL [--agents N] [--steps T] [--seed S] [--set name=value ...]
+                       [--config FILE] [--device cpu|cuda] [--out FILE.h5]
+                       [--record FIELDS] [--every K] [--quiet]
+    agentsim models
+
+Exit status: 0 on success, 2 for a configuration error (unknown model or parameter,
+bad value, malformed config file), 1 for any other error (unwritable output, a
+simulation error flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from .errors import AgentsimError, ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentsim", description="PyTorch-native agent-based simulation")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a model and write an HDF5 trajectory")
+    run.add_argument("model", nargs="?", help="model name (see `agentsim models`) or module:ATTR")
+    run.add_argument("--agents", type=int, help="number of agents at step 0")
+    run.add_argument("--steps", type=int, help="number of steps (default 100)")
+    run.add_argument("--seed", type=int, help="run seed (default 0)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a model parameter (repeatable)")
+    run.add_argument("--config", help="TOML or YAML run configuration")
+    run.add_argument("--device", help="cpu (default), cuda or cuda:N")
+    run.add_argument("--out", help="HDF5 output path (default: no file)")
+    run.add_argument("--record", help="comma-separated fields to record: pop, pop.field, field, env.name")
+    run.add_argument("--every", type=int, help="also record agents every K steps")
+    run.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    sub.add_parser("models", help="list the models with their parameters and defaults")
+    return p
+
+
+def _parse_sets(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set: expected NAME=VALUE (got {item!r})")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def cmd_models() -> int:
+    from .catalog import BUILTIN, get_model
+
+    for name in BUILTIN:
+        m = get_model(name)
+        print(f"{name}: {m.description}")
+        print(f"  substeps: {', '.join(s.name for s in m.substeps)}; default agents: {m.default_agents}")
+        print(m.param_spec.table())
+        print()
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .catalog import get_model
+    from .config import load_config
+    from .engine import Simulation
+
+    cfg = load_config(args.config) if args.config else {}
+    model_name = args.model or cfg.get("model")
+    if not model_name:
+        raise ConfigError("no model given: `agentsim run MODEL` or model = ... in --config")
+    params = dict(cfg.get("params", {}))
+    params.update(_parse_sets(args.sets))
+    model = get_model(model_name).configure(params=params, substeps=cfg.get("substeps"))
+    pick = lambda key, default: getattr(args, key) if getattr(args, key) is not None else cfg.get(key, default)  # noqa: E731
+    agents = pick("agents", model.default_agents)
+    steps = pick("steps", 100)
+    seed = pick("seed", 0)
+    every = pick("every", None)
+    out = pick("out", None)
+    record = args.record.split(",") if args.record else cfg.get("record")
+    t0 = time.perf_counter()
+    sim = Simulation(model, agents=agents, seed=seed, device=pick("device", "cpu"))
+    t_init = time.perf_counter() - t0
+    result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet)
+    if not args.quiet:
+        last = {k: v[-1] for k, v in result.metrics.items()}
+        rate = steps / result.seconds if result.seconds > 0 else float("inf")
+        print(f"{model.name}: {agents} agents, {steps} steps, seed {seed}, device {sim.device}")
+        print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
+              f"{rate * agents:.3g} agent-updates/s)")
+        print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
+        print(model.plan())
+        if out:
+            print(f"wrote {out}")
+    return 0
+
+
+def _fmt(v: object) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "models":
+            return cmd_models()
+        return cmd_run(args)
+    except ConfigError as e:
+        print(f"agentsim: error: {e}", file=sys.stderr)
+        return 2
+    except AgentsimError as e:
+        print(f"agentsim: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Communication between ranks, behind one small interface.
+
+The engine calls these few operations, never torch.distributed directly, so one
+process runs the same code path with no collectives (:class:`LocalComm`). The
+multi-rank implementation (gloo / NCCL) provides the same methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class Comm(Protocol):
+    rank: int
+    world_size: int
+
+    def birth_offset(self, parent_uid: Tensor) -> tuple[int, int]:
+        """(number of parents with smaller uids on other ranks, global number of births)."""
+        ...
+
+    def any_flags(self, flags: Tensor) -> Tensor:
+        """Elementwise OR of bool flags ``[k]`` over ranks (every rank calls it once per step)."""
+        ...
+
+    def reduce_metrics(self, metrics: Mapping[str, int | float | Tensor]) -> dict[str, int | float]:
+        """Sum per-rank metric sums over ranks; returns Python numbers."""
+        ...
+
+    def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
+        """All ranks' rows of a population on the writing rank (None on the others)."""
+        ...
+
+
+class LocalComm:
+    """One process: every collective is the identity."""
+
+    rank = 0
+    world_size = 1
+
+    def birth_offset(self, parent_uid: Tensor) -> tuple[int, int]:
+        return 0, int(parent_uid.shape[0])
+
+    def any_flags(self, flags: Tensor) -> Tensor:
+        return flags
+
+    def reduce_metrics(self, metrics: Mapping[str, int | float | Tensor]) -> dict[str, int | float]:
+        out: dict[str, int | float] = {}
+        for k, v in metrics.items():
+            if isinstance(v, Tensor):
+                v = v.item() if not v.is_floating_point() else float(v)
+            out[k] = v
+        return out
+
+    def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
+        return {k: v.detach().cpu() for k, v in fields.items()}

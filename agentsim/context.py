@@ -1,0 +1,201 @@
+"""What a substep sees: checked views of populations and environment, RNG, space, neighbors.
+
+A :class:`Context` is built by the engine for one substep call. Its views enforce
+the substep's declaration: a read of an undeclared field or a write of a field not
+in ``writes`` raises :class:`~agentsim.errors.FieldAccessError` naming the substep.
+Births and deaths requested through :meth:`Context.spawn` and :meth:`Context.kill`
+are applied when the substep returns, so all tensors keep one length during a call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .errors import FieldAccessError, did_you_mean
+from .random import StepRNG
+from .state import Population, State
+from .substep import ENV, Substep
+
+if TYPE_CHECKING:
+    from .engine import Simulation
+
+
+class PopulationView:
+    """Checked access to one population's fields for one substep."""
+
+    def __init__(self, pop: Population, substep: Substep) -> None:
+        self._pop = pop
+        self._substep = substep
+        self._readable = substep.readable(pop.name)
+        self._writable = substep.writable(pop.name)
+
+    @property
+    def n(self) -> int:
+        """Number of local agents."""
+        return self._pop.n
+
+    def __len__(self) -> int:
+        return self._pop.n
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._readable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' reads '{self._pop.name}.{key}' but does not declare it "
+                f"(declared reads: {sorted(self._readable)}); add '{self._pop.name}.{key}' to reads="
+            )
+        return self._pop[key]
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        if key not in self._writable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' writes '{self._pop.name}.{key}' but does not declare it "
+                f"(declared writes: {sorted(self._writable) or 'none'}); add '{self._pop.name}.{key}' to writes="
+            )
+        self._pop[key] = value
+
+
+class EnvView:
+    """Checked access to environment tensors (``env.<name>`` references)."""
+
+    def __init__(self, env: dict[str, Tensor], substep: Substep) -> None:
+        self._env = env
+        self._substep = substep
+        self._readable = substep.readable(ENV) - {"uid"}
+        self._writable = substep.writable(ENV)
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._readable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' reads 'env.{key}' but does not declare it "
+                f"(declared: {sorted(self._readable) or 'none'})." + did_you_mean(key, self._env)
+            )
+        return self._env[key]
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        if key not in self._writable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' writes 'env.{key}' but does not declare it "
+                f"(declared writes: {sorted(self._writable) or 'none'})"
+            )
+        old = self._env[key]
+        if tuple(value.shape) != tuple(old.shape):
+            raise FieldAccessError(f"env.{key}: expected shape {list(old.shape)} (got {list(value.shape)})")
+        self._env[key] = value.to(old.dtype)
+
+
+class NeighborView:
+    """Fields of the agents a substep may interact with: local rows first, then halo rows.
+
+    On one process there are no halo rows. On several ranks the engine appends the
+    agents of other ranks that are within reach (only the fields the substep
+    declared in ``neighbors``), so ``n_local <= n``.
+    """
+
+    def __init__(self, pop: Population, fields: tuple[str, ...], substep: Substep,
+                 halo: Mapping[str, Tensor] | None = None) -> None:
+        self._pop = pop
+        self._fields = set(fields) | {"uid"}
+        self._substep = substep
+        self._halo = halo or {}
+        self.n_local = pop.n
+
+    @property
+    def n(self) -> int:
+        """Local plus halo rows."""
+        uid = self._halo.get("uid")
+        return self.n_local + (0 if uid is None else uid.shape[0])
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._fields:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' reads neighbor field '{self._pop.name}.{key}' but declares "
+                f"only neighbors={{'{self._pop.name}': {sorted(self._fields - {'uid'})}}}"
+            )
+        local = self._pop[key]
+        if key in self._halo:
+            return torch.cat([local, self._halo[key]])
+        return local
+
+
+class Context:
+    """The argument of every substep.
+
+    Attributes:
+        step: The step being computed (the first step is 1; state at step 0 is the initial state).
+        params: Resolved model parameters (a dict).
+        rng: Counter-based random numbers bound to this step (:class:`~agentsim.random.StepRNG`).
+        space: The model's space (a Box, Grid or Graph), or None.
+        device: The device of the state.
+    """
+
+    def __init__(self, sim: Simulation, substep: Substep) -> None:
+        self._sim = sim
+        self._state: State = sim.state
+        self.substep = substep
+        self.step: int = sim.state.step + 1
+        self.params: dict[str, Any] = sim.params
+        self.rng: StepRNG = sim.rng.at(self.step)
+        self.space = sim.space
+        self.device = sim.device
+        self.comm = sim.comm
+        self._births: list[tuple[str, Tensor, Mapping[str, Tensor]]] = []
+        self._deaths: list[tuple[str, Tensor]] = []
+        self._flags: list[tuple[str, Tensor]] = []
+
+    def __getitem__(self, population: str) -> Any:
+        if population == ENV:
+            return EnvView(self._state.env, self.substep)
+        pop = self._state[population]
+        if not self.substep.touches(population):
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' uses population '{population}' without declaring any of its fields"
+            )
+        return PopulationView(pop, self.substep)
+
+    @property
+    def env(self) -> EnvView:
+        return EnvView(self._state.env, self.substep)
+
+    def neighbors(self, population: str) -> NeighborView:
+        """The declared neighbor fields of ``population``: local rows then halo rows."""
+        if population not in self.substep.neighbors:
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' asks for neighbors of '{population}' but declares "
+                f"neighbors={dict(self.substep.neighbors)}"
+            )
+        return NeighborView(self._state[population], self.substep.neighbors[population], self.substep,
+                            self._sim.halo(population, self.substep))
+
+    def spawn(self, population: str, parent_uid: Tensor, fields: Mapping[str, Tensor]) -> None:
+        """Add one child per parent uid (applied when the substep returns).
+
+        Args:
+            population: Where the children go (must be declared in ``births``).
+            parent_uid: ``[m]`` distinct int64 uids of the parents (of any population).
+            fields: Every field of the population except ``uid``, each ``[m, ...]``.
+        """
+        if population not in self.substep.births:
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' spawns into '{population}' but declares births={list(self.substep.births)}"
+            )
+        self._births.append((population, parent_uid, fields))
+
+    def kill(self, population: str, dies: Tensor) -> None:
+        """Remove the agents where the bool mask ``dies`` ``[n]`` is True (applied when the substep returns)."""
+        if population not in self.substep.deaths:
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' kills in '{population}' but declares deaths={list(self.substep.deaths)}"
+            )
+        n = self._state[population].n
+        if dies.dtype != torch.bool or tuple(dies.shape) != (n,):
+            raise FieldAccessError(f"kill('{population}'): expected a bool mask of shape [{n}] "
+                                   f"(got {dies.dtype} {list(dies.shape)})")
+        self._deaths.append((population, dies))
+
+    def flag(self, message: str, condition: Tensor) -> None:
+        """Record an error condition (a bool tensor, any shape); checked once per step on all ranks."""
+        self._flags.append((f"{self.substep.name}: {message}", condition.any()))

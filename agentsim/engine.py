@@ -1,0 +1,324 @@
+"""The step loop: runs a model's substeps in order, checks their declarations, times them,
+raises error flags once per step, and records metrics and agents to HDF5.
+
+One step applies every substep in order to the state; the state before the first
+step is step 0. Metrics are computed at step 0 and after every step; agent fields
+at step 0, at the last step and every ``every`` steps.
+
+Examples:
+    >>> from models.randomwalk import MODEL
+    >>> sim = Simulation(MODEL, agents=100, seed=1)
+    >>> result = sim.run(steps=3)
+    >>> result.metrics["step"].tolist()
+    [0, 1, 2, 3]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .comm import Comm, LocalComm
+from .context import Context
+from .errors import ConfigError, FieldAccessError, SimulationError, did_you_mean
+from .model import InitContext, MetricsContext, Model
+from .random import CounterRNG
+from .state import UID, State
+from .substep import ENV, Substep
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"`` or None (cpu) to a device; clear error if CUDA is missing."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' requested but CUDA is not available on this machine (use --device cpu)")
+    if dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported device {device!r} (valid: cpu, cuda, cuda:N)")
+    return dev
+
+
+def check_agents(agents: Any) -> int:
+    if isinstance(agents, bool) or not isinstance(agents, (int, np.integer)):
+        raise ConfigError(f"agents: expected a positive int (got {agents!r})")
+    if agents < 1:
+        raise ConfigError(f"agents: expected a positive int (got {agents})")
+    return int(agents)
+
+
+@dataclass
+class RunResult:
+    """What :meth:`Simulation.run` returns.
+
+    Attributes:
+        metrics: Name to numpy array ``[steps + 1]`` (index = step), including ``"step"``.
+        state: The final state.
+        timings: Substep name to mean seconds per step.
+        seconds: Wall time of the stepping loop (excludes initialization and step-0 recording).
+        path: The HDF5 file written, or None.
+    """
+
+    metrics: dict[str, np.ndarray]
+    state: State
+    timings: dict[str, float]
+    seconds: float
+    path: str | None = None
+
+
+@dataclass
+class _Recording:
+    fields: dict[str, list[str]]      # population -> recorded fields (uid first)
+    env: list[str] = field(default_factory=list)
+
+
+class Simulation:
+    """One run of a model: state, RNG, space and the step loop.
+
+    Args:
+        model: A :class:`~agentsim.model.Model` (configured or default).
+        agents: Number of agents at step 0 (models split it across their populations).
+        seed: The run seed; all randomness is a function of (seed, uid, step, stream).
+        device: ``"cpu"``, ``"cuda"`` or a torch.device.
+        check_nan: Flag NaN in written floating-point fields at every step.
+        shuffle_rows: Debug aid: permute every population's rows before each step. Results
+            must not change (they never depend on row order); the tests use this.
+        comm: Communication for multi-rank runs (default: one process, no collectives).
+    """
+
+    def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
+                 device: str | torch.device | None = "cpu", *, check_nan: bool = True,
+                 shuffle_rows: bool = False, comm: Comm | None = None) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ConfigError(f"seed: expected an int (got {seed!r})")
+        self.model = model
+        self.n_agents = check_agents(model.default_agents if agents is None else agents)
+        self.seed = int(seed)
+        self.device = resolve_device(device)
+        self.params = dict(model.params)
+        self.rng = CounterRNG(self.seed)
+        self.comm: Comm = comm or LocalComm()
+        self.check_nan = check_nan
+        self.shuffle_rows = shuffle_rows
+        state, space = model.init(InitContext(self.params, self.n_agents, self.rng, self.device))
+        self.state: State = state.to(self.device)
+        self.space = space
+        model.validate_state(self.state)
+        self.step_seconds: list[float] = []
+        self.substep_seconds: dict[str, list[float]] = {s.name: [] for s in model.substeps}
+
+    # ---------------------------------------------------------------- stepping
+    def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
+        """Halo rows of ``population`` for ``substep`` (none on one process)."""
+        return None
+
+    def step(self) -> None:
+        """Advance the state by one step (every substep once, in order)."""
+        if self.shuffle_rows:
+            for pop in self.state.populations.values():
+                pop.permute(torch.randperm(pop.n, device=self.device))
+        flags: list[tuple[str, Tensor]] = []
+        sync = self.device.type == "cuda"
+        t_step = time.perf_counter()
+        for s in self.model.substeps:
+            t0 = time.perf_counter()
+            flags += self._run_substep(s)
+            if sync:
+                torch.cuda.synchronize(self.device)
+            self.substep_seconds[s.name].append(time.perf_counter() - t0)
+        self.state.step += 1
+        self._raise_flags(flags)
+        self.step_seconds.append(time.perf_counter() - t_step)
+
+    def _run_substep(self, s: Substep) -> list[tuple[str, Tensor]]:
+        ctx = Context(self, s)
+        versions = self._read_only_versions(s)
+        s(ctx)
+        for (pop, key), (tensor_id, version) in versions.items():
+            t = self.state.env[key] if pop == ENV else self.state.populations[pop][key]
+            if id(t) == tensor_id and t._version != version:
+                raise FieldAccessError(
+                    f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes="
+                )
+        for pop, dies in ctx._deaths:
+            self.state.populations[pop].keep(~dies)
+        for pop, parents, fields in ctx._births:
+            offset, total = self.comm.birth_offset(parents)
+            self.state.populations[pop].spawn(parents, fields, uid_offset=offset, n_born_total=total)
+        flags = ctx._flags
+        if self.check_nan:
+            for ref in s.writes:
+                pop, key = ref.split(".")
+                t = self.state.env[key] if pop == ENV else self.state.populations[pop][key]
+                if t.is_floating_point():
+                    flags.append((f"{s.name}: NaN in {ref}", torch.isnan(t).any()))
+        return flags
+
+    def _read_only_versions(self, s: Substep) -> dict[tuple[str, str], tuple[int, int]]:
+        """Version counters of the tensors ``s`` may read but not write (in-place write detection)."""
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for name, pop in self.state.populations.items():
+            if not s.touches(name):
+                continue
+            writable = s.writable(name)
+            for key in s.readable(name):
+                if key not in writable and key in pop:
+                    t = pop[key]
+                    out[(name, key)] = (id(t), t._version)
+        for key in s.readable(ENV) - {"uid"} - s.writable(ENV):
+            if key in self.state.env:
+                t = self.state.env[key]
+                out[(ENV, key)] = (id(t), t._version)
+        return out
+
+    def _raise_flags(self, flags: list[tuple[str, Tensor]]) -> None:
+        if not flags:
+            self.comm.any_flags(torch.zeros(0, dtype=torch.bool, device=self.device))
+            return
+        values = self.comm.any_flags(torch.stack([f for _, f in flags]))
+        if bool(values.any()):
+            names = [name for (name, _), v in zip(flags, values.tolist()) if v]
+            raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
+
+    # ---------------------------------------------------------------- metrics
+    def metrics(self) -> dict[str, int | float]:
+        """Global metrics of the current state: model sums reduced over ranks, then derived values."""
+        out: dict[str, int | float] = {"step": self.state.step}
+        for name, pop in self.state.populations.items():
+            out[f"n_{name}"] = pop.n
+        if self.model.metrics_fn is not None:
+            local = self.model.metrics_fn(MetricsContext(self.state, self.params, self.space, self.state.step))
+            for k, v in local.items():
+                out[k] = v
+        out = self.comm.reduce_metrics(out)
+        if self.model.derive_fn is not None:
+            out.update(self.model.derive_fn(dict(out)))
+        return out
+
+    # ---------------------------------------------------------------- running
+    def record_spec(self, record: Iterable[str] | None) -> _Recording:
+        """Resolve ``record`` (``"pop"``, ``"pop.field"``, ``"field"``, ``"env.name"``; None = all)."""
+        pops = self.state.populations
+        if record is None:
+            return _Recording({p: list(pops[p].specs) for p in pops}, list(self.state.env))
+        rec = _Recording({})
+        for item in record:
+            item = item.strip()
+            if not item:
+                continue
+            if item in pops:
+                rec.fields[item] = list(pops[item].specs)
+            elif item == ENV:
+                rec.env = list(self.state.env)
+            elif "." in item:
+                p, f = item.split(".", 1)
+                if p == ENV:
+                    if f not in self.state.env:
+                        raise ConfigError(f"record: unknown env field '{f}' (valid: {sorted(self.state.env)})")
+                    rec.env.append(f)
+                    continue
+                if p not in pops or f not in pops[p].specs:
+                    valid = [f"{q}.{g}" for q in pops for g in pops[q].specs]
+                    raise ConfigError(f"record: unknown field '{item}' (valid: {', '.join(valid)})."
+                                      + did_you_mean(item, valid))
+                rec.fields.setdefault(p, []).append(f)
+            else:
+                owners = [p for p in pops if item in pops[p].specs]
+                if not owners:
+                    valid = sorted({g for q in pops for g in pops[q].specs} | set(pops))
+                    raise ConfigError(f"record: unknown field or population '{item}' (valid: {', '.join(valid)})."
+                                      + did_you_mean(item, valid))
+                for p in owners:
+                    rec.fields.setdefault(p, []).append(item)
+        for p, fs in rec.fields.items():
+            rec.fields[p] = [UID] + [f for f in dict.fromkeys(fs) if f != UID]
+        return rec
+
+    def run(self, steps: int, out: str | os.PathLike | None = None, *, record: Iterable[str] | None = None,
+            every: int | None = None, progress: bool = False) -> RunResult:
+        """Run ``steps`` steps; optionally stream a trajectory to the HDF5 file ``out``.
+
+        Args:
+            steps: Number of steps (>= 0).
+            out: HDF5 path, or None to keep metrics in memory only.
+            record: Agent/env fields to record (default all).
+            every: Also record agents every ``every`` steps (default: first and last only).
+            progress: Show a progress bar (only when stderr is a terminal).
+        """
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise ConfigError(f"steps: expected an int >= 0 (got {steps!r})")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
+        rec = self.record_spec(record)
+        writer = None
+        if out is not None:
+            from .io.hdf5 import TrajectoryWriter
+
+            writer = TrajectoryWriter(out, model=self.model.name, params=self.params, seed=self.seed,
+                                      steps=int(steps), world_size=self.comm.world_size)
+        rows: list[dict[str, int | float]] = []
+        start = self.state.step
+        t_run = 0.0
+        try:
+            self._record(writer, rows, rec, agents=True)
+            bar = _progress(steps, progress)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                self.step()
+                done = self.state.step - start
+                self._record(writer, rows, rec,
+                             agents=done == steps or (every is not None and done % every == 0))
+                if bar is not None:
+                    bar.update(1)
+            t_run = time.perf_counter() - t0
+            if bar is not None:
+                bar.close()
+        except BaseException:
+            if writer is not None:
+                writer.close(completed=False)
+            raise
+        timings = {k: float(np.mean(v)) if v else 0.0 for k, v in self.substep_seconds.items()}
+        self.model.timings = timings
+        if writer is not None:
+            writer.close(completed=True)
+        metrics = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
+        return RunResult(metrics, self.state, timings, t_run, None if out is None else os.fspath(out))
+
+    def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: _Recording, agents: bool) -> None:
+        m = self.metrics()
+        rows.append(m)
+        if writer is None:
+            return
+        step = self.state.step
+        writer.write_metrics(step, {k: v for k, v in m.items() if k != "step"})
+        if self.step_seconds and step > 0:
+            perf = {"step_seconds": self.step_seconds[-1]}
+            perf.update({f"substep_seconds/{k}": v[-1] for k, v in self.substep_seconds.items() if v})
+            writer.write_perf(step, perf)
+        if agents:
+            for p, fs in rec.fields.items():
+                gathered = self.comm.gather_rows({f: self.state.populations[p][f] for f in fs})
+                if gathered is not None:
+                    writer.write_agents(step, p, gathered)
+            if rec.env:
+                writer.write_env(step, {k: self.state.env[k] for k in rec.env})
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    import sys
+
+    if not enabled or total < 1 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="step", leave=False)

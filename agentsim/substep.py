@@ -1,0 +1,135 @@
+"""Substeps: vectorized functions over agent tensors that declare what they touch.
+
+A substep is a function ``fn(ctx) -> None`` that reads fields through
+``ctx[population][field]`` and writes them with ``ctx[population][field] = new``.
+It declares, when registered:
+
+- ``reads`` / ``writes``: field references ``"population.field"`` or ``"env.name"``;
+- ``neighbors``: the fields it reads from *other* agents (``{"boid": ["pos", "vel"]}``);
+  on several ranks these, and only these, travel in halo exchanges;
+- ``births`` / ``deaths``: populations it may add agents to or remove agents from.
+
+The engine enforces the declaration: reading or writing an undeclared field, or
+modifying a read-only tensor in place, raises :class:`~agentsim.errors.FieldAccessError`.
+
+A :class:`Registry` belongs to one model (there is no process-wide registry), so
+two models may both define ``move`` without clashing.
+
+Examples:
+    >>> registry = Registry()
+    >>> @registry.substep(reads=["walker.pos"], writes=["walker.pos"])
+    ... def move(ctx):
+    ...     walkers = ctx["walker"]
+    ...     walkers["pos"] = walkers["pos"] + 1.0
+    >>> registry["move"].writes
+    ('walker.pos',)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from .errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from .engine import Context
+
+ENV = "env"
+
+
+class SubstepFn(Protocol):
+    def __call__(self, ctx: Context) -> None: ...
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``"sheep.energy" -> ("sheep", "energy")``; raises ConfigError on a malformed reference."""
+    if not isinstance(ref, str) or ref.count(".") != 1 or ref.startswith(".") or ref.endswith("."):
+        raise ConfigError(f"expected a field reference 'population.field' or 'env.name' (got {ref!r})")
+    pop, name = ref.split(".")
+    return pop, name
+
+
+@dataclass(frozen=True)
+class Substep:
+    """A registered substep and its declared data flow."""
+
+    name: str
+    fn: SubstepFn
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    neighbors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    births: tuple[str, ...] = ()
+    deaths: tuple[str, ...] = ()
+    doc: str = ""
+
+    def touches(self, population: str) -> bool:
+        refs = (*self.reads, *self.writes)
+        return (any(split_ref(r)[0] == population for r in refs) or population in self.neighbors
+                or population in self.births or population in self.deaths)
+
+    def readable(self, population: str) -> set[str]:
+        """Fields of ``population`` this substep may read (``uid`` always)."""
+        own = {split_ref(r)[1] for r in (*self.reads, *self.writes) if split_ref(r)[0] == population}
+        return own | set(self.neighbors.get(population, ())) | {"uid"}
+
+    def writable(self, population: str) -> set[str]:
+        return {split_ref(r)[1] for r in self.writes if split_ref(r)[0] == population}
+
+    def __call__(self, ctx: Context) -> None:
+        self.fn(ctx)
+
+
+class Registry:
+    """The substeps a model can use, by name. One registry per model module."""
+
+    def __init__(self) -> None:
+        self._substeps: dict[str, Substep] = {}
+
+    def substep(
+        self,
+        name: str | None = None,
+        *,
+        reads: Iterable[str] = (),
+        writes: Iterable[str] = (),
+        neighbors: Mapping[str, Iterable[str]] | None = None,
+        births: Iterable[str] = (),
+        deaths: Iterable[str] = (),
+    ) -> Callable[[SubstepFn], Substep]:
+        """Decorator that registers ``fn`` as a substep (see the module docstring)."""
+
+        def register(fn: SubstepFn) -> Substep:
+            key = name or getattr(fn, "__name__", None)
+            if not key:
+                raise ConfigError("a substep needs a name")
+            if key in self._substeps:
+                raise ConfigError(f"substep '{key}' is already registered in this registry")
+            reads_t, writes_t = tuple(reads), tuple(writes)
+            for ref in (*reads_t, *writes_t):
+                split_ref(ref)
+            nb = {pop: tuple(fields) for pop, fields in (neighbors or {}).items()}
+            step = Substep(key, fn, reads_t, writes_t, nb, tuple(births), tuple(deaths),
+                           (fn.__doc__ or "").strip().split("\n")[0])
+            self._substeps[key] = step
+            return step
+
+        return register
+
+    def __getitem__(self, name: str) -> Substep:
+        try:
+            return self._substeps[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown substep '{name}' (valid: {', '.join(self._substeps) or 'none'})."
+                + did_you_mean(name, self._substeps)
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._substeps
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._substeps)
+
+    def names(self) -> list[str]:
+        return list(self._substeps)

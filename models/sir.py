@@ -1,0 +1,165 @@
+"""SIR epidemic on a static contact network; one step is one day.
+
+Each day, synchronously:
+
+1. ``infect``: a susceptible person with ``k`` infectious contacts becomes infected
+   with probability ``1 - (1 - beta)**k`` (each contact transmits independently
+   with probability ``beta``);
+2. ``recover``: a person infected on an earlier day recovers with probability
+   ``gamma``, so the infectious period is geometric with mean ``1 / gamma`` days.
+
+``status`` is 0 (S), 1 (I) or 2 (R); ``infected_day`` is the day of infection (-1 if never).
+Initially ``round(initial_prevalence * n)`` people (at least one), chosen by a
+random key per uid, are infected.
+
+Reference: for a large network with Poisson degrees (Erdős–Rényi), the
+discrete-time edge-based compartmental model of Miller, Slim & Volz (2012),
+:func:`edge_based_reference`, gives the expected S, I, R curves; its final size
+equals the bond-percolation result ``z = 1 - exp(-k T z)`` with transmissibility
+``T = 1 - gamma (1 - beta) / (1 - (1 - gamma)(1 - beta))``. The mass-action ODE
+with ``R0 = beta k / gamma`` overestimates the final size on a network (0.94 vs
+about 0.87 with the defaults) because infected people deplete their own contacts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from agentsim.model import InitContext, MetricsContext, Model
+from agentsim.params import Param, ParamSpec
+from agentsim.random import mix64_int, stream_id
+from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
+from agentsim.state import FieldSpec, Population, State
+from agentsim.substep import Registry
+
+S, I, R = 0, 1, 2
+
+registry = Registry()
+
+NETWORKS = ("erdos_renyi", "watts_strogatz", "layered", "csv")
+
+PARAMS = ParamSpec({
+    "beta": Param(0.03, float, "per-contact daily transmission probability",
+                  check=lambda v: 0 <= v <= 1, expect="a probability in [0, 1]"),
+    "gamma": Param(0.1, float, "daily recovery probability (mean infectious period 1/gamma days)",
+                   check=lambda v: 0 < v <= 1, expect="a probability in (0, 1]"),
+    "mean_degree": Param(10.0, float, "mean number of contacts per person",
+                         check=lambda v: v >= 0, expect=">= 0"),
+    "initial_prevalence": Param(0.001, float, "fraction infected at day 0",
+                                check=lambda v: 0 <= v <= 1, expect="a fraction in [0, 1]"),
+    "network": Param("erdos_renyi", str, "contact network: " + ", ".join(NETWORKS), choices=NETWORKS),
+    "rewire": Param(0.1, float, "Watts-Strogatz rewiring probability",
+                    check=lambda v: 0 <= v <= 1, expect="a probability in [0, 1]"),
+    "edges_csv": Param("", str, "edge-list CSV path when network = csv"),
+})
+
+
+def _infection_table(beta: float, max_k: int, device: torch.device) -> torch.Tensor:
+    """``q[k] = (1 - beta)**k``: probability of escaping ``k`` infectious contacts (float64)."""
+    k = torch.arange(max_k + 1, dtype=torch.float64, device=device)
+    return torch.exp(k * math.log1p(-beta)) if beta < 1 else (k == 0).to(torch.float64)
+
+
+@registry.substep(reads=["person.status"], writes=["person.status", "person.infected_day"],
+                  neighbors={"person": ["status"]})
+def infect(ctx):
+    """S -> I with probability 1 - (1 - beta)**k, k = number of infectious contacts."""
+    people = ctx["person"]
+    graph: Graph = ctx.space
+    nb = ctx.neighbors("person")
+    infectious = torch.zeros(graph.n_nodes, dtype=torch.int32, device=ctx.device)
+    infectious[nb["uid"]] = (nb["status"] == I).to(torch.int32)
+    uid, status = people["uid"], people["status"]
+    k = graph.neighbor_sum(infectious)[uid].to(torch.int64)
+    escape = _infection_table(ctx.params["beta"], int(k.max()) if k.numel() else 0, ctx.device)[k]
+    u = ctx.rng.uniform(uid, "infect")
+    new = (status == S) & (u >= escape)
+    people["status"] = torch.where(new, I, status)
+    people["infected_day"] = torch.where(new, ctx.step, people["infected_day"])
+
+
+@registry.substep(reads=["person.status", "person.infected_day"], writes=["person.status"])
+def recover(ctx):
+    """I -> R with probability gamma, for people infected before today."""
+    people = ctx["person"]
+    status = people["status"]
+    u = ctx.rng.uniform(people["uid"], "recover")
+    done = (status == I) & (people["infected_day"] < ctx.step) & (u < ctx.params["gamma"])
+    people["status"] = torch.where(done, R, status)
+
+
+def build_network(params: dict, n: int, seed: int) -> Graph:
+    graph_seed = mix64_int(seed ^ stream_id("network"))
+    net = params["network"]
+    if net == "erdos_renyi":
+        return erdos_renyi(n, params["mean_degree"], seed=graph_seed)
+    if net == "watts_strogatz":
+        k = max(2, 2 * round(params["mean_degree"] / 2))
+        return watts_strogatz(n, k, params["rewire"], seed=graph_seed)
+    if net == "layered":
+        return layered_contacts(n, seed=graph_seed)
+    if not params["edges_csv"]:
+        from agentsim.errors import ConfigError
+
+        raise ConfigError("network = csv needs edges_csv=PATH (a two-column edge list)")
+    return from_edge_list_csv(params["edges_csv"], n_nodes=n)
+
+
+def init(ic: InitContext) -> tuple[State, Graph]:
+    n = ic.n_agents
+    graph = build_network(ic.params, n, ic.rng.seed)
+    graph = Graph(graph.indptr.to(ic.device), graph.indices.to(ic.device), graph.n_nodes,
+                  None if graph.layer is None else graph.layer.to(ic.device), graph.layer_names)
+    uid = torch.arange(n, device=ic.device)
+    n_seed = min(n, max(1, round(ic.params["initial_prevalence"] * n))) if ic.params["initial_prevalence"] > 0 else 0
+    key = ic.rng.bits(uid, 0, "seed_infections")
+    seeded = torch.zeros(n, dtype=torch.bool, device=ic.device)
+    seeded[torch.argsort(key, stable=True)[:n_seed]] = True
+    status = torch.where(seeded, I, S).to(torch.int8)
+    people = Population(
+        "person",
+        {"status": FieldSpec(torch.int8), "infected_day": FieldSpec(torch.int32)},
+        {"uid": uid, "status": status,
+         "infected_day": torch.where(seeded, 0, -1).to(torch.int32)},
+    )
+    return State({"person": people}), graph
+
+
+def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
+    status = mc.state["person"]["status"]
+    counts = torch.bincount(status.to(torch.int64), minlength=3)
+    return {"S": counts[S], "I": counts[I], "R": counts[R]}
+
+
+MODEL = Model("sir", registry, ["infect", "recover"], PARAMS, init, metrics,
+              description="SIR epidemic on a static contact network (one step = one day)",
+              default_agents=10_000)
+
+
+def edge_based_reference(beta: float, gamma: float, mean_degree: float, rho: float,
+                         steps: int) -> dict[str, np.ndarray]:
+    """Expected S, I, R fractions ``[steps + 1]`` for this model on a large Poisson network.
+
+    Discrete-time edge-based compartmental model (Miller, Slim & Volz 2012), with the
+    same event order as the model: transmissions from people infectious at the start
+    of the day, then recoveries of people infected before today.
+    ``theta``: probability that a random edge has not transmitted to its focal node;
+    ``phi``: probability that the partner is infectious and has not transmitted.
+    """
+    psi = lambda x: math.exp(-mean_degree * (1.0 - x))  # noqa: E731  Poisson PGF (= its excess PGF)
+    theta, phi = 1.0, rho
+    s_list, i_list = [1.0 - rho], [rho]
+    phi_s = (1.0 - rho) * psi(theta)
+    for _ in range(steps):
+        theta_new = theta - beta * phi
+        phi_s_new = (1.0 - rho) * psi(theta_new)
+        phi = phi * (1.0 - beta) * (1.0 - gamma) + (phi_s - phi_s_new)
+        theta, phi_s = theta_new, phi_s_new
+        s_new = (1.0 - rho) * psi(theta)
+        i_list.append(i_list[-1] * (1.0 - gamma) + (s_list[-1] - s_new))
+        s_list.append(s_new)
+    s_arr, i_arr = np.asarray(s_list), np.asarray(i_list)
+    return {"S": s_arr, "I": i_arr, "R": 1.0 - s_arr - i_arr}

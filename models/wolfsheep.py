@@ -1,0 +1,179 @@
+"""Wolf-sheep predation on a torus grid with grass regrowth (Mesa's ``wolf_sheep`` defaults).
+
+Each step, in this order (each substep vectorized and synchronous):
+
+1. ``sheep_move``: every sheep moves to a random Moore neighbor cell;
+2. ``sheep_eat``: sheep lose 1 energy; on each cell with grown grass the sheep with
+   the smallest random key eats it (+``sheep_gain``) and the grass starts regrowing;
+   sheep with energy < 0 die;
+3. ``sheep_breed``: each sheep with probability ``sheep_reproduce`` halves its energy
+   and gets a lamb with that energy on its cell;
+4. ``wolf_move``: every wolf moves to a random Moore neighbor cell;
+5. ``wolf_eat``: wolves lose 1 energy; on each cell, wolves and sheep are each ranked
+   by a random key and the k-th wolf eats the k-th sheep (+``wolf_gain``); eaten
+   sheep die; wolves with energy < 0 die;
+6. ``wolf_breed``: as for sheep, with ``wolf_reproduce``;
+7. ``grass_regrow``: a patch that is not grown counts down and grows back after
+   ``regrowth_time`` steps.
+
+Mesa steps agents one at a time in random order; this model resolves the same
+competitions (one sheep per grass patch, one sheep per wolf) with random keys per
+uid, so the result is independent of agent order. Defaults are Mesa's: 100 sheep,
+50 wolves on 20 x 20 cells (density 0.375 animals per cell, a third of them wolves),
+sheep_reproduce 0.04, wolf_reproduce 0.05, sheep_gain 4, wolf_gain 20,
+regrowth_time 30; initial energies uniform in ``[0, 2 * gain)`` (integers), grass
+grown with probability 1/2, otherwise with a countdown uniform in ``[0, regrowth_time)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentsim.grouping import rank_in_group
+from agentsim.model import InitContext, MetricsContext, Model
+from agentsim.params import Param, ParamSpec
+from agentsim.space.grid import Grid
+from agentsim.state import FieldSpec, Population, State
+from agentsim.substep import Registry
+
+registry = Registry()
+_prob = lambda v: 0 <= v <= 1  # noqa: E731
+
+PARAMS = ParamSpec({
+    "density": Param(0.375, float, "animals per grid cell at step 0 (sets the grid side)",
+                     check=lambda v: v > 0, expect="> 0"),
+    "wolf_fraction": Param(1 / 3, float, "fraction of the initial animals that are wolves",
+                           check=_prob, expect="in [0, 1]"),
+    "sheep_reproduce": Param(0.04, float, "daily sheep reproduction probability", check=_prob, expect="in [0, 1]"),
+    "wolf_reproduce": Param(0.05, float, "daily wolf reproduction probability", check=_prob, expect="in [0, 1]"),
+    "sheep_gain": Param(4.0, float, "energy a sheep gains from eating grass", check=lambda v: v >= 0, expect=">= 0"),
+    "wolf_gain": Param(20.0, float, "energy a wolf gains from eating a sheep", check=lambda v: v >= 0, expect=">= 0"),
+    "regrowth_time": Param(30, int, "steps for eaten grass to grow back", check=lambda v: v >= 1, expect=">= 1"),
+})
+
+
+def _random_step(ctx, pop: str, stream: str) -> None:
+    animals = ctx[pop]
+    grid: Grid = ctx.space
+    choices = grid.neighbor_cells(animals["cell"], "moore", 1)
+    pick = ctx.rng.integers(animals["uid"], stream, choices.shape[1])
+    animals["cell"] = choices.gather(1, pick.unsqueeze(1)).squeeze(1)
+
+
+def _breed(ctx, pop: str, prob: float) -> None:
+    animals = ctx[pop]
+    parents = ctx.rng.bernoulli(animals["uid"], f"{pop}_breed", prob)
+    energy = torch.where(parents, animals["energy"] / 2, animals["energy"])
+    animals["energy"] = energy
+    ctx.spawn(pop, animals["uid"][parents], {"cell": animals["cell"][parents], "energy": energy[parents]})
+
+
+@registry.substep(reads=["sheep.cell"], writes=["sheep.cell"])
+def sheep_move(ctx):
+    """Move to a random Moore neighbor cell."""
+    _random_step(ctx, "sheep", "sheep_move")
+
+
+@registry.substep(reads=["sheep.cell", "sheep.energy", "env.grass", "env.countdown"],
+                  writes=["sheep.energy", "env.grass", "env.countdown"], deaths=["sheep"])
+def sheep_eat(ctx):
+    """Lose 1 energy; one sheep per grown patch eats it; starving sheep die."""
+    sheep, env = ctx["sheep"], ctx.env
+    grass = env["grass"].reshape(-1)
+    cell = sheep["cell"]
+    first = rank_in_group(cell, ctx.rng.bits(sheep["uid"], "graze")) == 0
+    eats = first & grass[cell]
+    energy = sheep["energy"] - 1 + ctx.params["sheep_gain"] * eats
+    sheep["energy"] = energy
+    eaten = torch.zeros_like(grass)
+    eaten[cell[eats]] = True
+    env["grass"] = (grass & ~eaten).reshape(env["grass"].shape)
+    countdown = env["countdown"].reshape(-1)
+    env["countdown"] = torch.where(eaten, ctx.params["regrowth_time"], countdown).reshape(env["countdown"].shape)
+    ctx.kill("sheep", energy < 0)
+
+
+@registry.substep(reads=["sheep.cell", "sheep.energy"], writes=["sheep.energy"], births=["sheep"])
+def sheep_breed(ctx):
+    """With probability sheep_reproduce, halve energy and add a lamb on the same cell."""
+    _breed(ctx, "sheep", ctx.params["sheep_reproduce"])
+
+
+@registry.substep(reads=["wolf.cell"], writes=["wolf.cell"])
+def wolf_move(ctx):
+    """Move to a random Moore neighbor cell."""
+    _random_step(ctx, "wolf", "wolf_move")
+
+
+@registry.substep(reads=["wolf.cell", "wolf.energy", "sheep.cell"], writes=["wolf.energy"],
+                  deaths=["sheep", "wolf"])
+def wolf_eat(ctx):
+    """Lose 1 energy; the k-th wolf of a cell eats its k-th sheep; starving wolves die."""
+    wolves, sheep = ctx["wolf"], ctx["sheep"]
+    grid: Grid = ctx.space
+    w_cell, s_cell = wolves["cell"], sheep["cell"]
+    w_rank = rank_in_group(w_cell, ctx.rng.bits(wolves["uid"], "hunt"))
+    s_rank = rank_in_group(s_cell, ctx.rng.bits(sheep["uid"], "prey"))
+    n_wolves = grid.occupancy(w_cell)
+    n_sheep = grid.occupancy(s_cell)
+    wolf_eats = w_rank < n_sheep[w_cell]
+    eaten = s_rank < n_wolves[s_cell]
+    energy = wolves["energy"] - 1 + ctx.params["wolf_gain"] * wolf_eats
+    wolves["energy"] = energy
+    ctx.kill("sheep", eaten)
+    ctx.kill("wolf", energy < 0)
+
+
+@registry.substep(reads=["wolf.cell", "wolf.energy"], writes=["wolf.energy"], births=["wolf"])
+def wolf_breed(ctx):
+    """With probability wolf_reproduce, halve energy and add a cub on the same cell."""
+    _breed(ctx, "wolf", ctx.params["wolf_reproduce"])
+
+
+@registry.substep(reads=["env.grass", "env.countdown"], writes=["env.grass", "env.countdown"])
+def grass_regrow(ctx):
+    """Eaten patches count down and grow back (countdown reset to regrowth_time)."""
+    env = ctx.env
+    grass, countdown = env["grass"], env["countdown"]
+    ready = ~grass & (countdown <= 0)
+    env["countdown"] = torch.where(ready, ctx.params["regrowth_time"],
+                                   torch.where(grass, countdown, countdown - 1))
+    env["grass"] = grass | ready
+
+
+def init(ic: InitContext) -> tuple[State, Grid]:
+    p = ic.params
+    n = ic.n_agents
+    side = max(3, round(math.sqrt(n / p["density"])))
+    grid = Grid((side, side), periodic=True)
+    n_wolf = round(n * p["wolf_fraction"])
+    n_sheep = n - n_wolf
+    dev = ic.device
+
+    def animals(name: str, count: int, first_uid: int, gain: float) -> Population:
+        uid = torch.arange(first_uid, first_uid + count, device=dev)
+        cell = ic.rng.integers(uid, 0, f"{name}_cell", grid.n_cells)
+        energy = ic.rng.integers(uid, 0, f"{name}_energy", max(1, int(2 * gain))).to(torch.float32)
+        return Population(name, {"cell": FieldSpec(torch.int64), "energy": FieldSpec(torch.float32)},
+                          {"uid": uid, "cell": cell, "energy": energy})
+
+    # Sheep uids count from 0, wolf uids from 2**40: births never make the two ranges meet.
+    sheep = animals("sheep", n_sheep, 0, p["sheep_gain"])
+    wolves = animals("wolf", n_wolf, 1 << 40, p["wolf_gain"])
+    cells = torch.arange(grid.n_cells, device=dev)
+    grown = ic.rng.bernoulli(cells, 0, "grass", 0.5)
+    countdown = torch.where(grown, p["regrowth_time"], ic.rng.integers(cells, 0, "countdown", p["regrowth_time"]))
+    env = {"grass": grown.reshape(grid.shape), "countdown": countdown.to(torch.int32).reshape(grid.shape)}
+    return State({"sheep": sheep, "wolf": wolves}, env), grid
+
+
+def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
+    return {"grass": mc.state.env["grass"].sum()}
+
+
+MODEL = Model("wolfsheep", registry,
+              ["sheep_move", "sheep_eat", "sheep_breed", "wolf_move", "wolf_eat", "wolf_breed", "grass_regrow"],
+              PARAMS, init, metrics, description="Wolf-sheep predation with grass regrowth on a torus grid",
+              default_agents=150)
