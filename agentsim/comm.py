@@ -26,8 +26,8 @@ class Comm(Protocol):
         """Elementwise OR of bool flags ``[k]`` over ranks (every rank calls it once per step)."""
         ...
 
-    def reduce_metrics(self, metrics: Mapping[str, int | float | Tensor]) -> dict[str, int | float]:
-        """Sum per-rank metric sums over ranks; returns Python numbers."""
+    def sum_int64(self, values: Tensor) -> Tensor:
+        """Sum an int64 tensor ``[k]`` over ranks (exact; every rank calls it)."""
         ...
 
     def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
@@ -47,13 +47,8 @@ class LocalComm:
     def any_flags(self, flags: Tensor) -> Tensor:
         return flags
 
-    def reduce_metrics(self, metrics: Mapping[str, int | float | Tensor]) -> dict[str, int | float]:
-        out: dict[str, int | float] = {}
-        for k, v in metrics.items():
-            if isinstance(v, Tensor):
-                v = v.item() if not v.is_floating_point() else float(v)
-            out[k] = v
-        return out
+    def sum_int64(self, values: Tensor) -> Tensor:
+        return values
 
     def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
         return {k: v.detach().cpu() for k, v in fields.items()}

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import ops
 from .comm import Comm, LocalComm
 from .context import Context
 from .errors import ConfigError, FieldAccessError, SimulationError, did_you_mean
@@ -32,6 +33,9 @@ from .model import InitContext, MetricsContext, Model
 from .random import CounterRNG
 from .state import UID, State
 from .substep import ENV, Substep
+
+
+METRIC_FRAC_BITS = 24
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -122,6 +126,10 @@ class Simulation:
         """Halo rows of ``population`` for ``substep`` (none on one process)."""
         return None
 
+    def owned_env(self, name: str) -> Tensor:
+        """The env cells this rank owns, flattened (all on one process)."""
+        return self.state.env[name].reshape(-1)
+
     def step(self) -> None:
         """Advance the state by one step (every substep once, in order)."""
         if self.shuffle_rows:
@@ -192,15 +200,28 @@ class Simulation:
 
     # ---------------------------------------------------------------- metrics
     def metrics(self) -> dict[str, int | float]:
-        """Global metrics of the current state: model sums reduced over ranks, then derived values."""
-        out: dict[str, int | float] = {"step": self.state.step}
-        for name, pop in self.state.populations.items():
-            out[f"n_{name}"] = pop.n
+        """Global metrics of the current state.
+
+        The model's ``metrics`` function returns per-agent values (any shape); each is
+        summed here over agents and ranks exactly: integers and bools in int64, floats in
+        int64 fixed point with :data:`METRIC_FRAC_BITS` fractional bits, so the result has
+        the same bits on any number of ranks. ``derive`` then computes ratios from the sums.
+        """
+        local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n) for name, pop in self.state.populations.items()}
         if self.model.metrics_fn is not None:
-            local = self.model.metrics_fn(MetricsContext(self.state, self.params, self.space, self.state.step))
-            for k, v in local.items():
-                out[k] = v
-        out = self.comm.reduce_metrics(out)
+            local.update(self.model.metrics_fn(
+                MetricsContext(self.state, self.params, self.space, self.state.step, self.owned_env)))
+        names = list(local)
+        is_float = [local[k].is_floating_point() for k in names]
+        sums = torch.stack([
+            ops.to_fixed(local[k].to(torch.float64), METRIC_FRAC_BITS).sum() if f
+            else local[k].to(torch.int64).sum()
+            for k, f in zip(names, is_float)
+        ]).cpu()
+        sums = self.comm.sum_int64(sums)
+        out: dict[str, int | float] = {"step": self.state.step}
+        for k, f, v in zip(names, is_float, sums.tolist()):
+            out[k] = v * 2.0 ** -METRIC_FRAC_BITS if f else v
         if self.model.derive_fn is not None:
             out.update(self.model.derive_fn(dict(out)))
         return out

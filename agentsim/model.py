@@ -42,12 +42,23 @@ class InitContext:
 
 @dataclass
 class MetricsContext:
-    """What a model's ``metrics`` function receives: read-only state, params and space."""
+    """What a model's ``metrics`` function receives: read-only state, params and space.
+
+    Environment layers may be replicated or overlap (halo cells) across ranks; use
+    :meth:`owned_env` for metrics so every cell is counted once over all ranks.
+    """
 
     state: State
     params: dict[str, Any]
     space: Any
     step: int
+    owned_env_fn: Callable[[str], Tensor] | None = None
+
+    def owned_env(self, name: str) -> Tensor:
+        """The cells of env layer ``name`` this rank owns, flattened (all of them on one process)."""
+        if self.owned_env_fn is not None:
+            return self.owned_env_fn(name)
+        return self.state.env[name].reshape(-1)
 
 
 InitFn = Callable[[InitContext], "tuple[State, Any]"]

@@ -15,7 +15,6 @@ import math
 
 import torch
 
-from agentsim import ops
 from agentsim.model import InitContext, MetricsContext, Model
 from agentsim.params import Param, ParamSpec
 from agentsim.space.continuous import Box
@@ -61,7 +60,7 @@ def init(ic: InitContext) -> tuple[State, Box]:
 
 def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
     disp = mc.state["walker"]["disp"].to(torch.float64)
-    return {"sum_sq_disp": ops.exact_sum((disp * disp).sum(-1))}
+    return {"sum_sq_disp": (disp * disp).sum(-1)}
 
 
 def derive(m: dict[str, float]) -> dict[str, float]:

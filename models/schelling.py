@@ -3,13 +3,13 @@
 Residents of two groups occupy distinct cells of a grid with ``density`` of the
 cells filled. Each step, synchronously:
 
-1. ``assess``: a resident is happy when at least ``homophily`` of its Moore
-   neighbors (radius ``radius``) belong to its own group;
-2. ``relocate``: unhappy residents move to cells that were empty at the start of
+1. ``relocate``: residents found unhappy by the last assessment move to cells that were empty at the start of
    the step, with no two residents taking the same cell. Movers and empty cells are
    each ordered by a random key (counter-based, keyed by uid and by cell index), and
    the k-th mover takes the k-th empty cell; when there are fewer empty cells than
-   movers, the movers with the largest keys stay.
+   movers, the movers with the largest keys stay;
+2. ``assess``: a resident is happy when at least ``homophily`` of its Moore
+   neighbors (radius ``radius``) belong to its own group (also done at step 0).
 
 Metrics: ``happy`` (count) and ``segregation``, the mean over residents with at
 least one neighbor of the fraction of neighbors in their own group. With equal
@@ -23,7 +23,6 @@ import math
 
 import torch
 
-from agentsim import ops
 from agentsim.errors import ConfigError
 from agentsim.model import InitContext, MetricsContext, Model
 from agentsim.params import Param, ParamSpec
@@ -43,43 +42,55 @@ PARAMS = ParamSpec({
 })
 
 
-def _neighbor_counts(grid: Grid, cell: torch.Tensor, group: torch.Tensor, radius: int):
-    """Per cell ``[n_cells]``: occupied Moore neighbors, and neighbors of group 1."""
+def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: int, radius: int,
+               n_local: int) -> dict[str, torch.Tensor]:
+    """Similar and occupied Moore-neighbor counts and happiness of the first ``n_local`` residents.
+
+    Args:
+        cell, group: ``[n]`` of every resident that can be a neighbor (local rows first).
+    Returns:
+        ``similar``, ``occupied`` (int16 ``[n_local]``) and ``happy`` (bool ``[n_local]``).
+    """
     occupied = grid.occupancy(cell).reshape(grid.shape)
     ones = grid.occupancy(cell[group == 1]).reshape(grid.shape)
     n_occ = grid.neighbor_sum(occupied, "moore", radius).reshape(-1)
     n_one = grid.neighbor_sum(ones, "moore", radius).reshape(-1)
-    return n_occ, n_one
+    c, g = cell[:n_local], group[:n_local]
+    total = n_occ[c]
+    similar = torch.where(g == 1, n_one[c], total - n_one[c])
+    return {"similar": similar.to(torch.int16), "occupied": total.to(torch.int16), "happy": similar >= homophily}
 
 
-@registry.substep(reads=["resident.cell", "resident.group"], writes=["resident.happy"],
+@registry.substep(reads=["resident.cell", "resident.group"],
+                  writes=["resident.happy", "resident.similar", "resident.occupied"],
                   neighbors={"resident": ["cell", "group"]})
 def assess(ctx):
     """Happy if at least ``homophily`` Moore neighbors share the resident's group."""
     res = ctx["resident"]
     nb = ctx.neighbors("resident")
-    n_occ, n_one = _neighbor_counts(ctx.space, nb["cell"], nb["group"], ctx.params["radius"])
-    cell, group = res["cell"], res["group"]
-    same = torch.where(group == 1, n_one[cell], n_occ[cell] - n_one[cell])
-    res["happy"] = same >= ctx.params["homophily"]
+    out = assessment(ctx.space, nb["cell"], nb["group"], ctx.params["homophily"], ctx.params["radius"], nb.n_local)
+    for key, value in out.items():
+        res[key] = value
 
 
 @registry.substep(reads=["resident.cell", "resident.happy"], writes=["resident.cell"],
-                  neighbors={"resident": ["cell"]})
+                  neighbors={"resident": ["cell", "happy"]})
 def relocate(ctx):
     """Unhappy residents move to distinct cells that were empty at the start of the step."""
     res = ctx["resident"]
     grid: Grid = ctx.space
-    occupied = grid.occupancy(ctx.neighbors("resident")["cell"]) > 0
-    empty = torch.nonzero(~occupied).squeeze(-1)
-    movers = torch.nonzero(~res["happy"]).squeeze(-1)
+    nb = ctx.neighbors("resident")
+    cell_all = nb["cell"]
+    empty = torch.nonzero(grid.occupancy(cell_all) == 0).squeeze(-1)
+    movers = torch.nonzero(~nb["happy"]).squeeze(-1)
     m = min(movers.numel(), empty.numel())
     if m == 0:
         return
-    mover_order = movers[torch.argsort(ctx.rng.bits(res["uid"][movers], "mover"), stable=True)[:m]]
+    movers = movers[torch.argsort(ctx.rng.bits(nb["uid"][movers], "mover"), stable=True)[:m]]
     target = empty[torch.argsort(ctx.rng.bits(empty, "vacancy"), stable=True)[:m]]
+    local = movers < nb.n_local
     cell = res["cell"].clone()
-    cell[mover_order] = target
+    cell[movers[local]] = target[local]
     res["cell"] = cell
 
 
@@ -93,28 +104,25 @@ def init(ic: InitContext) -> tuple[State, Grid]:
     chosen = torch.argsort(ic.rng.bits(cells, 0, "placement"), stable=True)[:n]
     uid = torch.arange(n, device=ic.device)
     group = (ic.rng.uniform(uid, 0, "group") < ic.params["minority_fraction"]).to(torch.int8)
+    first = assessment(grid, chosen, group, ic.params["homophily"], ic.params["radius"], n)
     res = Population("resident", {"cell": FieldSpec(torch.int64), "group": FieldSpec(torch.int8),
-                                  "happy": FieldSpec(torch.bool)},
-                     {"uid": uid, "cell": chosen, "group": group,
-                      "happy": torch.zeros(n, dtype=torch.bool, device=ic.device)})
+                                  "happy": FieldSpec(torch.bool), "similar": FieldSpec(torch.int16),
+                                  "occupied": FieldSpec(torch.int16)},
+                     {"uid": uid, "cell": chosen, "group": group, **first})
     return State({"resident": res}), grid
 
 
 def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
     res = mc.state["resident"]
-    cell, group = res["cell"], res["group"]
-    n_occ, n_one = _neighbor_counts(mc.space, cell, group, mc.params["radius"])
-    total = n_occ[cell]
-    same = torch.where(group == 1, n_one[cell], total - n_one[cell])
-    has = total > 0
-    frac = torch.where(has, same.to(torch.float64) / total.clamp(min=1).to(torch.float64), 0.0)
-    happy = same >= mc.params["homophily"]
-    return {"happy": happy.sum(), "sum_similar_fraction": ops.exact_sum(frac), "with_neighbors": has.sum()}
+    occ = res["occupied"].to(torch.float64)
+    has = occ > 0
+    frac = torch.where(has, res["similar"].to(torch.float64) / occ.clamp(min=1), 0.0)
+    return {"happy": res["happy"], "sum_similar_fraction": frac, "with_neighbors": has}
 
 
 def derive(m: dict[str, float]) -> dict[str, float]:
     return {"segregation": m["sum_similar_fraction"] / max(m["with_neighbors"], 1)}
 
 
-MODEL = Model("schelling", registry, ["assess", "relocate"], PARAMS, init, metrics, derive,
+MODEL = Model("schelling", registry, ["relocate", "assess"], PARAMS, init, metrics, derive,
               description="Schelling segregation on a torus grid", default_agents=10_000)

@@ -130,8 +130,7 @@ def init(ic: InitContext) -> tuple[State, Graph]:
 
 def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
     status = mc.state["person"]["status"]
-    counts = torch.bincount(status.to(torch.int64), minlength=3)
-    return {"S": counts[S], "I": counts[I], "R": counts[R]}
+    return {"S": status == S, "I": status == I, "R": status == R}
 
 
 MODEL = Model("sir", registry, ["infect", "recover"], PARAMS, init, metrics,

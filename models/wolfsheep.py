@@ -77,18 +77,21 @@ def sheep_move(ctx):
 
 
 @registry.substep(reads=["sheep.cell", "sheep.energy", "env.grass", "env.countdown"],
-                  writes=["sheep.energy", "env.grass", "env.countdown"], deaths=["sheep"])
+                  writes=["sheep.energy", "env.grass", "env.countdown"], deaths=["sheep"],
+                  neighbors={"sheep": ["cell"]})
 def sheep_eat(ctx):
     """Lose 1 energy; one sheep per grown patch eats it; starving sheep die."""
     sheep, env = ctx["sheep"], ctx.env
+    nb = ctx.neighbors("sheep")
     grass = env["grass"].reshape(-1)
-    cell = sheep["cell"]
-    first = rank_in_group(cell, ctx.rng.bits(sheep["uid"], "graze")) == 0
-    eats = first & grass[cell]
+    cell_all = nb["cell"]
+    first = rank_in_group(cell_all, ctx.rng.bits(nb["uid"], "graze")) == 0
+    eats_all = first & grass[cell_all]
+    eats = eats_all[: nb.n_local]
     energy = sheep["energy"] - 1 + ctx.params["sheep_gain"] * eats
     sheep["energy"] = energy
     eaten = torch.zeros_like(grass)
-    eaten[cell[eats]] = True
+    eaten[cell_all[eats_all]] = True
     env["grass"] = (grass & ~eaten).reshape(env["grass"].shape)
     countdown = env["countdown"].reshape(-1)
     env["countdown"] = torch.where(eaten, ctx.params["regrowth_time"], countdown).reshape(env["countdown"].shape)
@@ -108,18 +111,19 @@ def wolf_move(ctx):
 
 
 @registry.substep(reads=["wolf.cell", "wolf.energy", "sheep.cell"], writes=["wolf.energy"],
-                  deaths=["sheep", "wolf"])
+                  deaths=["sheep", "wolf"], neighbors={"wolf": ["cell"], "sheep": ["cell"]})
 def wolf_eat(ctx):
     """Lose 1 energy; the k-th wolf of a cell eats its k-th sheep; starving wolves die."""
-    wolves, sheep = ctx["wolf"], ctx["sheep"]
+    wolves = ctx["wolf"]
     grid: Grid = ctx.space
-    w_cell, s_cell = wolves["cell"], sheep["cell"]
-    w_rank = rank_in_group(w_cell, ctx.rng.bits(wolves["uid"], "hunt"))
-    s_rank = rank_in_group(s_cell, ctx.rng.bits(sheep["uid"], "prey"))
+    nw, ns = ctx.neighbors("wolf"), ctx.neighbors("sheep")
+    w_cell, s_cell = nw["cell"], ns["cell"]
+    w_rank = rank_in_group(w_cell, ctx.rng.bits(nw["uid"], "hunt"))[: nw.n_local]
+    s_rank = rank_in_group(s_cell, ctx.rng.bits(ns["uid"], "prey"))[: ns.n_local]
     n_wolves = grid.occupancy(w_cell)
     n_sheep = grid.occupancy(s_cell)
-    wolf_eats = w_rank < n_sheep[w_cell]
-    eaten = s_rank < n_wolves[s_cell]
+    wolf_eats = w_rank < n_sheep[w_cell[: nw.n_local]]
+    eaten = s_rank < n_wolves[s_cell[: ns.n_local]]
     energy = wolves["energy"] - 1 + ctx.params["wolf_gain"] * wolf_eats
     wolves["energy"] = energy
     ctx.kill("sheep", eaten)
@@ -170,7 +174,7 @@ def init(ic: InitContext) -> tuple[State, Grid]:
 
 
 def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    return {"grass": mc.state.env["grass"].sum()}
+    return {"grass": mc.owned_env("grass")}
 
 
 MODEL = Model("wolfsheep", registry,

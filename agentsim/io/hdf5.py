@@ -1,0 +1,765 @@
+"""Trajectories streamed to HDF5 during a run, readable with plain h5py.
+
+File format ``agentsim-trajectory``, version 1 (the contract; readers check both):
+
+Root attributes:
+    ``format`` = ``"agentsim-trajectory"``; ``format_version`` = 1; ``model`` (str);
+    ``params`` (JSON str); ``seed`` (int); ``steps`` (int, the number requested);
+    ``steps_completed`` (int: the largest step in ``/metrics``, updated as the run
+    goes, each time metric rows reach the file); ``world_size`` (int); ``versions`` (JSON str with keys ``agentsim``,
+    ``torch``, ``numpy``, ``h5py``, ``python``); ``completed`` (bool, False until the
+    writer is closed with ``completed=True``).
+
+``/metrics``:
+    ``step`` int64 ``[T]`` and one dataset ``[T]`` per metric (int64 for integer
+    values, float64 otherwise), one row per :meth:`TrajectoryWriter.write_metrics`
+    call. A name containing ``/`` is a nested group (``infected/young``).
+
+``/agents/<population>``:
+    ``step`` int64 ``[K]``: the step of each recorded frame; ``offsets`` int64
+    ``[K + 1]``: the rows of frame ``k`` are ``offsets[k]:offsets[k + 1]`` of every
+    other dataset; ``uid`` int64 ``[R]``; ``<field>`` ``[R, *field_shape]`` with the
+    field's dtype (bool as HDF5 enum, read back as numpy bool). Within a frame rows are
+    sorted by ``uid``, so populations whose size changes (births, deaths) are stored
+    frame by frame. ``step`` and ``offsets`` are therefore not allowed as field names.
+
+``/env``:
+    ``step`` int64 ``[K_env]`` and ``<name>`` ``[K_env, *shape]``: environment layers
+    (a grass grid, a field over cells) on recorded frames.
+
+``/perf``:
+    ``step`` int64 ``[T_perf]`` and ``<name>`` float64 ``[T_perf]`` (e.g.
+    ``step_seconds``, ``substep_seconds/move``): machine-dependent figures. Everything
+    outside ``/perf`` and the ``versions`` attribute is a function of (model, params,
+    seed), so ``/agents``, ``/env`` and ``/metrics`` of two such runs are bitwise
+    comparable.
+
+Every series is an extendable dataset (``maxshape=(None, ...)``), chunked along the
+first axis in chunks of about 64 KiB and compressed (gzip level 4 with the shuffle
+filter by default). Agent and env frames are written when given, with one resize per
+dataset per call. Metric and perf rows (one small row per step, where h5py's per-call
+cost would dominate a fast model) are held in memory and written in batches: every
+256 rows, when 10 s have passed since the last batch, and on ``flush()`` and
+``close()``; the writer closes on exceptions, so a failed run keeps its rows.
+
+Examples:
+    >>> import os, tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.h5")
+    >>> with TrajectoryWriter(path, model="demo", params={"beta": 0.1}, seed=1, steps=1) as w:
+    ...     w.write_metrics(0, {"n_sheep": 3})
+    ...     w.write_agents(0, "sheep", {"uid": torch.tensor([7, 2, 5]), "energy": torch.tensor([0.5, 1.0, 2.0])})
+    ...     w.close(completed=True)
+    >>> traj = read_trajectory(path)
+    >>> traj.attrs["completed"], traj.metrics["n_sheep"].tolist()
+    (True, [3])
+    >>> frame = traj.agents("sheep", "energy")
+    >>> frame["uid"].tolist(), frame["energy"].tolist()
+    ([2, 5, 7], [1.0, 2.0, 0.5])
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import h5py
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import AgentsimError, ConfigError, OutputError, did_you_mean
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
+
+FORMAT = "agentsim-trajectory"
+FORMAT_VERSION = 1
+COMPRESSIONS = ("gzip", "lzf", None)
+_CHUNK_BYTES = 65536
+_GZIP_LEVEL = 4
+_RESERVED_AGENT_NAMES = ("step", "offsets")
+_BUFFER_ROWS = 256  # metric / perf rows held in memory before a write ...
+_BUFFER_SECONDS = 10.0  # ... or after this long since the last write
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+# --------------------------------------------------------------------------- helpers
+def _io_errors(method: _F) -> _F:
+    """Turn h5py / OS failures inside a writer method into OutputError naming the file."""
+
+    @functools.wraps(method)
+    def wrapper(self: TrajectoryWriter, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except AgentsimError:
+            raise
+        except OSError as e:
+            raise OutputError(f"writing trajectory '{self.path}' failed: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.tolist()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _versions() -> dict[str, str]:
+    from .. import __version__
+
+    return {
+        "agentsim": __version__,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "h5py": h5py.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name}: expected an int >= {minimum} (got {value!r})")
+    return int(value)
+
+
+def _check_name(kind: str, name: Any, nested: bool) -> str:
+    """Names become HDF5 paths: no empty parts; ``/`` only where nesting is allowed."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{kind} name: expected a non-empty str (got {name!r})")
+    parts = name.split("/")
+    if (not nested and len(parts) > 1) or any(p in ("", ".", "..") for p in parts):
+        rule = "parts separated by single '/'" if nested else "no '/'"
+        raise ConfigError(f"{kind} name {name!r}: expected a non-empty str with {rule}")
+    return name
+
+
+def _check_names(kind: str, expected: Sequence[str] | None, got: Iterable[str]) -> None:
+    if expected is None:
+        return
+    got_set, exp_set = set(got), set(expected)
+    if got_set != exp_set:
+        missing, extra = sorted(exp_set - got_set), sorted(got_set - exp_set)
+        raise ConfigError(
+            f"{kind}: expected the names of the first write {sorted(exp_set)} (missing {missing}, unexpected {extra})"
+        )
+
+
+def _scalar(kind: str, name: str, value: Any) -> int | float:
+    """A metric or perf value as a Python int or float."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ConfigError(f"{kind} '{name}': expected a scalar (got a tensor of shape {list(value.shape)})")
+        value = value.item()
+    elif isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise ConfigError(f"{kind} '{name}': expected a scalar (got an array of shape {list(value.shape)})")
+        value = value.item()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    raise ConfigError(f"{kind} '{name}': expected an int, float or scalar tensor (got {type(value).__name__})")
+
+
+def _to_numpy(kind: str, value: Any) -> np.ndarray:
+    if isinstance(value, Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        try:
+            return t.numpy()
+        except TypeError:
+            raise ConfigError(
+                f"{kind}: dtype {value.dtype} has no numpy/HDF5 equivalent; convert it (e.g. to float32) first"
+            ) from None
+    if isinstance(value, np.ndarray):
+        return value
+    raise ConfigError(f"{kind}: expected a tensor or numpy array (got {type(value).__name__})")
+
+
+@dataclass
+class _ScalarSeries:
+    """A scalar series (metrics, perf): rows buffered in memory, written in batches."""
+
+    group: h5py.Group
+    names: tuple[str, ...] = ()
+    last_step: int | None = None
+    steps: list[int] = field(default_factory=list)
+    rows: list[tuple[int | float, ...]] = field(default_factory=list)
+    is_created: bool = False
+
+
+@dataclass
+class _Series:
+    """The datasets of one group appended together (metrics, env, perf, one population)."""
+
+    group: h5py.Group
+    names: tuple[str, ...] = ()
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    last_step: int | None = None
+    n_rows: int = 0  # rows of the per-agent datasets (populations only)
+
+
+# --------------------------------------------------------------------------- writer
+class TrajectoryWriter:
+    """Stream one run to an HDF5 file in the ``agentsim-trajectory`` format (see module doc).
+
+    Args:
+        path: File to create (written in place with h5py mode ``"w"``).
+        model: Model name.
+        params: Resolved parameters; stored as JSON (tensors and arrays as lists).
+        seed: Run seed.
+        steps: Number of steps requested.
+        world_size: Number of ranks of the run.
+        compression: ``"gzip"`` (level 4, with shuffle), ``"lzf"`` or None.
+        overwrite: Replace an existing file; if False an existing ``path`` is an error.
+
+    Raises:
+        ConfigError: A bad argument (checked before the file is touched).
+        OutputError: The file cannot be created: missing directory, no permission, an
+            existing file with ``overwrite=False``.
+
+    Steps passed to the ``write_*`` methods must increase strictly within each series
+    (metrics, each population, env, perf). As a context manager the writer closes on
+    exit: with ``completed=False`` if an exception escapes, with ``completed=True`` on
+    a normal exit, and not at all if :meth:`close` was already called.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        model: str,
+        params: Mapping[str, Any],
+        seed: int,
+        steps: int,
+        world_size: int = 1,
+        compression: str | None = "gzip",
+        overwrite: bool = True,
+    ) -> None:
+        self.path = os.fspath(path)
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"model: expected a non-empty str (got {model!r})")
+        seed = _check_int("seed", seed, -(2**63))
+        steps = _check_int("steps", steps, 0)
+        world_size = _check_int("world_size", world_size, 1)
+        if compression not in COMPRESSIONS:
+            raise ConfigError(
+                f"compression: expected one of {', '.join(map(repr, COMPRESSIONS))} (got {compression!r})"
+            )
+        try:
+            params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"params: cannot be stored as JSON ({e})") from None
+        self._check_writable(overwrite)
+        try:
+            self._file = h5py.File(self.path, "w")
+        except OSError as e:
+            raise OutputError(f"cannot create trajectory file '{self.path}': {e}") from e
+        self._compression: dict[str, Any] = {}
+        if compression == "gzip":
+            self._compression = {"compression": "gzip", "compression_opts": _GZIP_LEVEL, "shuffle": True}
+        elif compression == "lzf":
+            self._compression = {"compression": "lzf", "shuffle": True}
+        self._closed = False
+        self.steps_completed = 0
+        try:
+            a = self._file.attrs
+            a["format"] = FORMAT
+            a["format_version"] = FORMAT_VERSION
+            a["model"] = model
+            a["params"] = params_json
+            a["seed"] = seed
+            a["steps"] = steps
+            a["steps_completed"] = 0
+            a["world_size"] = world_size
+            a["versions"] = json.dumps(_versions(), sort_keys=True)
+            a["completed"] = False
+            self._metrics = _ScalarSeries(self._file.create_group("metrics", track_order=True))
+            self._agents_group = self._file.create_group("agents", track_order=True)
+            self._env = _Series(self._file.create_group("env", track_order=True))
+            self._perf = _ScalarSeries(self._file.create_group("perf", track_order=True))
+        except OSError as e:
+            self._file.close()
+            raise OutputError(f"cannot write trajectory file '{self.path}': {e}") from e
+        self._populations: dict[str, _Series] = {}
+        self._last_write = time.monotonic()
+
+    def _check_writable(self, overwrite: bool) -> None:
+        parent = os.path.dirname(os.path.abspath(self.path))
+        why = None
+        if not os.path.isdir(parent):
+            why = f"directory '{parent}' does not exist"
+        elif os.path.isdir(self.path):
+            why = "it is a directory"
+        elif os.path.exists(self.path):
+            if not overwrite:
+                why = "the file exists (pass overwrite=True to replace it)"
+            elif not os.access(self.path, os.W_OK):
+                why = "permission denied (the existing file is not writable)"
+        elif not os.access(parent, os.W_OK):
+            why = f"permission denied (directory '{parent}' is not writable)"
+        if why is not None:
+            raise OutputError(f"cannot create trajectory file '{self.path}': {why}")
+
+    # ---------------------------------------------------------------- plumbing
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OutputError(f"trajectory writer for '{self.path}' is closed")
+
+    def _next_step(self, series: _Series | _ScalarSeries, kind: str, step: Any) -> int:
+        step = _check_int(f"{kind} step", step, -(2**63))
+        if series.last_step is not None and step <= series.last_step:
+            raise ConfigError(f"{kind}: step {step} is not after the last written step {series.last_step}")
+        return step
+
+    def _create(self, group: h5py.Group, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> h5py.Dataset:
+        """An empty extendable dataset ``[0, *shape]`` chunked along the first axis (~64 KiB chunks)."""
+        if any(d == 0 for d in shape):
+            raise ConfigError(f"'{group.name}/{name}': trailing shape {list(shape)} has a zero-size dimension")
+        row_bytes = dtype.itemsize * math.prod(shape)
+        chunks = (max(1, _CHUNK_BYTES // max(1, row_bytes)), *shape)
+        return group.create_dataset(
+            name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype, chunks=chunks, **self._compression
+        )
+
+    @staticmethod
+    def _append(ds: h5py.Dataset, rows: np.ndarray) -> None:
+        n0 = ds.shape[0]
+        if len(rows) == 0:
+            return
+        ds.resize(n0 + len(rows), axis=0)
+        ds[n0:] = rows
+
+    def _buffer_row(self, series: _ScalarSeries, step: int, values: Mapping[str, int | float]) -> None:
+        if series.last_step is None:
+            series.names = tuple(values)
+        series.steps.append(step)
+        series.rows.append(tuple(values[name] for name in series.names))
+        series.last_step = step
+        if len(series.rows) >= _BUFFER_ROWS or time.monotonic() - self._last_write > _BUFFER_SECONDS:
+            self._write_buffers()
+
+    def _write_buffers(self) -> None:
+        """Write the buffered metric and perf rows: one resize per dataset."""
+        for series in (self._metrics, self._perf):
+            if not series.rows:
+                continue
+            g = series.group
+            columns = list(zip(*series.rows))
+            if not series.is_created:
+                self._create(g, "step", np.dtype(np.int64), ())
+            for name, column in zip(series.names, columns):
+                is_float = any(isinstance(v, float) for v in column)
+                if not series.is_created:
+                    ds = self._create(g, name, np.dtype(np.float64 if is_float else np.int64), ())
+                else:
+                    ds = g[name]
+                    if is_float and ds.dtype == np.int64:
+                        # An integer series got a float (e.g. `x / n if n else 0`): promote to float64.
+                        old = ds[...].astype(np.float64)
+                        del g[name]
+                        ds = self._create(g, name, np.dtype(np.float64), ())
+                        self._append(ds, old)
+                self._append(ds, np.asarray(column, dtype=ds.dtype))
+            self._append(g["step"], np.asarray(series.steps, dtype=np.int64))
+            series.is_created = True
+            series.steps.clear()
+            series.rows.clear()
+        self._file.attrs["steps_completed"] = self.steps_completed
+        self._last_write = time.monotonic()
+
+    # ---------------------------------------------------------------- writing
+    @_io_errors
+    def write_metrics(self, step: int, metrics: Mapping[str, int | float | Tensor]) -> None:
+        """Append one row to ``/metrics`` (buffered, see the module doc) and advance ``steps_completed``.
+
+        Args:
+            step: Step of this row, after the previous one.
+            metrics: Name to scalar (int, float, bool, 0-d / 1-element tensor or array).
+                The first call fixes the names; integer values give int64 series,
+                others float64 (an int series turns float64 if a float arrives later).
+
+        Raises:
+            ConfigError: Names differ from the first call, ``"step"`` is used as a
+                name, a value is not a scalar, or ``step`` does not increase.
+        """
+        self._check_open()
+        step = self._next_step(self._metrics, "metrics", step)
+        if "step" in metrics:
+            raise ConfigError("metrics: 'step' is reserved for the step column; pass the step as the first argument")
+        values = {_check_name("metric", k, nested=True): _scalar("metric", k, v) for k, v in metrics.items()}
+        _check_names("metrics", self._metrics.names if self._metrics.last_step is not None else None, values)
+        self.steps_completed = max(self.steps_completed, step)
+        self._buffer_row(self._metrics, step, values)
+
+    @_io_errors
+    def write_perf(self, step: int, figures: Mapping[str, float]) -> None:
+        """Append one row of machine-dependent figures (seconds, bytes, ...) to ``/perf`` (buffered).
+
+        Args:
+            step: Step of this row, after the previous one.
+            figures: Name to number, stored as float64; the first call fixes the names.
+        """
+        self._check_open()
+        step = self._next_step(self._perf, "perf", step)
+        if "step" in figures:
+            raise ConfigError("perf: 'step' is reserved for the step column")
+        values = {_check_name("perf", k, nested=True): float(_scalar("perf", k, v)) for k, v in figures.items()}
+        _check_names("perf", self._perf.names if self._perf.last_step is not None else None, values)
+        self._buffer_row(self._perf, step, values)
+
+    @_io_errors
+    def write_agents(self, step: int, population: str, fields: Mapping[str, Tensor | np.ndarray]) -> None:
+        """Append one frame of a population to ``/agents/<population>``.
+
+        Args:
+            step: Step of the frame, after the population's previous frame.
+            population: Population name (no ``/``).
+            fields: Field name to ``[n, ...]`` tensor (any device; moved to CPU) or
+                array, all with the same ``n``; must include ``"uid"`` (integer ``[n]``).
+                Rows are written sorted by uid. The first frame fixes the field names,
+                dtypes and trailing shapes.
+
+        Raises:
+            ConfigError: Missing ``uid``, mismatched row counts, or names, dtypes or
+                shapes that differ from the population's first frame.
+        """
+        self._check_open()
+        _check_name("population", population, nested=False)
+        series = self._populations.get(population)
+        kind = f"agents '{population}'"
+        step = self._next_step(series if series is not None else _Series(self._agents_group), kind, step)
+        if "uid" not in fields:
+            raise ConfigError(f"{kind}: fields must include 'uid' (got {sorted(fields)})")
+        for name in fields:
+            _check_name("field", name, nested=False)
+            if name in _RESERVED_AGENT_NAMES:
+                raise ConfigError(f"{kind}: field name '{name}' is reserved ({', '.join(_RESERVED_AGENT_NAMES)})")
+        arrays = {name: _to_numpy(f"{kind} field '{name}'", v) for name, v in fields.items()}
+        uid = arrays["uid"]
+        if uid.ndim != 1 or not np.issubdtype(uid.dtype, np.integer):
+            raise ConfigError(f"{kind}: 'uid' must be an integer [n] array (got {uid.dtype} {list(uid.shape)})")
+        n = uid.shape[0]
+        for name, a in arrays.items():
+            if a.ndim < 1 or a.shape[0] != n:
+                raise ConfigError(f"{kind} field '{name}': expected {n} rows like 'uid' (got shape {list(a.shape)})")
+        arrays["uid"] = uid.astype(np.int64, copy=False)
+        if n > 1 and not bool(np.all(uid[1:] >= uid[:-1])):
+            order = np.argsort(uid, kind="stable")
+            arrays = {name: a[order] for name, a in arrays.items()}
+        if series is None:
+            series = self._new_population(population, arrays)
+        else:
+            _check_names(kind, series.names, arrays)
+            for name, a in arrays.items():
+                if a.dtype != series.dtypes[name] or a.shape[1:] != series.shapes[name]:
+                    raise ConfigError(
+                        f"{kind} field '{name}': expected dtype {series.dtypes[name]} and shape "
+                        f"[{', '.join(['n', *map(str, series.shapes[name])])}] as in the first frame "
+                        f"(got {a.dtype} {list(a.shape)})"
+                    )
+        g = series.group
+        for name, a in arrays.items():
+            self._append(g[name], a)
+        series.n_rows += n
+        self._append(g["step"], np.asarray([step], dtype=np.int64))
+        self._append(g["offsets"], np.asarray([series.n_rows], dtype=np.int64))
+        series.last_step = step
+
+    def _new_population(self, population: str, arrays: Mapping[str, np.ndarray]) -> _Series:
+        g = self._agents_group.create_group(population, track_order=True)
+        series = _Series(g, names=tuple(arrays))
+        self._create(g, "step", np.dtype(np.int64), ())
+        self._append(self._create(g, "offsets", np.dtype(np.int64), ()), np.zeros(1, dtype=np.int64))
+        for name in ("uid", *(k for k in arrays if k != "uid")):
+            a = arrays[name]
+            series.dtypes[name], series.shapes[name] = a.dtype, a.shape[1:]
+            self._create(g, name, a.dtype, a.shape[1:])
+        self._populations[population] = series
+        return series
+
+    @_io_errors
+    def write_env(self, step: int, env: Mapping[str, Tensor | np.ndarray]) -> None:
+        """Append one frame of environment layers to ``/env``.
+
+        Args:
+            step: Step of the frame, after the previous env frame.
+            env: Layer name (no ``/``) to a tensor or array of any fixed shape (a grid
+                ``[H, W]``, a per-cell vector, a 0-d value); names, dtypes and shapes
+                are fixed by the first call.
+        """
+        self._check_open()
+        step = self._next_step(self._env, "env", step)
+        if "step" in env:
+            raise ConfigError("env: 'step' is reserved for the step column")
+        arrays = {_check_name("env", k, nested=False): _to_numpy(f"env '{k}'", v) for k, v in env.items()}
+        g = self._env.group
+        if self._env.last_step is None:
+            self._env.names = tuple(arrays)
+            self._create(g, "step", np.dtype(np.int64), ())
+            for name, a in arrays.items():
+                self._env.dtypes[name], self._env.shapes[name] = a.dtype, a.shape
+                self._create(g, name, a.dtype, a.shape)
+        else:
+            _check_names("env", self._env.names, arrays)
+            for name, a in arrays.items():
+                if a.dtype != self._env.dtypes[name] or a.shape != self._env.shapes[name]:
+                    raise ConfigError(
+                        f"env '{name}': expected dtype {self._env.dtypes[name]} and shape "
+                        f"{list(self._env.shapes[name])} as in the first frame (got {a.dtype} {list(a.shape)})"
+                    )
+        for name, a in arrays.items():
+            self._append(g[name], a[None])
+        self._append(g["step"], np.asarray([step], dtype=np.int64))
+        self._env.last_step = step
+
+    # ---------------------------------------------------------------- closing
+    @_io_errors
+    def flush(self) -> None:
+        """Write buffered metric / perf rows and ``steps_completed``, and flush HDF5 to disk."""
+        self._check_open()
+        self._write_buffers()
+        self._file.flush()
+
+    @_io_errors
+    def close(self, completed: bool) -> None:
+        """Set the ``completed`` and ``steps_completed`` attributes and close the file.
+
+        Args:
+            completed: True when the run reached its last step. A second call does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._write_buffers()
+            self._file.attrs["completed"] = bool(completed)
+        finally:
+            self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called."""
+        return self._closed
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self._closed:
+            self.close(completed=exc_type is None)
+
+    def __repr__(self) -> str:
+        return f"TrajectoryWriter({self.path!r}, {'closed' if self._closed else 'open'})"
+
+
+# --------------------------------------------------------------------------- reader
+def _attr(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _read_series(group: h5py.Group) -> dict[str, np.ndarray]:
+    """Every dataset under ``group``, keyed by its path relative to the group."""
+    out: dict[str, np.ndarray] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset):
+            out[name] = obj[...]
+
+    group.visititems(visit)
+    return out
+
+
+@dataclass(frozen=True)
+class _Population:
+    steps: np.ndarray
+    offsets: np.ndarray
+    fields: list[str]
+
+
+class Trajectory:
+    """A trajectory file opened for reading (see :func:`read_trajectory`).
+
+    Metrics, perf figures and frame indexes are loaded when it is created; agent and
+    env frames are read from the file on each call.
+
+    Attributes:
+        path: The file.
+        attrs: Root attributes, with ``params`` and ``versions`` decoded from JSON and
+            ``completed`` as a bool.
+        metrics: Name to ``[T]`` array, including ``"step"``.
+        perf: Name to ``[T_perf]`` array, including ``"step"`` (empty if none written).
+        populations: Population names, in the order first written.
+        env_names: Environment layer names.
+    """
+
+    def __init__(self, path: str, file: h5py.File) -> None:
+        self.path = path
+        attrs = {k: _attr(v) for k, v in file.attrs.items()}
+        for key in ("params", "versions"):
+            if isinstance(attrs.get(key), str):
+                attrs[key] = json.loads(attrs[key])
+        if "completed" in attrs:
+            attrs["completed"] = bool(attrs["completed"])
+        self.attrs: dict[str, Any] = attrs
+        self.metrics: dict[str, np.ndarray] = _read_series(file["metrics"]) if "metrics" in file else {}
+        self.perf: dict[str, np.ndarray] = _read_series(file["perf"]) if "perf" in file else {}
+        self._pops: dict[str, _Population] = {}
+        for name, g in (file["agents"].items() if "agents" in file else []):
+            fields = [k for k in g.keys() if k not in _RESERVED_AGENT_NAMES]
+            self._pops[name] = _Population(g["step"][...], g["offsets"][...], fields)
+        self._env_steps = file["env/step"][...] if "env/step" in file else np.zeros(0, dtype=np.int64)
+        self.env_names: list[str] = [k for k in file["env"].keys() if k != "step"] if "env" in file else []
+
+    @property
+    def populations(self) -> list[str]:
+        return list(self._pops)
+
+    def _population(self, population: str) -> _Population:
+        if population not in self._pops:
+            raise ConfigError(
+                f"unknown population '{population}' in '{self.path}' (valid: {', '.join(self._pops) or 'none'})."
+                + did_you_mean(population, self._pops)
+            )
+        return self._pops[population]
+
+    def fields(self, population: str) -> list[str]:
+        """Recorded fields of ``population``, ``"uid"`` first."""
+        return list(self._population(population).fields)
+
+    def steps(self, population: str) -> np.ndarray:
+        """The steps of the recorded frames of ``population``, int64 ``[K]``."""
+        return self._population(population).steps.copy()
+
+    def env_steps(self) -> np.ndarray:
+        """The steps of the recorded env frames, int64 ``[K_env]``."""
+        return self._env_steps.copy()
+
+    @staticmethod
+    def _frame(steps: np.ndarray, step: int | None, what: str) -> int:
+        if step is None:
+            return len(steps) - 1
+        k = int(np.searchsorted(steps, step))
+        if k == len(steps) or steps[k] != step:
+            shown = ", ".join(map(str, steps[:20].tolist())) + (", ..." if len(steps) > 20 else "")
+            raise ConfigError(f"{what}: step {step} was not recorded (recorded: {shown})")
+        return k
+
+    def agents(
+        self,
+        population: str,
+        fields: str | Sequence[str] | None = None,
+        step: int | None = None,
+        *,
+        as_tensor: bool = False,
+    ) -> dict[str, Any]:
+        """One frame of a population.
+
+        Args:
+            population: Population name.
+            fields: A field name, a list of them, or None for all recorded fields.
+            step: The recorded step to read; None for the last recorded frame.
+            as_tensor: Return torch tensors instead of numpy arrays.
+
+        Returns:
+            ``{"uid": [n], field: [n, ...], ...}``: always includes ``"uid"``; rows are
+            sorted by uid and aligned across fields.
+
+        Raises:
+            ConfigError: Unknown population or field, or a step that was not recorded.
+        """
+        pop = self._population(population)
+        names = pop.fields if fields is None else [fields] if isinstance(fields, str) else list(fields)
+        for name in names:
+            if name not in pop.fields:
+                raise ConfigError(
+                    f"unknown field '{name}' of population '{population}' (valid: {', '.join(pop.fields)})."
+                    + did_you_mean(name, pop.fields)
+                )
+        names = ["uid", *(n for n in dict.fromkeys(names) if n != "uid")]
+        k = self._frame(pop.steps, step, f"agents '{population}'")
+        lo, hi = int(pop.offsets[k]), int(pop.offsets[k + 1])
+        with _open(self.path) as f:
+            g = f["agents"][population]
+            out = {name: g[name][lo:hi] for name in names}
+        return {k_: torch.from_numpy(v) for k_, v in out.items()} if as_tensor else out
+
+    def env(self, name: str, step: int | None = None, *, as_tensor: bool = False) -> Any:
+        """One frame of an environment layer (None: the last recorded frame), shape as written."""
+        if name not in self.env_names:
+            raise ConfigError(
+                f"unknown env layer '{name}' (valid: {', '.join(self.env_names) or 'none'})."
+                + did_you_mean(name, self.env_names)
+            )
+        k = self._frame(self._env_steps, step, f"env '{name}'")
+        with _open(self.path) as f:
+            value = f["env"][name][k]
+        value = np.asarray(value)
+        return torch.from_numpy(value) if as_tensor else value
+
+    def __repr__(self) -> str:
+        return (
+            f"Trajectory({self.path!r}, model={self.attrs.get('model')!r}, "
+            f"steps_completed={self.attrs.get('steps_completed')}, populations={self.populations})"
+        )
+
+
+def _open(path: str) -> h5py.File:
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise OutputError(f"cannot read trajectory '{path}': {e}") from e
+
+
+def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
+    """Open an agentsim trajectory file.
+
+    Args:
+        path: An HDF5 file written by :class:`TrajectoryWriter`.
+
+    Raises:
+        OutputError: The file is missing, not HDF5, not an agentsim trajectory, or of a
+            newer format version.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise OutputError(f"cannot read trajectory '{path}': no such file")
+    if os.path.isdir(path) or not h5py.is_hdf5(path):
+        raise OutputError(f"cannot read trajectory '{path}': not an HDF5 file")
+    with _open(path) as f:
+        fmt = _attr(f.attrs.get("format"))
+        if fmt != FORMAT:
+            raise OutputError(
+                f"'{path}' is not an agentsim trajectory (root attribute 'format' is {fmt!r}, expected {FORMAT!r})"
+            )
+        version = _attr(f.attrs.get("format_version"))
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise OutputError(
+                f"'{path}' has trajectory format_version {version!r}; this agentsim reads versions <= {FORMAT_VERSION}"
+            )
+        try:
+            return Trajectory(path, f)
+        except (KeyError, ValueError) as e:
+            raise OutputError(f"'{path}' is a damaged agentsim trajectory: {e}") from e

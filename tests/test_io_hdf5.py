@@ -1,0 +1,314 @@
+"""HDF5 trajectories: write/read round trips, file layout read with plain h5py, errors."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from agentsim.errors import ConfigError, OutputError
+from agentsim.io.hdf5 import FORMAT, FORMAT_VERSION, TrajectoryWriter, read_trajectory
+
+PARAMS = {"beta": 0.25, "n_init": 10, "label": "x", "flags": [1, 2]}
+
+
+def sheep_frame(step: int) -> dict[str, torch.Tensor]:
+    """A population with births and deaths: uids alive at ``step`` in a shuffled row order."""
+    g = torch.Generator().manual_seed(100 + step)
+    uid = torch.arange(2 * step, 10 + 3 * step)  # oldest die, newborns appear
+    uid = uid[torch.randperm(len(uid), generator=g)]
+    return {
+        "uid": uid,
+        "pos": torch.stack([uid * 0.5, uid * -1.25 + step], dim=1).float(),  # [n, 2], a function of (uid, step)
+        "energy": uid * 10 + step,  # int64
+        "alive": uid % 3 != 0,  # bool
+    }
+
+
+def wolves_frame(step: int) -> dict[str, torch.Tensor]:
+    n = {0: 3, 2: 0, 4: 2}[step]  # size 0 at step 2
+    uid = torch.tensor([40, 7, 19][:n], dtype=torch.int32)
+    return {"uid": uid, "hunger": uid.double() / 4 + step}
+
+
+def write_run(path, perf_scale: float = 1.0, steps: int = 4) -> None:
+    with TrajectoryWriter(path, model="predprey", params=PARAMS, seed=42, steps=steps) as w:
+        for step in range(steps + 1):
+            frame = sheep_frame(step)
+            w.write_metrics(step, {
+                "n_sheep": len(frame["uid"]),  # int
+                "mean_energy": frame["energy"].double().mean(),  # 0-d tensor -> float64
+                "n_alive": frame["alive"].sum(),  # 0-d int tensor -> int64
+                "infected/young": np.int32(step),  # nested name
+            })
+            if step > 0:
+                w.write_perf(step, {"step_seconds": 0.01 * step * perf_scale,
+                                    "substep_seconds/move": 0.001 * perf_scale})
+            w.write_agents(step, "sheep", frame)
+            if step % 2 == 0:
+                w.write_agents(step, "wolves", wolves_frame(step))
+            if step in (0, steps):
+                w.write_env(step, {"grass": torch.arange(20.0).reshape(4, 5) + step, "season": torch.tensor(step)})
+        w.close(completed=True)
+
+
+@pytest.fixture
+def run_file(tmp_path):
+    path = tmp_path / "run.h5"
+    write_run(path)
+    return path
+
+
+def test_round_trip(run_file):
+    traj = read_trajectory(run_file)
+    a = traj.attrs
+    assert a["format"] == FORMAT and a["format_version"] == FORMAT_VERSION
+    assert (a["model"], a["seed"], a["steps"], a["steps_completed"], a["world_size"], a["completed"]) == (
+        "predprey", 42, 4, 4, 1, True)
+    assert a["params"] == PARAMS
+    assert set(a["versions"]) == {"agentsim", "torch", "numpy", "h5py", "python"}
+
+    assert sorted(traj.metrics) == ["infected/young", "mean_energy", "n_alive", "n_sheep", "step"]
+    assert traj.metrics["step"].tolist() == [0, 1, 2, 3, 4]
+    assert traj.metrics["n_sheep"].dtype == np.int64 and traj.metrics["n_alive"].dtype == np.int64
+    assert traj.metrics["mean_energy"].dtype == np.float64
+    for step in range(5):
+        frame = sheep_frame(step)
+        assert traj.metrics["n_sheep"][step] == len(frame["uid"])
+        assert traj.metrics["mean_energy"][step] == frame["energy"].double().mean().item()
+    assert traj.metrics["infected/young"].tolist() == [0, 1, 2, 3, 4]
+
+    assert traj.perf["step"].tolist() == [1, 2, 3, 4]
+    np.testing.assert_allclose(traj.perf["step_seconds"], [0.01, 0.02, 0.03, 0.04])
+    assert traj.perf["substep_seconds/move"].shape == (4,)
+
+    assert traj.populations == ["sheep", "wolves"]
+    assert traj.fields("sheep") == ["uid", "pos", "energy", "alive"]
+    assert traj.steps("sheep").tolist() == [0, 1, 2, 3, 4]
+    assert traj.steps("wolves").tolist() == [0, 2, 4]
+    for step in range(5):
+        frame = sheep_frame(step)
+        order = torch.argsort(frame["uid"])
+        got = traj.agents("sheep", step=step)
+        assert set(got) == {"uid", "pos", "energy", "alive"}
+        for name, value in frame.items():
+            assert got[name].dtype == value.numpy().dtype
+            np.testing.assert_array_equal(got[name], value[order].numpy())
+    last = traj.agents("sheep", "pos")  # step=None: the last frame
+    assert set(last) == {"uid", "pos"}
+    np.testing.assert_array_equal(last["uid"], np.arange(8, 22))
+
+    assert traj.agents("wolves", step=2)["uid"].shape == (0,)
+    wolves = traj.agents("wolves", ["hunger"], step=0, as_tensor=True)
+    assert torch.equal(wolves["uid"], torch.tensor([7, 19, 40]))
+    assert wolves["uid"].dtype == torch.int64  # uid stored as int64 whatever it was written as
+    assert torch.equal(wolves["hunger"], torch.tensor([7, 19, 40]).double() / 4)
+
+    assert traj.env_names == ["grass", "season"] and traj.env_steps().tolist() == [0, 4]
+    np.testing.assert_array_equal(traj.env("grass"), np.arange(20.0).reshape(4, 5) + 4)
+    assert traj.env("season", step=0).shape == () and int(traj.env("season", step=0)) == 0
+    assert torch.equal(traj.env("grass", 0, as_tensor=True), torch.arange(20.0).reshape(4, 5))
+
+
+def test_layout_readable_with_plain_h5py(run_file):
+    with h5py.File(run_file, "r") as f:
+        assert f.attrs["format"] == FORMAT
+        assert bool(f.attrs["completed"]) is True
+        assert json.loads(f.attrs["params"]) == PARAMS
+        g = f["agents/sheep"]
+        steps, offsets, uid = g["step"][...], g["offsets"][...], g["uid"][...]
+        assert offsets[0] == 0 and offsets[-1] == len(uid) == g["pos"].shape[0]
+        assert len(offsets) == len(steps) + 1
+        for k in range(len(steps)):
+            rows = uid[offsets[k]:offsets[k + 1]]
+            assert len(rows) == len(sheep_frame(int(steps[k]))["uid"])
+            assert np.all(np.diff(rows) > 0), "rows of a frame are sorted by uid"
+            # every field is permuted with uid
+            np.testing.assert_array_equal(g["energy"][offsets[k]:offsets[k + 1]], rows * 10 + steps[k])
+        assert g["pos"].dtype == np.float32 and g["pos"].shape[1:] == (2,)
+        assert g["alive"].dtype == np.bool_
+        for name in ("uid", "pos", "energy"):
+            ds = g[name]
+            assert ds.maxshape[0] is None and ds.chunks[0] >= 1 and ds.compression == "gzip"
+        assert f["agents/sheep/uid"].chunks == (8192,)  # ~64 KiB of int64 rows
+        assert f["metrics/step"][...].tolist() == [0, 1, 2, 3, 4]
+        assert f["env/grass"].shape == (2, 4, 5)
+        assert f["perf/substep_seconds/move"].shape == (4,)
+
+
+def _datasets(f: h5py.File, root: str) -> dict[str, np.ndarray]:
+    out = {}
+    f[root].visititems(lambda name, obj: out.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def test_identical_runs_are_bitwise_equal_outside_perf(tmp_path):
+    write_run(tmp_path / "a.h5")
+    write_run(tmp_path / "b.h5", perf_scale=3.0)  # a slower machine
+    with h5py.File(tmp_path / "a.h5", "r") as fa, h5py.File(tmp_path / "b.h5", "r") as fb:
+        for root in ("agents", "metrics", "env"):
+            da, db = _datasets(fa, root), _datasets(fb, root)
+            assert sorted(da) == sorted(db) and da
+            for name in da:
+                assert da[name].dtype == db[name].dtype and da[name].shape == db[name].shape, name
+                assert da[name].tobytes() == db[name].tobytes(), f"/{root}/{name} differs"
+        for key in ("model", "params", "seed", "steps", "steps_completed", "world_size", "completed"):
+            assert fa.attrs[key] == fb.attrs[key]
+        assert not np.array_equal(fa["perf/step_seconds"][...], fb["perf/step_seconds"][...])
+
+
+def test_completed_false_when_left_by_exception(tmp_path):
+    path = tmp_path / "crash.h5"
+    with pytest.raises(RuntimeError, match="boom"):
+        with TrajectoryWriter(path, model="m", params={}, seed=0, steps=10) as w:
+            for step in range(3):
+                w.write_metrics(step, {"n": step})
+            assert w.steps_completed == 2  # updated as the run goes
+            raise RuntimeError("boom")
+    assert w.closed
+    traj = read_trajectory(path)
+    assert traj.attrs["completed"] is False
+    assert traj.attrs["steps_completed"] == 2 and traj.attrs["steps"] == 10
+    assert traj.metrics["n"].tolist() == [0, 1, 2]
+
+
+def test_close_is_final(tmp_path):
+    path = tmp_path / "done.h5"
+    with TrajectoryWriter(path, model="m", params={}, seed=0, steps=1) as w:
+        w.write_metrics(0, {"n": 1})
+        w.flush()
+        w.close(completed=True)
+        w.close(completed=False)  # a second close does nothing
+    assert read_trajectory(path).attrs["completed"] is True
+    with pytest.raises(OutputError, match="is closed"):
+        w.write_metrics(1, {"n": 2})
+
+
+def test_unwritable_paths_are_output_errors(tmp_path):
+    missing = tmp_path / "no_such_dir" / "run.h5"
+    with pytest.raises(OutputError,
+                       match=r"cannot create trajectory file '.*run\.h5': directory '.*no_such_dir' does not exist"):
+        TrajectoryWriter(missing, model="m", params={}, seed=0, steps=1)
+    assert not missing.parent.exists()
+    with pytest.raises(OutputError, match="it is a directory"):
+        TrajectoryWriter(tmp_path, model="m", params={}, seed=0, steps=1)
+    existing = tmp_path / "old.h5"
+    existing.write_bytes(b"keep me")
+    with pytest.raises(OutputError, match=r"the file exists \(pass overwrite=True"):
+        TrajectoryWriter(existing, model="m", params={}, seed=0, steps=1, overwrite=False)
+    assert existing.read_bytes() == b"keep me"
+
+
+def test_reading_non_trajectories_is_output_error(tmp_path):
+    with pytest.raises(OutputError, match="no such file"):
+        read_trajectory(tmp_path / "missing.h5")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(OutputError, match="not an HDF5 file"):
+        read_trajectory(text)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = np.arange(3)
+    with pytest.raises(OutputError, match=r"is not an agentsim trajectory \(root attribute 'format' is None"):
+        read_trajectory(other)
+    newer = tmp_path / "newer.h5"
+    with h5py.File(newer, "w") as f:
+        f.attrs["format"], f.attrs["format_version"] = FORMAT, FORMAT_VERSION + 1
+    with pytest.raises(OutputError, match="format_version 2; this agentsim reads versions <= 1"):
+        read_trajectory(newer)
+
+
+def test_write_errors_are_config_errors(tmp_path):
+    w = TrajectoryWriter(tmp_path / "e.h5", model="m", params={}, seed=0, steps=3, compression=None)
+    w.write_metrics(0, {"a": 1, "b": 2.0})
+    with pytest.raises(ConfigError, match=r"metrics: expected the names of the first write \['a', 'b'\] "
+                                          r"\(missing \['b'\], unexpected \['c'\]\)"):
+        w.write_metrics(1, {"a": 1, "c": 2.0})
+    with pytest.raises(ConfigError, match="metrics: step 0 is not after the last written step 0"):
+        w.write_metrics(0, {"a": 1, "b": 2.0})
+    with pytest.raises(ConfigError, match="'step' is reserved"):
+        w.write_metrics(1, {"a": 1, "b": 2.0, "step": 1})
+    with pytest.raises(ConfigError, match=r"metric 'a': expected a scalar \(got a tensor of shape \[2\]\)"):
+        w.write_metrics(1, {"a": torch.ones(2), "b": 2.0})
+    with pytest.raises(ConfigError, match="fields must include 'uid'"):
+        w.write_agents(0, "p", {"x": torch.ones(3)})
+    with pytest.raises(ConfigError, match=r"field 'x': expected 2 rows like 'uid' \(got shape \[3\]\)"):
+        w.write_agents(0, "p", {"uid": torch.arange(2), "x": torch.ones(3)})
+    with pytest.raises(ConfigError, match="field name 'offsets' is reserved"):
+        w.write_agents(0, "p", {"uid": torch.arange(2), "offsets": torch.ones(2)})
+    with pytest.raises(ConfigError, match="population name 'a/b'"):
+        w.write_agents(0, "a/b", {"uid": torch.arange(2)})
+    w.write_agents(0, "p", {"uid": torch.arange(2), "x": torch.ones(2)})
+    with pytest.raises(ConfigError, match=r"field 'x': expected dtype float32 and shape \[n\] as in the first frame "
+                                          r"\(got float64 \[2\]\)"):
+        w.write_agents(1, "p", {"uid": torch.arange(2), "x": torch.ones(2, dtype=torch.float64)})
+    with pytest.raises(ConfigError, match="bfloat16 has no numpy/HDF5 equivalent"):
+        w.write_agents(1, "p", {"uid": torch.arange(2), "x": torch.ones(2, dtype=torch.bfloat16)})
+    w.write_env(0, {"grid": torch.zeros(2, 2)})
+    with pytest.raises(ConfigError, match=r"env 'grid': expected dtype float32 and shape \[2, 2\]"):
+        w.write_env(1, {"grid": torch.zeros(3, 2)})
+    w.close(completed=False)
+    with pytest.raises(ConfigError, match="compression: expected one of 'gzip', 'lzf', None"):
+        TrajectoryWriter(tmp_path / "c.h5", model="m", params={}, seed=0, steps=1, compression="zstd")
+    with pytest.raises(ConfigError, match="params: cannot be stored as JSON"):
+        TrajectoryWriter(tmp_path / "c.h5", model="m", params={"f": object()}, seed=0, steps=1)
+
+
+def test_int_metric_turns_float_when_a_float_arrives(tmp_path):
+    path = tmp_path / "promote.h5"
+    with TrajectoryWriter(path, model="m", params={}, seed=0, steps=2, compression="lzf") as w:
+        w.write_metrics(0, {"ratio": 0, "n": 5})  # e.g. `x / n if n else 0`
+        w.write_metrics(1, {"ratio": 0.5, "n": 6})
+        w.write_metrics(2, {"ratio": 2, "n": 7})
+    traj = read_trajectory(path)
+    assert traj.metrics["ratio"].dtype == np.float64 and traj.metrics["ratio"].tolist() == [0.0, 0.5, 2.0]
+    assert traj.metrics["n"].dtype == np.int64 and traj.metrics["n"].tolist() == [5, 6, 7]
+    assert traj.attrs["completed"] is True  # a normal exit from the with block completes
+
+
+def test_reader_errors_name_valid_choices(run_file):
+    traj = read_trajectory(run_file)
+    with pytest.raises(ConfigError, match=r"unknown population 'sheeps'.*Perhaps you meant 'sheep'\?"):
+        traj.agents("sheeps")
+    with pytest.raises(ConfigError, match=r"unknown field 'poss' of population 'sheep'.*Perhaps you meant 'pos'\?"):
+        traj.agents("sheep", "poss")
+    with pytest.raises(ConfigError, match=r"agents 'wolves': step 3 was not recorded \(recorded: 0, 2, 4\)"):
+        traj.agents("wolves", step=3)
+    with pytest.raises(ConfigError, match="unknown env layer 'gras'"):
+        traj.env("gras")
+
+
+def test_grad_and_non_contiguous_tensors_are_written(tmp_path):
+    path = tmp_path / "grad.h5"
+    x = torch.randn(4, 3, requires_grad=True)
+    with TrajectoryWriter(path, model="m", params={}, seed=0, steps=0) as w:
+        w.write_agents(0, "p", {"uid": torch.tensor([3, 1, 2, 0]), "x": x * 2, "t": (x * 2).t().contiguous().t()})
+    got = read_trajectory(path).agents("p")
+    np.testing.assert_array_equal(got["x"], (x * 2).detach().numpy()[[3, 1, 2, 0]])
+    np.testing.assert_array_equal(got["t"], got["x"])
+
+
+def test_metric_rows_are_written_in_batches(tmp_path, monkeypatch):
+    from agentsim.io import hdf5
+
+    monkeypatch.setattr(hdf5, "_BUFFER_ROWS", 4)
+    path = tmp_path / "batches.h5"
+    with TrajectoryWriter(path, model="m", params={}, seed=0, steps=10) as w:
+        for step in range(10):
+            # an int series that turns float after the first batch reached the file
+            w.write_metrics(step, {"ratio": step if step < 6 else step / 4, "n": step})
+            w.write_perf(step, {"seconds": 0.5})
+            if step == 4:
+                assert w._file["metrics/step"].shape == (4,)  # one batch written, one row buffered
+                assert w._file.attrs["steps_completed"] == 3
+        w.flush()
+        assert w._file["metrics/step"].shape == (10,) and w._file.attrs["steps_completed"] == 9
+    traj = read_trajectory(path)
+    assert traj.metrics["step"].tolist() == list(range(10))
+    assert traj.metrics["ratio"].dtype == np.float64
+    assert traj.metrics["ratio"].tolist() == [0, 1, 2, 3, 4, 5, 1.5, 1.75, 2.0, 2.25]
+    assert traj.metrics["n"].dtype == np.int64 and traj.metrics["n"].tolist() == list(range(10))
+    assert traj.perf["seconds"].tolist() == [0.5] * 10
