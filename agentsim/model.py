@@ -165,6 +165,7 @@ class Model:
         total = sum(self.timings.values()) if self.timings else 0.0
         for i, s in enumerate(self.substeps, 1):
             nb = "; ".join(f"{p}:{','.join(f)}" for p, f in s.neighbors.items())
+            nb = f"{nb} (reach {s.reach})" if nb else nb
             bd = ", ".join([f"+{p}" for p in s.births] + [f"-{p}" for p in s.deaths])
             row = [str(i), s.name, ", ".join(s.reads) or "-", ", ".join(s.writes) or "-", nb or "-", bd or "-"]
             if self.timings:

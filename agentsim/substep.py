@@ -7,6 +7,11 @@ It declares, when registered:
 - ``reads`` / ``writes``: field references ``"population.field"`` or ``"env.name"``;
 - ``neighbors``: the fields it reads from *other* agents (``{"boid": ["pos", "vel"]}``);
   on several ranks these, and only these, travel in halo exchanges;
+- ``reach``: how far those other agents can be: a length or the name of a length
+  parameter (continuous space, e.g. ``"vision"``), ``"cell"`` (same grid cell),
+  ``"moore:radius"`` (grid cells within a Moore radius given by a parameter or an int),
+  ``"graph"`` (contacts in the model's graph) or ``"global"`` (any agent; the
+  default). A spatial partitioner sizes halos from it; one process ignores it;
 - ``births`` / ``deaths``: populations it may add agents to or remove agents from.
 
 The engine enforces the declaration: reading or writing an undeclared field, or
@@ -51,6 +56,15 @@ def split_ref(ref: str) -> tuple[str, str]:
     return pop, name
 
 
+def check_reach(reach: str | float) -> None:
+    """Validate a ``reach`` declaration (see the module docstring)."""
+    if isinstance(reach, bool) or not isinstance(reach, (str, int, float)):
+        raise ConfigError(f"reach: expected a length, a parameter name, 'cell', 'moore:R', 'graph' "
+                          f"or 'global' (got {reach!r})")
+    if isinstance(reach, (int, float)) and reach < 0:
+        raise ConfigError(f"reach: expected a length >= 0 (got {reach})")
+
+
 @dataclass(frozen=True)
 class Substep:
     """A registered substep and its declared data flow."""
@@ -63,6 +77,7 @@ class Substep:
     births: tuple[str, ...] = ()
     deaths: tuple[str, ...] = ()
     doc: str = ""
+    reach: str | float = "global"
 
     def touches(self, population: str) -> bool:
         refs = (*self.reads, *self.writes)
@@ -96,6 +111,7 @@ class Registry:
         neighbors: Mapping[str, Iterable[str]] | None = None,
         births: Iterable[str] = (),
         deaths: Iterable[str] = (),
+        reach: str | float = "global",
     ) -> Callable[[SubstepFn], Substep]:
         """Decorator that registers ``fn`` as a substep (see the module docstring)."""
 
@@ -109,8 +125,9 @@ class Registry:
             for ref in (*reads_t, *writes_t):
                 split_ref(ref)
             nb = {pop: tuple(fields) for pop, fields in (neighbors or {}).items()}
+            check_reach(reach)
             step = Substep(key, fn, reads_t, writes_t, nb, tuple(births), tuple(deaths),
-                           (fn.__doc__ or "").strip().split("\n")[0])
+                           (fn.__doc__ or "").strip().split("\n")[0], reach)
             self._substeps[key] = step
             return step
 

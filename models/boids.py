@@ -74,7 +74,7 @@ def flock_headings(pos: torch.Tensor, heading: torch.Tensor, i: torch.Tensor, j:
 
 
 @registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.heading"],
-                  neighbors={"boid": ["pos", "heading"]})
+                  neighbors={"boid": ["pos", "heading"]}, reach="vision")
 def flock(ctx):
     """Cohere, separate and match with the neighbors within ``vision``."""
     boids = ctx["boid"]

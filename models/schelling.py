@@ -63,7 +63,7 @@ def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: i
 
 @registry.substep(reads=["resident.cell", "resident.group"],
                   writes=["resident.happy", "resident.similar", "resident.occupied"],
-                  neighbors={"resident": ["cell", "group"]})
+                  neighbors={"resident": ["cell", "group"]}, reach="moore:radius")
 def assess(ctx):
     """Happy if at least ``homophily`` Moore neighbors share the resident's group."""
     res = ctx["resident"]
@@ -74,7 +74,7 @@ def assess(ctx):
 
 
 @registry.substep(reads=["resident.cell", "resident.happy"], writes=["resident.cell"],
-                  neighbors={"resident": ["cell", "happy"]})
+                  neighbors={"resident": ["cell", "happy"]}, reach="global")
 def relocate(ctx):
     """Unhappy residents move to distinct cells that were empty at the start of the step."""
     res = ctx["resident"]

@@ -64,7 +64,7 @@ def _infection_table(beta: float, max_k: int, device: torch.device) -> torch.Ten
 
 
 @registry.substep(reads=["person.status"], writes=["person.status", "person.infected_day"],
-                  neighbors={"person": ["status"]})
+                  neighbors={"person": ["status"]}, reach="graph")
 def infect(ctx):
     """S -> I with probability 1 - (1 - beta)**k, k = number of infectious contacts."""
     people = ctx["person"]

@@ -78,7 +78,7 @@ def sheep_move(ctx):
 
 @registry.substep(reads=["sheep.cell", "sheep.energy", "env.grass", "env.countdown"],
                   writes=["sheep.energy", "env.grass", "env.countdown"], deaths=["sheep"],
-                  neighbors={"sheep": ["cell"]})
+                  neighbors={"sheep": ["cell"]}, reach="cell")
 def sheep_eat(ctx):
     """Lose 1 energy; one sheep per grown patch eats it; starving sheep die."""
     sheep, env = ctx["sheep"], ctx.env
@@ -111,7 +111,8 @@ def wolf_move(ctx):
 
 
 @registry.substep(reads=["wolf.cell", "wolf.energy", "sheep.cell"], writes=["wolf.energy"],
-                  deaths=["sheep", "wolf"], neighbors={"wolf": ["cell"], "sheep": ["cell"]})
+                  deaths=["sheep", "wolf"], neighbors={"wolf": ["cell"], "sheep": ["cell"]},
+                  reach="cell")
 def wolf_eat(ctx):
     """Lose 1 energy; the k-th wolf of a cell eats its k-th sheep; starving wolves die."""
     wolves = ctx["wolf"]
