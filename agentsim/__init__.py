@@ -7,6 +7,7 @@ tensors that declare the fields they read and write. See the README for a tour.
 from __future__ import annotations
 
 from .catalog import get_model
+from .distributed.launch import LaunchResult, launch
 from .engine import RunResult, Simulation
 from .errors import AgentsimError, ConfigError, FieldAccessError, OutputError, SimulationError
 from .model import InitContext, MetricsContext, Model
@@ -24,6 +25,7 @@ __all__ = [
     "FieldAccessError",
     "FieldSpec",
     "InitContext",
+    "LaunchResult",
     "MetricsContext",
     "Model",
     "OutputError",
@@ -37,5 +39,6 @@ __all__ = [
     "State",
     "Substep",
     "get_model",
+    "launch",
     "__version__",
 ]

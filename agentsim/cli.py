@@ -5,7 +5,13 @@
     agentsim run MODEL [--agents N] [--steps T] [--seed S] [--set name=value ...]
                        [--config FILE] [--device cpu|cuda] [--out FILE.h5]
                        [--record FIELDS] [--every K] [--quiet]
+                       [--nprocs W] [--partition data] [--timeout SECONDS]
+    torchrun --nproc_per_node W -m agentsim run MODEL [--partition data] ...
     agentsim models
+
+With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
+over W processes (see :mod:`agentsim.distributed`); rank 0 writes the one output file,
+bitwise equal to the one-process file except for ``/perf`` and the ``world_size`` attribute.
 
 Exit status: 0 on success, 2 for a configuration error (unknown model or parameter,
 bad value, malformed config file), 1 for any other error (unwritable output, a
@@ -38,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--record", help="comma-separated fields to record: pop, pop.field, field, env.name")
     run.add_argument("--every", type=int, help="also record agents every K steps")
     run.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    run.add_argument("--nprocs", type=int, help="number of local processes (default 1; torchrun sets its own)")
+    run.add_argument("--partition", help="how agents are split over processes: data (default); spatial is planned")
+    run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
     sub.add_parser("models", help="list the models with their parameters and defaults")
     return p
 
@@ -83,14 +92,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     every = pick("every", None)
     out = pick("out", None)
     record = args.record.split(",") if args.record else cfg.get("record")
+    nprocs, partition, timeout = _distributed_options(args, pick)
+    device = pick("device", "cpu")
     t0 = time.perf_counter()
-    sim = Simulation(model, agents=agents, seed=seed, device=pick("device", "cpu"))
-    t_init = time.perf_counter() - t0
-    result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet)
-    if not args.quiet:
+    quiet = args.quiet
+    if nprocs > 1:
+        from .distributed.launch import launch
+
+        result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
+                        every=every, partition=partition, timeout=timeout, device=device)
+        model.timings = result.timings
+        t_init = time.perf_counter() - t0 - result.seconds  # process start-up, init and recording
+    elif world_size_from_env() > 1:
+        from .distributed.process_group import process_group
+        from .distributed.simulation import DistributedSimulation
+
+        with process_group(timeout=timeout, device=device) as comm:
+            sim = DistributedSimulation(model, agents=agents, seed=seed, device=device, comm=comm,
+                                        partition=partition)
+            result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0)
+            quiet = quiet or comm.rank != 0
+        nprocs = comm.world_size
+        t_init = time.perf_counter() - t0 - result.seconds
+    else:
+        sim = Simulation(model, agents=agents, seed=seed, device=device)
+        t_init = time.perf_counter() - t0
+        result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet)
+        device = str(sim.device)
+    if not quiet:
         last = {k: v[-1] for k, v in result.metrics.items()}
         rate = steps / result.seconds if result.seconds > 0 else float("inf")
-        print(f"{model.name}: {agents} agents, {steps} steps, seed {seed}, device {sim.device}")
+        ranks = f", {nprocs} processes ({partition} partition)" if nprocs > 1 else ""
+        print(f"{model.name}: {agents} agents, {steps} steps, seed {seed}, device {device}{ranks}")
         print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
               f"{rate * agents:.3g} agent-updates/s)")
         print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
@@ -98,6 +131,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         if out:
             print(f"wrote {out}")
     return 0
+
+
+def _distributed_options(args: argparse.Namespace, pick) -> tuple[int, str, float]:  # type: ignore[no-untyped-def]
+    """--nprocs, --partition, --timeout, checked (before any process starts)."""
+    from .distributed.partition import check_partition
+    from .distributed.process_group import DEFAULT_TIMEOUT, _check_timeout
+
+    nprocs = pick("nprocs", 1)
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ConfigError(f"--nprocs: expected an int >= 1 (got {nprocs!r})")
+    if nprocs > 1 and world_size_from_env() > 1:
+        raise ConfigError(f"--nprocs {nprocs} under torchrun (WORLD_SIZE={world_size_from_env()}): "
+                          "let torchrun start the processes and drop --nprocs")
+    return nprocs, check_partition(pick("partition", "data")), _check_timeout(pick("timeout", DEFAULT_TIMEOUT))
+
+
+def world_size_from_env() -> int:
+    from .distributed.process_group import world_size_from_env as ws
+
+    return ws()
 
 
 def _fmt(v: object) -> str:

@@ -18,8 +18,9 @@ class Comm(Protocol):
     rank: int
     world_size: int
 
-    def birth_offset(self, parent_uid: Tensor) -> tuple[int, int]:
-        """(number of parents with smaller uids on other ranks, global number of births)."""
+    def birth_offset(self, parent_uid: Tensor) -> tuple[Tensor | int, int]:
+        """(per parent, the number of parents with smaller uids on other ranks, ``[m]`` int64 or
+        an int for all; global number of births)."""
         ...
 
     def any_flags(self, flags: Tensor) -> Tensor:
@@ -34,6 +35,10 @@ class Comm(Protocol):
         """All ranks' rows of a population on the writing rank (None on the others)."""
         ...
 
+    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True) -> dict[str, Tensor]:
+        """Every rank's rows of ``fields`` on every rank, in rank order (halos: ``include_self=False``)."""
+        ...
+
 
 class LocalComm:
     """One process: every collective is the identity."""
@@ -41,7 +46,7 @@ class LocalComm:
     rank = 0
     world_size = 1
 
-    def birth_offset(self, parent_uid: Tensor) -> tuple[int, int]:
+    def birth_offset(self, parent_uid: Tensor) -> tuple[Tensor | int, int]:
         return 0, int(parent_uid.shape[0])
 
     def any_flags(self, flags: Tensor) -> Tensor:
@@ -52,3 +57,6 @@ class LocalComm:
 
     def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
         return {k: v.detach().cpu() for k, v in fields.items()}
+
+    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True) -> dict[str, Tensor]:
+        return dict(fields) if include_self else {k: v[:0] for k, v in fields.items()}

@@ -282,7 +282,9 @@ class Simulation:
             raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
         rec = self.record_spec(record)
         writer = None
-        if out is not None:
+        # With several ranks, rank 0 writes the file; the others take part in its gathers.
+        gathers = out is not None
+        if out is not None and self.comm.rank == 0:
             from .io.hdf5 import TrajectoryWriter
 
             writer = TrajectoryWriter(out, model=self.model.name, params=self.params, seed=self.seed,
@@ -291,14 +293,14 @@ class Simulation:
         start = self.state.step
         t_run = 0.0
         try:
-            self._record(writer, rows, rec, agents=True)
+            self._record(writer, rows, rec, agents=True, gathers=gathers)
             bar = _progress(steps, progress)
             t0 = time.perf_counter()
             for _ in range(steps):
                 self.step()
                 done = self.state.step - start
                 self._record(writer, rows, rec,
-                             agents=done == steps or (every is not None and done % every == 0))
+                             agents=done == steps or (every is not None and done % every == 0), gathers=gathers)
                 if bar is not None:
                     bar.update(1)
             t_run = time.perf_counter() - t0
@@ -315,23 +317,27 @@ class Simulation:
         metrics = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
         return RunResult(metrics, self.state, timings, t_run, None if out is None else os.fspath(out))
 
-    def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: _Recording, agents: bool) -> None:
+    def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: _Recording, agents: bool,
+                gathers: bool = True) -> None:
+        """Metrics (every rank), then, when recording, the file rows. ``gathers``: a file is
+        being written by some rank, so every rank takes part in the agent gathers."""
         m = self.metrics()
         rows.append(m)
-        if writer is None:
+        if writer is None and not gathers:
             return
         step = self.state.step
-        writer.write_metrics(step, {k: v for k, v in m.items() if k != "step"})
-        if self.step_seconds and step > 0:
-            perf = {"step_seconds": self.step_seconds[-1]}
-            perf.update({f"substep_seconds/{k}": v[-1] for k, v in self.substep_seconds.items() if v})
-            writer.write_perf(step, perf)
+        if writer is not None:
+            writer.write_metrics(step, {k: v for k, v in m.items() if k != "step"})
+            if self.step_seconds and step > 0:
+                perf = {"step_seconds": self.step_seconds[-1]}
+                perf.update({f"substep_seconds/{k}": v[-1] for k, v in self.substep_seconds.items() if v})
+                writer.write_perf(step, perf)
         if agents:
             for p, fs in rec.fields.items():
                 gathered = self.comm.gather_rows({f: self.state.populations[p][f] for f in fs})
-                if gathered is not None:
+                if gathered is not None and writer is not None:
                     writer.write_agents(step, p, gathered)
-            if rec.env:
+            if rec.env and writer is not None:
                 writer.write_env(step, {k: self.state.env[k] for k in rec.env})
 
 

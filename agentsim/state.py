@@ -131,14 +131,14 @@ class Population:
         """Keep only the rows selected by a bool mask ``[n]`` or an index tensor (deaths)."""
         self._fields = {k: v[index_or_mask] for k, v in self._fields.items()}
 
-    def spawn(self, parent_uid: Tensor, fields: Mapping[str, Tensor], uid_offset: int = 0,
+    def spawn(self, parent_uid: Tensor, fields: Mapping[str, Tensor], uid_offset: int | Tensor = 0,
               n_born_total: int | None = None) -> Tensor:
         """Append children, one per entry of ``parent_uid``; return their new uids.
 
         A child's uid is ``next_uid + uid_offset + k`` where ``k`` is the rank of its
         parent's uid among the sorted parents, so uids do not depend on row order.
-        Distributed runs pass the number of smaller parent uids on other ranks as
-        ``uid_offset`` and the global birth count as ``n_born_total``.
+        Distributed runs pass, per parent (``[m]`` int64), the number of smaller parent
+        uids on other ranks as ``uid_offset`` and the global birth count as ``n_born_total``.
 
         Args:
             parent_uid: ``[m]`` int64, distinct uids of the parents.

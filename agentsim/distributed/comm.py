@@ -1,0 +1,231 @@
+"""The :class:`~agentsim.comm.Comm` protocol over ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+
+Every exchange of agent rows is two collectives: one for the row counts (one int64
+per rank) and one for the payload. All fields of one exchange travel in ONE buffer:
+each field's rows are viewed as bytes ``[n, nbytes]``, the fields are concatenated
+along dim 1 into ``[n, row_bytes]`` uint8, exchanged, and cut apart again. Bytes are
+moved, never converted, so received values have the sender's exact bits.
+
+gloo cannot exchange uneven sizes with ``all_gather`` or ``gather`` (``gather`` even
+hangs the non-root ranks), so:
+
+- everyone needs everything (halos, birth uids): all_gather the counts, pad every
+  buffer to the largest count, ``all_gather_single`` into a flat buffer, slice;
+- only rank 0 needs the rows (trajectory frames): ``all_to_all_single`` with uneven
+  splits, in which every rank sends its rows to rank 0 and nothing to the others.
+
+Each rank must call the same methods in the same order (as for any collective); a
+mismatch raises or times out after the process group's ``timeout``.
+
+:class:`CommStats` counts the bytes this rank sent and the seconds it spent inside
+collectives (the sum over calls; including waiting for slower ranks).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["CommStats", "TorchComm", "pack_rows", "unpack_rows"]
+
+
+@dataclass
+class CommStats:
+    """Running totals of one rank's collectives.
+
+    Attributes:
+        calls: Number of collectives.
+        bytes_sent: Bytes this rank put into collectives (payload and counts; padding included).
+        seconds: Wall seconds spent inside collectives.
+    """
+
+    calls: int = 0
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+    def snapshot(self) -> CommStats:
+        return CommStats(self.calls, self.bytes_sent, self.seconds)
+
+    def since(self, before: CommStats) -> CommStats:
+        """The difference ``self - before`` (the collectives of one step, say)."""
+        return CommStats(self.calls - before.calls, self.bytes_sent - before.bytes_sent,
+                         self.seconds - before.seconds)
+
+
+# --------------------------------------------------------------------------- packing
+def _row_bytes(t: Tensor) -> int:
+    return t.element_size() * math.prod(t.shape[1:])
+
+
+def pack_rows(fields: Mapping[str, Tensor]) -> Tensor:
+    """Concatenate the bytes of every field's rows: ``[n, sum(row_bytes)]`` uint8.
+
+    Args:
+        fields: Name to ``[n, ...]`` tensor (same ``n`` for all; any dtype with a byte view).
+
+    Examples:
+        >>> f = {"uid": torch.tensor([3, 9]), "pos": torch.tensor([[0.5, 1.0], [2.0, -1.0]])}
+        >>> packed = pack_rows(f)
+        >>> packed.shape
+        torch.Size([2, 16])
+        >>> back = unpack_rows(packed, f)
+        >>> bool(torch.equal(back["pos"], f["pos"])) and bool(torch.equal(back["uid"], f["uid"]))
+        True
+    """
+    tensors = list(fields.values())
+    if not tensors:
+        return torch.zeros(0, 0, dtype=torch.uint8)
+    n = tensors[0].shape[0]
+    parts = [t.detach().contiguous().view(torch.uint8).reshape(n, _row_bytes(t)) for t in tensors]
+    return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+
+def unpack_rows(packed: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of :func:`pack_rows`: fields with the dtypes and trailing shapes of ``like``."""
+    n = packed.shape[0]
+    out: dict[str, Tensor] = {}
+    offset = 0
+    for name, t in like.items():
+        nb = _row_bytes(t)
+        # A fresh dense buffer: a column slice may look contiguous (n <= 1) with a stride
+        # or storage offset that a view as a wider dtype rejects.
+        column = packed.new_empty((n, nb)).copy_(packed[:, offset:offset + nb])
+        out[name] = column.view(t.dtype).reshape(n, *t.shape[1:])
+        offset += nb
+    return out
+
+
+# --------------------------------------------------------------------------- comm
+class TorchComm:
+    """Collectives of one rank of an initialized ``torch.distributed`` process group.
+
+    Args:
+        group: The process group (default: the default group).
+        device: Where exchange buffers live: CUDA for NCCL; CPU (the default) for gloo.
+            Inputs on another device are copied there and results copied back.
+
+    Attributes:
+        rank, world_size: This rank and the number of ranks of ``group``.
+        stats: :class:`CommStats` running totals.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if device is None:
+            device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"
+        self.device = torch.device(device)
+        self.stats = CommStats()
+
+    def __repr__(self) -> str:
+        return f"TorchComm(rank={self.rank}, world_size={self.world_size}, device={self.device})"
+
+    # ------------------------------------------------------------ timed primitives
+    def _timed(self, nbytes: int, fn, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        fn(*args, group=self.group, **kwargs)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.bytes_sent += nbytes
+
+    def _all_gather_counts(self, n: int) -> list[int]:
+        mine = torch.tensor([n], dtype=torch.int64, device=self.device)
+        out = torch.empty(self.world_size, dtype=torch.int64, device=self.device)
+        self._timed(8, dist.all_gather_single, out, mine)
+        return out.tolist()
+
+    def _all_gather_padded(self, rows: Tensor) -> tuple[list[Tensor], list[int]]:
+        """Every rank's ``rows`` (``[n_r, *trailing]``, same trailing shape and dtype everywhere)."""
+        counts = self._all_gather_counts(rows.shape[0])
+        n_max = max(counts)
+        trailing = tuple(rows.shape[1:])
+        if n_max == 0:
+            return [rows.new_empty((0, *trailing)) for _ in counts], counts
+        padded = rows.new_zeros((n_max, *trailing), device=self.device)
+        padded[: rows.shape[0]] = rows.to(self.device)
+        flat = padded.reshape(-1)
+        out = flat.new_empty(self.world_size * flat.numel())
+        self._timed(flat.numel() * flat.element_size(), dist.all_gather_single, out, flat)
+        blocks = out.view(self.world_size, n_max, *trailing)
+        return [blocks[r, :c] for r, c in enumerate(counts)], counts
+
+    # ------------------------------------------------------------ Comm protocol
+    def birth_offset(self, parent_uid: Tensor) -> tuple[Tensor, int]:
+        """Per parent, the number of parents with a smaller uid on other ranks; and the global count.
+
+        With these, ``Population.spawn`` gives each child ``next_uid + (rank of its parent's
+        uid among all parents of all ranks)``: the uid it gets on one process.
+
+        Args:
+            parent_uid: ``[m]`` int64 distinct uids of this rank's parents.
+
+        Returns:
+            ``(offset [m] int64 on parent_uid's device, total births over ranks)``.
+        """
+        uid = parent_uid.to(torch.int64)
+        blocks, counts = self._all_gather_padded(uid)
+        others = [b for r, b in enumerate(blocks) if r != self.rank]
+        other = torch.sort(torch.cat(others)).values if others else uid.new_empty(0)
+        offset = torch.searchsorted(other.to(uid.device), uid)
+        return offset, int(sum(counts))
+
+    def any_flags(self, flags: Tensor) -> Tensor:
+        """Elementwise OR over ranks (all_reduce MAX on uint8)."""
+        if flags.numel() == 0:  # every rank has the same (zero) number of flags
+            return flags
+        buf = flags.to(device=self.device, dtype=torch.uint8)
+        self._timed(buf.numel(), dist.all_reduce, buf, op=dist.ReduceOp.MAX)
+        return buf.to(device=flags.device, dtype=torch.bool)
+
+    def sum_int64(self, values: Tensor) -> Tensor:
+        """Exact sum over ranks of an int64 tensor (all_reduce SUM)."""
+        buf = values.to(device=self.device, dtype=torch.int64).clone()
+        self._timed(buf.numel() * 8, dist.all_reduce, buf, op=dist.ReduceOp.SUM)
+        return buf.to(values.device)
+
+    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True) -> dict[str, Tensor]:
+        """Every rank's rows of ``fields``, concatenated in rank order (one packed exchange).
+
+        Args:
+            fields: Name to ``[n_local, ...]`` tensor; the same names, dtypes and trailing
+                shapes on every rank.
+            include_self: Whether this rank's own rows are part of the result (a halo
+                leaves them out).
+
+        Returns:
+            Name to ``[n, ...]`` on the input device.
+        """
+        if not fields:
+            return {}
+        device = next(iter(fields.values())).device
+        blocks, _ = self._all_gather_padded(pack_rows(fields))
+        keep = [b for r, b in enumerate(blocks) if include_self or r != self.rank]
+        packed = torch.cat(keep) if keep else blocks[0][:0]
+        return {k: v.to(device) for k, v in unpack_rows(packed, fields).items()}
+
+    def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
+        """All ranks' rows on rank 0 (CPU tensors, rank order); None on the other ranks."""
+        if not fields:
+            return {} if self.rank == 0 else None
+        packed = pack_rows(fields).to(self.device)
+        row_bytes = packed.shape[1]
+        counts = self._all_gather_counts(packed.shape[0])
+        send = [packed.shape[0] * row_bytes if r == 0 else 0 for r in range(self.world_size)]
+        recv = [c * row_bytes for c in counts] if self.rank == 0 else [0] * self.world_size
+        out = packed.new_empty(sum(recv))
+        self._timed(packed.numel(), dist.all_to_all_single, out, packed.reshape(-1),
+                    output_split_sizes=recv, input_split_sizes=send)
+        if self.rank != 0:
+            return None
+        rows = out.view(sum(counts), row_bytes).cpu()
+        return unpack_rows(rows, {k: v[:0].cpu() for k, v in fields.items()})
+
+    def barrier(self) -> None:
+        self._timed(0, dist.barrier)

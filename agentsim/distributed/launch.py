@@ -1,0 +1,366 @@
+"""Start a multi-rank run from Python: W local processes, one gloo (or NCCL) group, clean exit.
+
+:func:`launch` runs a model; :func:`run_ranks` runs any function ``fn(comm, *args)``
+on every rank (the tests use it to run several models in one job).
+
+How it works: the calling process hosts the group's TCPStore on a port the OS picks
+(port 0, so no hard-coded ports and no race for a free one), then starts the workers
+with the ``spawn`` start method. Each worker sets one torch thread, joins the group
+(:func:`agentsim.distributed.process_group.init`), calls ``fn`` and sends back its
+return value, or its traceback if it raises, over its own pipe.
+
+Failure handling: the launcher waits on the workers' pipes and process handles at
+once. When a worker reports an exception or exits without reporting, the launcher
+collects for a short grace period what the other ranks report (ranks talking to a
+dead peer fail with connection errors soon after), terminates the rest, and raises
+an :class:`~agentsim.errors.AgentsimError` (or the worker's own agentsim error class,
+e.g. :class:`~agentsim.errors.ConfigError`) naming the rank that failed first, with
+its traceback or exit code. A rank waiting in a collective for a peer that never
+comes raises after the group's ``timeout``, so a run never hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .. import errors
+from ..catalog import BUILTIN, get_model
+from ..engine import Simulation, check_agents
+from ..errors import AgentsimError, ConfigError
+from ..model import Model
+from .partition import check_partition, check_sync_every
+from .process_group import DEFAULT_TIMEOUT, _check_timeout, init, shutdown
+
+__all__ = ["LaunchResult", "launch", "run_ranks"]
+
+_GRACE_SECONDS = 1.0  # after a first failure, how long to collect the other ranks' reports
+_TERMINATE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long
+
+
+# --------------------------------------------------------------------------- workers
+def _describe_error(e: BaseException) -> dict[str, Any]:
+    is_comm = isinstance(e, dist.DistError) or any(
+        s in str(e) for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe"))
+    return {"type": type(e).__name__, "module": type(e).__module__, "message": str(e),
+            "traceback": traceback.format_exc(), "is_comm": is_comm}
+
+
+def _worker(rank: int, world_size: int, port: int, timeout: float, device: str | None,
+            fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection) -> None:
+    torch.set_num_threads(1)
+    try:
+        comm = init(rank, world_size, "127.0.0.1", port, timeout=timeout, device=device, host_store=False)
+        result = fn(comm, *args)
+        shutdown(ok=True)
+        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException as e:  # noqa: BLE001  reported to the launcher, which raises it
+        report = _describe_error(e)
+        shutdown(ok=False)
+        try:
+            conn.send(("error", report))
+        finally:
+            conn.close()
+        sys.exit(1)
+    conn.send(("ok", payload))
+    conn.close()
+
+
+# --------------------------------------------------------------------------- launcher
+@dataclass
+class _Failure:
+    rank: int
+    report: dict[str, Any] | None = None  # None: the process exited without reporting
+    exitcode: int | None = None
+
+    @property
+    def weight(self) -> int:
+        """Which failure to blame: a silent death, then a real exception, then a comm error."""
+        if self.report is None:
+            return 0
+        return 2 if self.report["is_comm"] else 1
+
+    def describe(self, world_size: int) -> str:
+        if self.report is None:
+            code = self.exitcode
+            how = f"exit code {code}"
+            if code is not None and code < 0:
+                try:
+                    how = f"signal {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"signal {-code}"
+            return f"rank {self.rank} of {world_size} died ({how}) without reporting an error"
+        r = self.report
+        return (f"rank {self.rank} of {world_size} failed with {r['type']}: {r['message']}\n"
+                f"--- traceback of rank {self.rank} ---\n{r['traceback'].rstrip()}")
+
+
+def _error_class(report: dict[str, Any] | None) -> type[AgentsimError]:
+    if report is not None and report["module"] == errors.__name__:
+        cls = getattr(errors, report["type"], None)
+        if isinstance(cls, type) and issubclass(cls, AgentsimError):
+            return cls
+    return AgentsimError
+
+
+def _stop(procs: Sequence[Any], finished: bool) -> None:
+    """Let finished workers exit on their own (briefly); SIGTERM the rest, then SIGKILL."""
+    deadline = time.monotonic() + _TERMINATE_SECONDS
+    if finished:
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _TERMINATE_SECONDS
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (), *,
+              timeout: float = DEFAULT_TIMEOUT, device: str | None = None) -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``world_size`` new local processes; return their results.
+
+    Args:
+        fn: A module-level (picklable) function; its first argument is the rank's
+            :class:`~agentsim.distributed.comm.TorchComm`. Its return value is pickled
+            back (keep it small: metrics, rank 0's gathered rows).
+        world_size: Number of processes (>= 1; 1 still starts a process, with a LocalComm).
+        args: Further arguments for ``fn`` (picklable).
+        timeout: Seconds a collective waits before it fails (the process group's timeout).
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank).
+
+    Returns:
+        The return values in rank order.
+
+    Raises:
+        AgentsimError: A rank raised or died (the error names the rank, with its
+            traceback or exit code); a worker's agentsim error keeps its class.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ConfigError(f"world_size: expected an int >= 1 (got {world_size!r})")
+    world_size = int(world_size)
+    timeout = _check_timeout(timeout)
+    args = tuple(args)
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, world_size=world_size, is_master=True,
+                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    procs, conns = [], []
+    finished = False
+    try:
+        for rank in range(world_size):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, name=f"agentsim-rank-{rank}", daemon=True,
+                            args=(rank, world_size, store.port, timeout, device, fn, args, child))
+            p.start()
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        results = _collect(procs, conns, world_size)
+        finished = True
+        return results
+    finally:
+        _stop(procs, finished)
+        for c in conns:
+            c.close()
+        del store
+
+
+def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list[Any]:
+    """Wait for every rank's message; on a failure, give the others a grace period, then raise."""
+    results: dict[int, Any] = {}
+    failures: list[_Failure] = []
+    open_conns = {c: r for r, c in enumerate(conns)}
+    live = {p.sentinel: r for r, p in enumerate(procs)}
+
+    def receive(conn: Connection) -> None:
+        rank = open_conns.pop(conn)  # one message per worker
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
+            return  # closed without a message: its exit code tells what happened
+        if kind == "ok":
+            results[rank] = pickle.loads(payload)
+        else:
+            failures.append(_Failure(rank, report=payload))
+
+    grace_end: float | None = None
+    while len(results) < world_size and (open_conns or live):
+        left = None if grace_end is None else grace_end - time.monotonic()
+        if left is not None and left <= 0:
+            break
+        ready = wait([*open_conns, *live], timeout=left)
+        for obj in ready:
+            if obj in open_conns:
+                receive(obj)  # type: ignore[arg-type]
+        for obj in ready:
+            if obj in live:
+                rank = live.pop(obj)
+                procs[rank].join()
+                # A process sends before it exits, so what it sent is in the pipe by now.
+                if conns[rank] in open_conns:
+                    if conns[rank].poll():
+                        receive(conns[rank])
+                    else:
+                        open_conns.pop(conns[rank])
+                if rank not in results and not any(f.rank == rank for f in failures):
+                    failures.append(_Failure(rank, exitcode=procs[rank].exitcode))
+        if failures and grace_end is None:
+            grace_end = time.monotonic() + _GRACE_SECONDS
+    if failures or len(results) < world_size:
+        if not failures:  # unreachable in practice: every rank either reports or exits
+            failures = [_Failure(r, exitcode=procs[r].exitcode) for r in range(world_size) if r not in results]
+        first = min(failures, key=lambda f: f.weight)  # min is stable: the earliest among equals
+        others = [f for f in failures if f is not first]
+        msg = first.describe(world_size)
+        if others:
+            msg += "\nalso stopped: " + "; ".join(
+                f"rank {f.rank} ({f.report['type'] if f.report else f'exit code {f.exitcode}'})" for f in others)
+        failed = {f.rank for f in failures}
+        running = [r for r in range(world_size) if r not in results and r not in failed and procs[r].is_alive()]
+        if running:
+            msg += (f"\nstill running, terminated: rank{'s' if len(running) > 1 else ''} "
+                    f"{', '.join(map(str, running))} (a rank stuck outside collectives makes the others time out)")
+        raise _error_class(first.report)(msg)
+    return [results[r] for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------- launch
+@dataclass
+class LaunchResult:
+    """What :func:`launch` returns (from rank 0).
+
+    Attributes:
+        metrics: Name to numpy array ``[steps + 1]``, including ``"step"`` (as :class:`~agentsim.engine.RunResult`).
+        timings: Substep name to mean seconds per step on rank 0.
+        seconds: Wall time of rank 0's stepping loop.
+        path: The HDF5 file written by rank 0, or None.
+        world_size: Number of ranks.
+        comm_seconds: Per step, seconds rank 0 spent in collectives inside the step.
+        comm_bytes: Per step, bytes rank 0 sent in those collectives.
+    """
+
+    metrics: dict[str, np.ndarray]
+    timings: dict[str, float]
+    seconds: float
+    path: str | None
+    world_size: int
+    comm_seconds: list[float] = field(default_factory=list)
+    comm_bytes: list[int] = field(default_factory=list)
+
+
+def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
+    """A picklable reference to a model: (name or 'module:ATTR', params, substep names)."""
+    if isinstance(model, str):
+        get_model(model)  # fail here, not on every rank
+        return model, None, None
+    if not isinstance(model, Model):
+        raise ConfigError(f"model: expected a Model or a model name (got {type(model).__name__})")
+    params, substeps = dict(model.params), [s.name for s in model.substeps]
+
+    def same_definition(other: object) -> bool:  # configure() copies keep these
+        return isinstance(other, Model) and all(
+            getattr(other, a) is getattr(model, a) for a in ("registry", "init", "metrics_fn", "derive_fn")
+        ) and other.name == model.name
+
+    if model.name in BUILTIN and same_definition(get_model(model.name)):
+        return model.name, params, substeps
+    module = sys.modules.get(model.substeps[0].fn.__module__) if model.substeps else None
+    for attr, value in (vars(module).items() if module is not None else ()):
+        if same_definition(value):
+            return f"{module.__name__}:{attr}", params, substeps  # type: ignore[union-attr]
+    raise ConfigError(f"model '{model.name}': cannot find it to import on the worker processes; "
+                      "define it at module level and pass 'package.module:ATTR'")
+
+
+def _resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> Model:
+    name, params, substeps = ref
+    model = get_model(name)
+    return model.configure(params=params, substeps=substeps) if params is not None or substeps else model
+
+
+def _run_simulation(comm: Any, ref: tuple[str, dict[str, Any] | None, list[str] | None],
+                    run: dict[str, Any]) -> LaunchResult | None:
+    from .simulation import DistributedSimulation
+
+    sim = DistributedSimulation(_resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"],
+                                comm=comm, partition=run["partition"], sync_every=run["sync_every"])
+    result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"])
+    if comm.rank != 0:
+        return None
+    return LaunchResult(result.metrics, result.timings, result.seconds, result.path, comm.world_size,
+                        [s.seconds for s in sim.comm_steps], [s.bytes_sent for s in sim.comm_steps])
+
+
+def launch(model: Model | str, world_size: int, agents: int | None = None, steps: int = 100, seed: int = 0,
+           out: str | os.PathLike[str] | None = None, record: Iterable[str] | None = None,
+           every: int | None = None, partition: str = "data", timeout: float = DEFAULT_TIMEOUT, *,
+           sync_every: int = 1, device: str = "cpu") -> LaunchResult:
+    """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
+
+    The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
+    the one of a one-process :class:`~agentsim.engine.Simulation` run with the same
+    arguments. ``world_size=1`` runs in this process, with no process group.
+
+    Args:
+        model: A :class:`~agentsim.model.Model` (built-in or defined at module level) or a
+            name (``"sir"``, ``"package.module:ATTR"``).
+        world_size: Number of processes (one torch thread each).
+        agents, steps, seed, out, record, every: As for :meth:`Simulation.run <agentsim.engine.Simulation.run>`.
+        partition: ``"data"`` (``"spatial"`` is not built yet).
+        timeout: Seconds a collective may wait for the other ranks before failing.
+        sync_every: Halo refresh period; only 1.
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
+
+    Raises:
+        ConfigError: A bad argument (checked here, before any process starts).
+        AgentsimError: A rank failed; the message names it, with its traceback or exit code.
+
+    Examples:
+        >>> result = launch("randomwalk", world_size=1, agents=100, steps=2)
+        >>> result.metrics["step"].tolist()
+        [0, 1, 2]
+    """
+    check_partition(partition)
+    check_sync_every(sync_every)
+    ref = _model_ref(model)
+    resolved = _resolve_model(ref)
+    agents = check_agents(resolved.default_agents if agents is None else agents)
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ConfigError(f"steps: expected an int >= 0 (got {steps!r})")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ConfigError(f"seed: expected an int (got {seed!r})")
+    if out is not None:
+        parent = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(parent):
+            raise errors.OutputError(f"cannot create trajectory file '{os.fspath(out)}': "
+                                     f"directory '{parent}' does not exist")
+    run = {"agents": agents, "steps": int(steps), "seed": seed, "out": None if out is None else os.fspath(out),
+           "record": None if record is None else list(record), "every": every, "partition": partition,
+           "sync_every": sync_every, "device": device}
+    if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
+        result = Simulation(resolved, agents=agents, seed=seed, device=device).run(
+            run["steps"], out=run["out"], record=run["record"], every=every)
+        return LaunchResult(result.metrics, result.timings, result.seconds, result.path, 1)
+    results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
+                        device=None if device == "cpu" else device)
+    return results[0]

@@ -1,0 +1,144 @@
+"""Partitioners: which rank holds which agents, and what each rank sees of the others.
+
+:class:`DataPartition` (``partition="data"``) splits agents by index, with no regard
+to space:
+
+- every rank runs the model's global ``init`` (deterministic, so all ranks build the
+  same state), then keeps a contiguous block of each population ordered by uid:
+  rows ``[r * n // W, (r + 1) * n // W)`` of the uid-sorted rows on rank ``r``;
+- births stay on the parent's rank (uids as on one process, see
+  :meth:`TorchComm.birth_offset <agentsim.distributed.comm.TorchComm.birth_offset>`);
+  deaths are local; agents never move between ranks;
+- environment tensors are replicated: models derive env updates from global neighbor
+  views, so every rank computes the same update. :meth:`DataPartition.owned_env`
+  gives rank 0 every cell and the others none, so env metrics count each cell once;
+- halo: before each substep that declares ``neighbors={pop: fields}``, every rank
+  receives the ``uid`` and those fields of all agents of ``pop`` on the other ranks
+  (one packed all_gather per population). Models see local rows, then these rows.
+
+Every rank thus sees every agent exactly as one process would, so results are
+bitwise identical to a one-process run (the models key every random draw by uid or
+cell and never depend on row order). The cost: each rank receives every agent's
+neighbor fields before each neighbor substep.
+
+``sync_every``: only 1 (refresh halos before every neighbor substep) is supported.
+Stale halos (refreshing every K steps) would make a run's result depend on the
+number of ranks -- an agent would see same-rank neighbors fresh and other-rank
+neighbors stale -- and a :class:`~agentsim.context.NeighborView` row serves both as a
+target (the agent itself) and a source (everyone's neighbor), so a one-process run
+cannot reproduce it. A partition-independent stale mode needs views that separate
+targets from sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..comm import Comm
+from ..errors import ConfigError, did_you_mean
+from ..state import UID, State
+from ..substep import Substep
+
+__all__ = ["PARTITIONS", "DataPartition", "make_partition"]
+
+PARTITIONS = ("data", "spatial")
+_BUILT = ("data",)
+
+
+def check_partition(name: object) -> str:
+    """Validate a partitioner name (``"data"``); ``"spatial"`` is declared but not built yet."""
+    if name == "spatial":
+        raise ConfigError("partition 'spatial' is not built yet (valid: data); "
+                          "use --partition data, which gives the same results on any number of ranks")
+    if not isinstance(name, str) or name not in _BUILT:
+        hint = did_you_mean(name, PARTITIONS) if isinstance(name, str) else ""
+        raise ConfigError(f"unknown partition {name!r} (valid: data; planned: spatial)." + hint)
+    return name
+
+
+def check_sync_every(sync_every: object) -> int:
+    if isinstance(sync_every, bool) or not isinstance(sync_every, (int, np.integer)) or sync_every < 1:
+        raise ConfigError(f"sync_every: expected an int >= 1 (got {sync_every!r})")
+    if sync_every != 1:
+        raise ConfigError(
+            f"sync_every={sync_every} is not supported yet (valid: 1): stale halos would make results "
+            "depend on the number of ranks, and one process cannot reproduce them exactly"
+        )
+    return int(sync_every)
+
+
+class DataPartition:
+    """Agents split by uid blocks; env replicated; halos hold every other rank's agents.
+
+    Args:
+        sync_every: Halo refresh period in steps; only 1 (exact) is supported.
+
+    Examples:
+        >>> from agentsim.comm import LocalComm
+        >>> from agentsim.engine import Simulation
+        >>> from models.randomwalk import MODEL
+        >>> sim = Simulation(MODEL, agents=10, seed=0)
+        >>> state = DataPartition().scatter(sim.state, LocalComm())  # one rank keeps everything
+        >>> state["walker"].n
+        10
+    """
+
+    name = "data"
+
+    def __init__(self, sync_every: int = 1) -> None:
+        self.sync_every = check_sync_every(sync_every)
+        self._halo: dict[str, dict[str, Tensor]] = {}
+
+    def __repr__(self) -> str:
+        return f"DataPartition(sync_every={self.sync_every})"
+
+    @staticmethod
+    def block(n: int, rank: int, world_size: int) -> tuple[int, int]:
+        """Rows ``[lo, hi)`` of ``n`` uid-sorted rows that rank ``rank`` keeps."""
+        return rank * n // world_size, (rank + 1) * n // world_size
+
+    def scatter(self, state: State, comm: Comm) -> State:
+        """Keep this rank's block of every population (in place; uids and ``next_uid`` unchanged)."""
+        for pop in state.populations.values():
+            order = torch.argsort(pop[UID], stable=True)
+            lo, hi = self.block(pop.n, comm.rank, comm.world_size)
+            pop.keep(order[lo:hi])
+        return state
+
+    def before_substep(self, state: State, substep: Substep, comm: Comm) -> None:
+        """Refresh the halo of every population ``substep`` reads through ``neighbors``.
+
+        Done for all declared populations on every rank before the substep runs, so the
+        collectives happen in the same order everywhere, whatever the substep does.
+        """
+        self._halo = {}
+        if comm.world_size == 1:
+            return
+        for name, fields in substep.neighbors.items():
+            pop = state[name]
+            send = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
+            self._halo[name] = comm.all_gather_rows(send, include_self=False)
+
+    def after_substep(self) -> None:
+        self._halo = {}
+
+    def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
+        """The other ranks' rows of ``population`` (uid and declared neighbor fields), or None."""
+        return self._halo.get(population)
+
+    def owned_env(self, state: State, name: str, comm: Comm) -> Tensor:
+        """All cells of env layer ``name`` on rank 0, none elsewhere (env is replicated)."""
+        flat = state.env[name].reshape(-1)
+        return flat if comm.rank == 0 else flat[:0]
+
+
+def make_partition(partition: str | DataPartition = "data", sync_every: int = 1) -> DataPartition:
+    """A partitioner from its name (``"data"``) or an instance (returned as is)."""
+    if isinstance(partition, DataPartition):
+        return partition
+    check_partition(partition)
+    return DataPartition(sync_every=sync_every)
