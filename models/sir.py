@@ -70,15 +70,17 @@ def infect(ctx):
     people = ctx["person"]
     graph: Graph = ctx.space
     nb = ctx.neighbors("person")
-    infectious = torch.zeros(graph.n_nodes, dtype=torch.int32, device=ctx.device)
-    infectious[nb["uid"]] = (nb["status"] == I).to(torch.int32)
+    infectious = nb["uid"][nb["status"] == I]
     uid, status = people["uid"], people["status"]
-    k = graph.neighbor_sum(infectious)[uid].to(torch.int64)
-    escape = _infection_table(ctx.params["beta"], int(k.max()) if k.numel() else 0, ctx.device)[k]
-    u = ctx.rng.uniform(uid, "infect")
-    new = (status == S) & (u >= escape)
-    people["status"] = torch.where(new, I, status)
-    people["infected_day"] = torch.where(new, ctx.step, people["infected_day"])
+    k = graph.count_neighbors_in(infectious).index_select(0, uid)
+    # Draws are keyed by uid, so drawing only for the candidates gives the same numbers.
+    cand = torch.nonzero((status == S) & (k > 0)).squeeze(1)
+    k_cand = k.index_select(0, cand)
+    escape = _infection_table(ctx.params["beta"], int(k_cand.max()) if k_cand.numel() else 0, ctx.device)
+    u = ctx.rng.uniform(uid.index_select(0, cand), "infect")
+    new = cand[u >= escape.index_select(0, k_cand)]
+    people["status"] = status.index_fill(0, new, I)
+    people["infected_day"] = people["infected_day"].index_fill(0, new, ctx.step)
 
 
 @registry.substep(reads=["person.status", "person.infected_day"], writes=["person.status"])
@@ -86,9 +88,9 @@ def recover(ctx):
     """I -> R with probability gamma, for people infected before today."""
     people = ctx["person"]
     status = people["status"]
-    u = ctx.rng.uniform(people["uid"], "recover")
-    done = (status == I) & (people["infected_day"] < ctx.step) & (u < ctx.params["gamma"])
-    people["status"] = torch.where(done, R, status)
+    cand = torch.nonzero((status == I) & (people["infected_day"] < ctx.step)).squeeze(1)
+    u = ctx.rng.uniform(people["uid"].index_select(0, cand), "recover")
+    people["status"] = status.index_fill(0, cand[u < ctx.params["gamma"]], R)
 
 
 def build_network(params: dict, n: int, seed: int) -> Graph:

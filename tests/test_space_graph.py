@@ -436,3 +436,18 @@ def test_csv_errors(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00\x01")
     with pytest.raises(OutputError, match="Cannot read edge list"):
         from_edge_list_csv(binary)
+
+
+def test_count_neighbors_in_matches_loop():
+    from agentsim.space.graph import erdos_renyi
+
+    g = erdos_renyi(500, 6.0, seed=3)
+    nodes = torch.randperm(500, generator=torch.Generator().manual_seed(1))[:120]
+    chosen = set(nodes.tolist())
+    got = g.count_neighbors_in(nodes)
+    indptr, indices = g.indptr.tolist(), g.indices.tolist()
+    for u in range(500):
+        expect = sum(1 for v in indices[indptr[u]:indptr[u + 1]] if v in chosen)
+        assert got[u] == expect
+    assert torch.equal(g.count_neighbors_in(nodes.flip(0)), got)
+    assert g.count_neighbors_in(torch.zeros(0, dtype=torch.int64)).sum() == 0
