@@ -169,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AgentsimError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
