@@ -1,0 +1,180 @@
+"""Multi-rank runs with the spatial partitioner: bitwise identical to one process.
+
+Every model (boids with each layout) runs with ``partition="spatial"`` on 2, 3 and 4
+ranks (sub-groups of ONE 4-rank gloo job, as in ``test_distributed.py``) and must give
+the same bits as a one-process run: metrics, final agents sorted by uid, and the HDF5
+``/agents``, ``/env`` and ``/metrics``. Migration and (wolfsheep) births and deaths happen
+in these runs; a crowded random walk shows load balancing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from agentsim import ConfigError, Simulation, get_model
+from agentsim.comm import LocalComm
+from agentsim.distributed import DistributedSimulation, SpatialPartition, TorchComm, run_ranks
+from test_distributed import assert_same_bits, h5_datasets, sorted_fields
+
+STEPS = 15
+EVERY = 5
+SEED = 7
+WORLD_SIZES = (2, 3, 4)
+CROWDED = {"init_extent": 0.25}
+# (key, model, agents, params, partition options)
+RUNS = [
+    ("sir", "sir", 2000, {}, {}),
+    ("boids-strips", "boids", 1000, {}, {"layout": "strips"}),
+    ("boids-blocks", "boids", 1000, {}, {"layout": "blocks"}),
+    ("boids-rcb", "boids", 1000, {}, {"layout": "rcb"}),
+    ("schelling", "schelling", 1500, {}, {"layout": "blocks"}),
+    ("wolfsheep", "wolfsheep", 300, {}, {"layout": "strips"}),
+    ("randomwalk", "randomwalk", 1000, {}, {"layout": "rcb"}),
+    ("boids-tiny", "boids", 3, {}, {"layout": "blocks"}),          # ranks with no agents
+    ("wolfsheep-tiny", "wolfsheep", 12, {}, {"layout": "rcb"}),
+    ("randomwalk-tiny", "randomwalk", 2, {}, {"layout": "strips"}),
+    ("crowded", "randomwalk", 2000, CROWDED, {"layout": "strips", "balance_every": 1}),
+    ("crowded-blocks", "randomwalk", 2000, CROWDED, {"layout": "blocks", "balance_every": 2}),
+    ("wolfsheep-balance", "wolfsheep", 300, {}, {"layout": "blocks", "balance_every": 2,
+                                                 "balance_threshold": 1.05}),
+]
+MOVING = ("boids-strips", "boids-blocks", "boids-rcb", "schelling", "wolfsheep", "randomwalk", "crowded")
+
+
+def model_of(name: str, params: dict):
+    model = get_model(name)
+    return model.configure(params=params) if params else model
+
+
+def run_models(comm, out_dir: str) -> dict | None:
+    results = {}
+    for key, name, n, params, options in RUNS:
+        sim = DistributedSimulation(model_of(name, params), agents=n, seed=SEED, comm=comm,
+                                    partition="spatial", **options)
+        path = os.path.join(out_dir, f"{key}_w{comm.world_size}.h5")
+        result = sim.run(STEPS, out=path, every=EVERY)
+        agents = {pop: comm.gather_rows(p.fields()) for pop, p in sim.state.populations.items()}
+        if comm.rank == 0:
+            results[key] = {"metrics": result.metrics, "path": path, "perf": sim.perf_steps,
+                            "agents": {pop: sorted_fields(f) for pop, f in agents.items()}}
+    return results if comm.rank == 0 else None
+
+
+def run_on_subgroups(comm, out_dir: str) -> dict | None:
+    groups = {w: dist.new_group(list(range(w))) for w in WORLD_SIZES}
+    out = {}
+    for w in WORLD_SIZES:
+        if comm.rank < w:
+            out[w] = run_models(TorchComm(group=groups[w]), out_dir)
+        dist.barrier()
+    return out if comm.rank == 0 else None
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("reference")
+    ref = {}
+    for key, name, n, params, _ in RUNS:
+        if key in ref:
+            continue
+        sim = Simulation(model_of(name, params), agents=n, seed=SEED)
+        path = str(out_dir / f"{key}.h5")
+        result = sim.run(STEPS, out=path, every=EVERY)
+        ref[key] = {"metrics": result.metrics, "path": path,
+                    "agents": {pop: sorted_fields(p.fields()) for pop, p in sim.state.populations.items()}}
+    return ref
+
+
+@pytest.fixture(scope="module")
+def multi_rank(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("multi_rank_spatial"))
+    return run_ranks(run_on_subgroups, 4, (out_dir,), timeout=120.0)[0]
+
+
+def check_same_as_reference(ref: dict, got: dict, what: str) -> None:
+    assert_same_bits(ref["metrics"], got["metrics"], f"{what} metrics")
+    assert sorted(ref["agents"]) == sorted(got["agents"])
+    for pop in ref["agents"]:
+        assert_same_bits(ref["agents"][pop], got["agents"][pop], f"{what} final {pop}")
+    assert_same_bits(h5_datasets(ref["path"]), h5_datasets(got["path"]), f"{what} HDF5")
+
+
+@pytest.mark.timeout(60)
+def test_world_size_1_with_spatial_partition_is_the_one_process_run(reference, tmp_path):
+    got = run_models(LocalComm(), str(tmp_path))
+    for key, *_ in RUNS:
+        check_same_as_reference(reference[key], got[key], f"{key} W=1")
+
+
+@pytest.mark.timeout(240)
+def test_spatial_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_rank):
+    for w in WORLD_SIZES:
+        for key, *_ in RUNS:
+            got = multi_rank[w][key]
+            check_same_as_reference(reference[key], got, f"{key} W={w}")
+            with h5py.File(got["path"], "r") as f:
+                assert f.attrs["world_size"] == w and f.attrs["completed"]
+                assert "agents/imbalance" in f["perf"] and "halo/bytes" in f["perf"]
+        for key in MOVING:  # agents crossed region borders
+            assert sum(p["migrated"] for p in multi_rank[w][key]["perf"]) > 0, f"{key} W={w}: no migration"
+        # Halos hold only agents near borders, not every agent (as the data partitioner's would).
+        boids = multi_rank[w]["boids-strips"]["perf"]
+        assert 0 < max(p["halo/rows"] for p in boids) < 1000 * (w - 1) / 2
+        # sir: ghost nodes only.
+        assert 0 < max(p["halo/rows"] for p in multi_rank[w]["sir"]["perf"]) < 2000 * (w - 1)
+    ws = reference["wolfsheep"]
+    for pop, first_uid in (("sheep", 0), ("wolf", 1 << 40)):
+        n0 = int(ws["metrics"][f"n_{pop}"][0])
+        uid = ws["agents"][pop]["uid"]
+        assert (uid >= first_uid + n0).any(), f"no {pop} born"
+        assert (uid < first_uid + n0).sum() < n0, f"no {pop} died"
+
+
+@pytest.mark.timeout(240)
+def test_load_balancing_evens_out_a_crowded_start(multi_rank):
+    for w in WORLD_SIZES:
+        for key, every in (("crowded", 1), ("crowded-blocks", 2)):
+            perf = multi_rank[w][key]["perf"]
+            first = next(i for i, p in enumerate(perf) if p["rebalanced"])
+            assert first == every - 1, (key, w)  # the first step at which a check is due
+            # Before: every walker in the first region. After: max/mean below 1.1, and kept there.
+            assert perf[first]["agents/imbalance_before_balance"] > 1.5, (key, w, perf[first])
+            assert perf[first]["agents/imbalance"] < 1.1, (key, w, perf[first])
+            assert perf[-1]["agents/imbalance"] < 1.1, (key, w, perf[-1])
+        # Borders of a grid moved too (env layers change owners with them).
+        assert any(p["rebalanced"] for p in multi_rank[w]["wolfsheep-balance"]["perf"]), w
+
+
+# --------------------------------------------------------------------------- pieces
+def test_spatial_partition_options_are_checked():
+    with pytest.raises(ConfigError, match="unknown layout 'strip'.*Perhaps you meant 'strips'"):
+        SpatialPartition("strip")
+    with pytest.raises(ConfigError, match="balance_threshold: expected a number >= 1"):
+        SpatialPartition(balance_threshold=0.5)
+    with pytest.raises(ConfigError, match="partition 'data' takes no options"):
+        DistributedSimulation(get_model("sir"), agents=10, comm=LocalComm(), partition="data", layout="rcb")
+
+
+@pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
+def test_regions_tile_the_box_and_every_agent_has_one_owner(layout):
+    sim = Simulation(get_model("boids"), agents=500, seed=1)
+    part = SpatialPartition(layout)
+    part.bind(sim.space, sim.params)
+
+    class FakeComm(LocalComm):
+        world_size = 4
+
+    part.scatter(sim.state.clone(), FakeComm())
+    area = ((part.hi - part.lo).clamp(min=0)).prod(-1).sum()
+    assert torch.isclose(area, torch.tensor(sim.space.size[0] * sim.space.size[1], dtype=torch.float64))
+    owner = part.owner("boid", sim.state["boid"])
+    assert owner.min() >= 0 and owner.max() < 4
+    counts = torch.bincount(owner, minlength=4)
+    if layout == "rcb":  # bisection of the initial positions: near-equal counts
+        assert counts.max() / counts.float().mean() < 1.1
