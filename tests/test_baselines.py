@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.update_baselines import PATH, compute
+from update_baselines import PATH, compute
 
 BASELINE = json.loads(PATH.read_text())
 
