@@ -14,6 +14,7 @@ from .model import InitContext, MetricsContext, Model
 from .params import Param, ParamSpec
 from .random import CounterRNG
 from .state import FieldSpec, Population, State
+from .study import sweep
 from .substep import Registry, Substep
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "State",
     "Substep",
     "get_model",
+    "sweep",
     "launch",
     "__version__",
 ]
