@@ -5,13 +5,22 @@
     agentsim run MODEL [--agents N] [--steps T] [--seed S] [--set name=value ...]
                        [--config FILE] [--device cpu|cuda] [--out FILE.h5]
                        [--record FIELDS] [--every K] [--quiet]
-                       [--nprocs W] [--partition data] [--timeout SECONDS]
-    torchrun --nproc_per_node W -m agentsim run MODEL [--partition data] ...
+                       [--nprocs W] [--partition data|spatial] [--layout strips|blocks|rcb]
+                       [--balance-every K] [--balance-threshold X] [--timeout SECONDS]
+    torchrun --nproc_per_node W -m agentsim run MODEL [--partition spatial --layout rcb] ...
+    agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--out FILE.json]
     agentsim models
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
 over W processes (see :mod:`agentsim.distributed`); rank 0 writes the one output file,
 bitwise equal to the one-process file except for ``/perf`` and the ``world_size`` attribute.
+A multi-rank run ends its summary with per-step communication figures (bytes sent,
+seconds in collectives, halo size, max/mean agents per rank, step time), also in ``/perf``.
+
+``agentsim bench --scaling`` runs the model with the spatial partitioner on 1 and 2
+processes (one torch thread each) and prints speedup, parallel efficiency, the share of
+step time spent in collectives and the halo bytes per step (see
+:mod:`agentsim.distributed.bench`).
 
 Exit status: 0 on success, 2 for a configuration error (unknown model or parameter,
 bad value, malformed config file), 1 for any other error (unwritable output, a
@@ -45,9 +54,23 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--every", type=int, help="also record agents every K steps")
     run.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     run.add_argument("--nprocs", type=int, help="number of local processes (default 1; torchrun sets its own)")
-    run.add_argument("--partition", help="how agents are split over processes: data (default); spatial is planned")
+    run.add_argument("--partition", help="how agents are split over processes: data (default) or spatial")
+    run.add_argument("--layout", help="spatial partition regions: strips (default), blocks or rcb")
+    run.add_argument("--balance-every", dest="balance_every", type=int,
+                     help="spatial: check the load every K steps and move region borders (default 0: never)")
+    run.add_argument("--balance-threshold", dest="balance_threshold", type=float,
+                     help="spatial: rebalance when max/mean agents per rank exceeds this (default 1.1)")
     run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
     sub.add_parser("models", help="list the models with their parameters and defaults")
+    bench = sub.add_parser("bench", help="benchmarks: --scaling MODEL (1 vs 2 processes, spatial partition)")
+    bench.add_argument("--scaling", metavar="MODEL", required=True, help="model to run on 1 and 2 processes")
+    bench.add_argument("--agents", type=int, help="number of agents (default: the model's)")
+    bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--layout", default="strips", help="strips (default), blocks or rcb")
+    bench.add_argument("--nprocs", type=int, default=2, help="the parallel world size (default 2)")
+    bench.add_argument("--out", help="write the figures as JSON to this path")
     return p
 
 
@@ -92,16 +115,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     every = pick("every", None)
     out = pick("out", None)
     record = args.record.split(",") if args.record else cfg.get("record")
-    nprocs, partition, timeout = _distributed_options(args, pick)
+    nprocs, partition, timeout, options = _distributed_options(args, pick)
     device = pick("device", "cpu")
     t0 = time.perf_counter()
     quiet = args.quiet
+    perf: list[dict[str, float]] = []
     if nprocs > 1:
         from .distributed.launch import launch
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
-                        every=every, partition=partition, timeout=timeout, device=device)
+                        every=every, partition=partition, timeout=timeout, device=device, **options)
         model.timings = result.timings
+        perf = result.perf
         t_init = time.perf_counter() - t0 - result.seconds  # process start-up, init and recording
     elif world_size_from_env() > 1:
         from .distributed.process_group import process_group
@@ -109,8 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         with process_group(timeout=timeout, device=device) as comm:
             sim = DistributedSimulation(model, agents=agents, seed=seed, device=device, comm=comm,
-                                        partition=partition)
+                                        partition=partition, **options)
             result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0)
+            perf = sim.perf_steps
             quiet = quiet or comm.rank != 0
         nprocs = comm.world_size
         t_init = time.perf_counter() - t0 - result.seconds
@@ -128,14 +154,19 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{rate * agents:.3g} agent-updates/s)")
         print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
         print(model.plan())
+        if nprocs > 1 and perf:
+            from .distributed.simulation import summarize_perf
+
+            print(summarize_perf(perf))
         if out:
             print(f"wrote {out}")
     return 0
 
 
-def _distributed_options(args: argparse.Namespace, pick) -> tuple[int, str, float]:  # type: ignore[no-untyped-def]
-    """--nprocs, --partition, --timeout, checked (before any process starts)."""
-    from .distributed.partition import check_partition
+def _distributed_options(  # type: ignore[no-untyped-def]
+        args: argparse.Namespace, pick) -> tuple[int, str, float, dict[str, object]]:
+    """--nprocs, --partition, --timeout and the spatial options, checked (before any process starts)."""
+    from .distributed.partition import check_partition, make_partition
     from .distributed.process_group import DEFAULT_TIMEOUT, _check_timeout
 
     nprocs = pick("nprocs", 1)
@@ -144,7 +175,22 @@ def _distributed_options(args: argparse.Namespace, pick) -> tuple[int, str, floa
     if nprocs > 1 and world_size_from_env() > 1:
         raise ConfigError(f"--nprocs {nprocs} under torchrun (WORLD_SIZE={world_size_from_env()}): "
                           "let torchrun start the processes and drop --nprocs")
-    return nprocs, check_partition(pick("partition", "data")), _check_timeout(pick("timeout", DEFAULT_TIMEOUT))
+    partition = check_partition(pick("partition", "data"))
+    options = {k: pick(k, None) for k in ("layout", "balance_every", "balance_threshold")}
+    options = {k: v for k, v in options.items() if v is not None}
+    make_partition(partition, **options)  # raises ConfigError on a bad option
+    return nprocs, partition, _check_timeout(pick("timeout", DEFAULT_TIMEOUT)), options
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .distributed.bench import format_scaling, scaling
+
+    figures = scaling(args.scaling, agents=args.agents, steps=args.steps, warmup=args.warmup, seed=args.seed,
+                      layout=args.layout, world_size=args.nprocs, out=args.out)
+    print(format_scaling(figures))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
 
 
 def world_size_from_env() -> int:
@@ -162,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "models":
             return cmd_models()
+        if args.command == "bench":
+            return cmd_bench(args)
         return cmd_run(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)

@@ -207,7 +207,7 @@ class Simulation:
         int64 fixed point with :data:`METRIC_FRAC_BITS` fractional bits, so the result has
         the same bits on any number of ranks. ``derive`` then computes ratios from the sums.
         """
-        local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n) for name, pop in self.state.populations.items()}
+        local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n, device=self.device) for name, pop in self.state.populations.items()}
         if self.model.metrics_fn is not None:
             local.update(self.model.metrics_fn(
                 MetricsContext(self.state, self.params, self.space, self.state.step, self.owned_env)))
@@ -317,6 +317,12 @@ class Simulation:
         metrics = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
         return RunResult(metrics, self.state, timings, t_run, None if out is None else os.fspath(out))
 
+    def perf_row(self) -> dict[str, float]:
+        """The ``/perf`` row of the last step (machine-dependent figures: seconds, bytes)."""
+        perf = {"step_seconds": self.step_seconds[-1]}
+        perf.update({f"substep_seconds/{k}": v[-1] for k, v in self.substep_seconds.items() if v})
+        return perf
+
     def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: _Recording, agents: bool,
                 gathers: bool = True) -> None:
         """Metrics (every rank), then, when recording, the file rows. ``gathers``: a file is
@@ -329,9 +335,7 @@ class Simulation:
         if writer is not None:
             writer.write_metrics(step, {k: v for k, v in m.items() if k != "step"})
             if self.step_seconds and step > 0:
-                perf = {"step_seconds": self.step_seconds[-1]}
-                perf.update({f"substep_seconds/{k}": v[-1] for k, v in self.substep_seconds.items() if v})
-                writer.write_perf(step, perf)
+                writer.write_perf(step, self.perf_row())
         if agents:
             for p, fs in rec.fields.items():
                 gathered = self.comm.gather_rows({f: self.state.populations[p][f] for f in fs})

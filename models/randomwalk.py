@@ -7,6 +7,8 @@ in ``disp``, so the mean squared displacement has the known value
 ``MSD(t) = ndim * step_size**2 * t + |drift|**2 * t**2``.
 
 The box side grows with the number of agents so that the density stays at ``density``.
+``init_extent < 1`` starts every walker in the corner square of side ``init_extent * side``
+(crowded start; used to demonstrate load balancing).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ PARAMS = ParamSpec({
                        check=lambda v: v >= 0, expect=">= 0"),
     "drift_x": Param(0.0, float, "drift per step along x (length units)"),
     "drift_y": Param(0.0, float, "drift per step along y (length units)"),
+    "init_extent": Param(1.0, float, "walkers start in [0, init_extent * side)^2 (1 = the whole box)",
+                         check=lambda v: 0 < v <= 1, expect="in (0, 1]"),
 })
 
 
@@ -49,7 +53,9 @@ def init(ic: InitContext) -> tuple[State, Box]:
     side = math.sqrt(n / ic.params["density"])
     box = Box((side, side), periodic=True)
     uid = torch.arange(n, device=ic.device)
-    pos = box.wrap(ic.rng.uniform(uid, 0, "init_pos", draws=2, dtype=torch.float32) * side)
+    # side * 1.0 == side exactly: the default start is bit-identical to the whole-box start.
+    extent = side * ic.params["init_extent"]
+    pos = box.wrap(ic.rng.uniform(uid, 0, "init_pos", draws=2, dtype=torch.float32) * extent)
     walkers = Population(
         "walker",
         {"pos": FieldSpec(torch.float32, (2,)), "disp": FieldSpec(torch.float32, (2,))},

@@ -162,11 +162,13 @@ def test_data_partition_blocks_cover_every_row_once():
             assert all(blocks[r][1] == blocks[r + 1][0] for r in range(w - 1))
 
 
-def test_sync_every_other_than_1_and_spatial_are_config_errors():
+def test_sync_every_other_than_1_and_bad_partitions_are_config_errors():
     with pytest.raises(ConfigError, match="sync_every=2 is not supported yet"):
         DataPartition(sync_every=2)
-    with pytest.raises(ConfigError, match="partition 'spatial' is not built yet"):
-        launch("sir", world_size=2, agents=100, steps=1, partition="spatial")
+    with pytest.raises(ConfigError, match="sync_every=3 is not supported yet"):
+        launch("sir", world_size=2, agents=100, steps=1, partition="spatial", sync_every=3)
+    with pytest.raises(ConfigError, match="unknown layout 'rbc'.*Perhaps you meant 'rcb'"):
+        launch("sir", world_size=2, agents=100, steps=1, partition="spatial", layout="rbc")
     with pytest.raises(ConfigError, match="unknown partition 'dta'.*Perhaps you meant 'data'"):
         launch("sir", world_size=2, agents=100, steps=1, partition="dta")
 
@@ -234,5 +236,13 @@ def test_cli_nprocs_2_writes_the_one_process_file(tmp_path, capsys):
     assert_same_bits(h5_datasets(one), h5_datasets(two), "CLI --nprocs 2")
     with h5py.File(two, "r") as f:
         assert f.attrs["world_size"] == 2
-    assert cli_main([*common, "--nprocs", "2", "--partition", "spatial"]) == 2
-    assert "partition 'spatial' is not built yet (valid: data)" in capsys.readouterr().err
+    three = str(tmp_path / "three.h5")
+    assert cli_main([*common, "--out", three, "--nprocs", "2", "--partition", "spatial", "--layout", "rcb",
+                     "--balance-every", "2"]) == 0
+    assert_same_bits(h5_datasets(one), h5_datasets(three), "CLI --nprocs 2 --partition spatial")
+    with h5py.File(three, "r") as f:
+        assert "agents/imbalance" in f["perf"] and "comm/bytes_sent" in f["perf"]
+    assert cli_main([*common[:-1], "--nprocs", "2", "--partition", "spatial"]) == 0
+    assert "halo" in capsys.readouterr().out  # the communication summary
+    assert cli_main([*common, "--nprocs", "2", "--partition", "data", "--layout", "rcb"]) == 2
+    assert "partition 'data' takes no options" in capsys.readouterr().err

@@ -34,6 +34,7 @@ RUNS = [
     ("boids-blocks", "boids", 1000, {}, {"layout": "blocks"}),
     ("boids-rcb", "boids", 1000, {}, {"layout": "rcb"}),
     ("schelling", "schelling", 1500, {}, {"layout": "blocks"}),
+    ("schelling-r2", "schelling", 1500, {"radius": 2}, {"layout": "rcb"}),
     ("wolfsheep", "wolfsheep", 300, {}, {"layout": "strips"}),
     ("randomwalk", "randomwalk", 1000, {}, {"layout": "rcb"}),
     ("boids-tiny", "boids", 3, {}, {"layout": "blocks"}),          # ranks with no agents
@@ -178,3 +179,55 @@ def test_regions_tile_the_box_and_every_agent_has_one_owner(layout):
     counts = torch.bincount(owner, minlength=4)
     if layout == "rcb":  # bisection of the initial positions: near-equal counts
         assert counts.max() / counts.float().mean() < 1.1
+
+
+@pytest.mark.timeout(120)
+def test_bench_scaling_writes_its_figures(tmp_path, capsys):
+    from agentsim.cli import main as cli_main
+
+    path = str(tmp_path / "scaling.json")
+    assert cli_main(["bench", "--scaling", "randomwalk", "--agents", "400", "--steps", "3", "--warmup", "1",
+                     "--out", path]) == 0
+    out = capsys.readouterr().out
+    assert "speedup" in out and "parallel efficiency" in out
+    import json
+
+    with open(path) as f:
+        figures = json.load(f)
+    assert figures["world_size"] == 2 and set(figures["runs"]) == {"1", "2"}
+    assert figures["runs"]["2"]["migrated_per_step"] > 0 and 0 <= figures["runs"]["2"]["comm_share"] <= 1
+    assert {"torch", "git_commit", "cpu_count", "speedup", "efficiency"} <= set(figures)
+
+
+@pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
+@pytest.mark.parametrize("periodic", [True, False])
+def test_halo_sends_exactly_the_agents_within_reach_of_a_region(layout, periodic):
+    """Against brute force: the distance from each agent to each region over all 9 images."""
+    from agentsim.space.continuous import Box
+
+    sim = Simulation(get_model("boids"), agents=400, seed=3)
+    box = Box(sim.space.size, periodic=periodic)
+    part = SpatialPartition(layout)
+    part.bind(box, sim.params)
+
+    class FakeComm(LocalComm):
+        world_size = 4
+
+    part.scatter(sim.state.clone(), FakeComm())
+    c = part.coords("boid", sim.state["boid"])
+    reach = 10.0
+    row, dest = part._near(c, "length", reach, rank=0)
+    got = set(zip(row.tolist(), dest.tolist()))
+    L = torch.tensor(box.size[:2], dtype=torch.float64)
+    shifts = [(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)] if periodic else [(0, 0)]
+    want = set()
+    for r in range(1, 4):
+        lo, hi = part.lo[r], part.hi[r]
+        if not (hi > lo).all():
+            continue
+        d = torch.stack([(torch.maximum(torch.minimum(c + torch.tensor(s) * L, hi), lo)
+                          - (c + torch.tensor(s) * L)).norm(dim=-1) for s in shifts]).amin(0)
+        want |= {(i, r) for i in torch.nonzero(d <= reach).squeeze(-1).tolist()}
+    assert want <= got  # nobody within reach is missed
+    margin = {(i, r) for i, r in got - want}
+    assert len(margin) <= 2, margin  # only the safety margin adds agents

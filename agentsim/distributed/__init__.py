@@ -8,13 +8,16 @@ one HDF5 file::
 
     import agentsim
     result = agentsim.launch("sir", world_size=4, agents=100_000, steps=100, seed=1, out="sir.h5")
+    result = agentsim.launch("boids", world_size=4, partition="spatial", layout="rcb", balance_every=10)
 
 From the command line, either let agentsim start the processes, or start them with
 ``torchrun`` (agentsim sees ``WORLD_SIZE > 1`` in the environment and joins the group
 torchrun describes)::
 
     agentsim run sir --nprocs 4 --partition data --agents 100000 --out sir.h5
-    torchrun --nproc_per_node 4 -m agentsim run sir --partition data --agents 100000 --out sir.h5
+    agentsim run boids --nprocs 4 --partition spatial --layout rcb --balance-every 10 --out boids.h5
+    torchrun --nproc_per_node 4 -m agentsim run boids --partition spatial --layout blocks --out boids.h5
+    agentsim bench --scaling boids --agents 100000 --steps 20 --out scaling.json
 
 Options: ``--timeout SECONDS`` (default 60): how long a collective waits for the
 other ranks before failing, so a dead or stuck rank never hangs the run. If a
@@ -28,47 +31,83 @@ A restarted run starts again from step 0 (no checkpoints yet). For your own driv
 code, :func:`~agentsim.distributed.process_group.process_group` and
 :class:`~agentsim.distributed.simulation.DistributedSimulation` are the building blocks.
 
+Partitioners
+------------
+- ``partition="data"`` (:class:`DataPartition`): agents split by uid blocks, env
+  replicated, every halo holds every other rank's agents. Simple; traffic and memory
+  grow with the total number of agents.
+- ``partition="spatial"`` (:class:`SpatialPartition`, :mod:`agentsim.distributed.spatial`):
+  each rank owns a region -- strips, ``px x py`` blocks or recursive coordinate
+  bisection (``layout=``) of a continuous Box or of a Grid's cells; contiguous uid
+  blocks of a Graph's nodes. Halos hold only the declared fields of the agents within
+  the substep's ``reach`` of the region (length, ``moore:R``; none for ``cell``; the
+  ghost nodes for ``graph``; everyone for ``global``), sent point to point with
+  ``all_to_all_single``. Agents that leave a region migrate, with all their fields,
+  after each substep that writes their position (``pos`` / ``cell``) or adds agents.
+  Grid env layers are authoritative on the owner of each cell (metrics count owned
+  cells; trajectory frames gather the owners' values). ``balance_every=K`` moves the
+  borders (from a global position histogram) when max/mean agents per rank exceeds
+  ``balance_threshold`` (default 1.1).
+
 What is exact
 -------------
-With the data partitioner (``partition="data"``, the only one built) results are
-bitwise identical for any number of ranks, including 1: metrics, and the file's
-``/agents``, ``/env`` and ``/metrics``, births and deaths included. That holds
-because every rank sees, through ``ctx.neighbors``, every agent exactly as one
-process would (each rank receives the declared neighbor fields of all other ranks'
-agents before each substep that declares ``neighbors``), every random draw is keyed
-by uid or cell, models never depend on row order, new uids are assigned from the
-global ranking of the parents' uids, and metric sums are exact int64 (fixed point for
-floats). ``/perf`` (timings) and the ``world_size`` attribute differ, by design.
+With either partitioner, results are bitwise identical for any number of ranks,
+including 1, and for every layout and rebalancing schedule: metrics, and the file's
+``/agents``, ``/env`` and ``/metrics``, births, deaths and migration included
+(tests/test_distributed.py, tests/test_distributed_spatial.py: every built-in model on
+1-4 ranks). That holds because every rank sees, through ``ctx.neighbors``, every agent
+that can affect its own agents exactly as one process would: the data partitioner
+sends everything; the spatial partitioner sends every agent within the declared reach
+(plus a small margin: extra agents out of range never change a result, since pair
+lists are in canonical (cell, uid) order and sums over in-range pairs only). Every
+random draw is keyed by uid or cell, models never depend on row order, new uids are
+assigned from the global ranking of the parents' uids, and metric sums are exact int64
+(fixed point for floats). ``/perf`` (timings, bytes, agents per rank) and the
+``world_size`` attribute differ, by design.
 
 Contract for model authors (true of the built-in models): read other agents only
-through ``ctx.neighbors``; call ``ctx.spawn`` / ``ctx.kill`` / ``ctx.flag``
-unconditionally (with empty inputs when nothing happens), since each is a collective
-step on some rank; within a substep, read neighbor fields before writing the same
-field (halo rows hold the values from the start of the substep).
+through ``ctx.neighbors``, and declare a ``reach`` that covers every such read;
+call ``ctx.spawn`` / ``ctx.kill`` / ``ctx.flag`` unconditionally (with empty inputs when
+nothing happens), since each is a collective step on some rank; within a substep,
+read neighbor fields before writing the same field (halo rows hold the values from
+the start of the substep). For the spatial partitioner also: an agent's position is
+the field ``pos`` (Box) or ``cell`` (Grid), or its uid is its node (Graph); a substep
+writes env grid layers only at cells of its own agents (or elementwise from the same
+cell), and reads them only at its own agents' cells -- wolfsheep's ``sheep_eat`` and
+``grass_regrow`` do, so no model needed a change. A stale copy of another rank's cells
+is then never read; :meth:`SpatialPartition.sync_env` rebuilds whole layers when a
+frame is written or borders move. On one process all of this is the identity.
+
+Not exact / not covered
+-----------------------
+- The final in-memory ``state.env`` of a spatial run is whole only after
+  :meth:`SpatialPartition.sync_env` (frames call it; the last frame of a run does).
+- A 3D Box is split in x and y only (halos are still exact, just wider than needed).
+- Graph models: a population's uid must be its node id; nodes never move (no rebalancing).
+- ``sync_every`` > 1 (stale halos) is not supported: results would depend on the number
+  of ranks (see :mod:`agentsim.distributed.partition`).
 
 ``sync_every``
 --------------
 The halo refresh period in steps. Only ``sync_every=1`` (refresh before every
-neighbor substep: exact) is supported; other values raise ConfigError. A stale halo
-(refreshing every K steps) would make results depend on the number of ranks, and a
-one-process run could not reproduce them: see :mod:`agentsim.distributed.partition`.
+neighbor substep: exact) is supported; other values raise ConfigError.
 
-Cost of the data partitioner
-----------------------------
-Every rank holds the full initial state during ``init`` and the full environment,
-and receives every agent's neighbor fields before each neighbor substep: memory
-and traffic grow with the total number of agents, not with a rank's share. It
-divides the per-agent compute of substeps without neighbors by W; neighbor substeps
-still scan all agents on every rank.
+Performance figures
+-------------------
+:attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`
+(and the file's ``/perf``, written by rank 0): per step, bytes sent, seconds in collectives,
+halo rows and bytes, max/mean agents per rank (before and after balancing), step time
+(slowest rank and mean), migrations; a CLI run prints a summary.
+:mod:`agentsim.distributed.bench` (``agentsim bench --scaling``, ``benchmarks/bench_scaling.py``)
+measures speedup, parallel efficiency and the communication share of W=2 against W=1.
 
 Not built yet
 -------------
-- the spatial partitioner (``partition="spatial"``: agents owned by region, halos
-  of agents within reach of a region's border, migration of agents that cross a
-  border, env layers split by region with halo cells);
-- load balancing (moving region borders as agents cluster);
 - checkpoints and resume after a torchrun restart;
-- stale halos (``sync_every > 1``).
+- stale halos (``sync_every > 1``);
+- rebalancing from measured step times (borders move by agent counts only; step times
+  are recorded);
+- graph partitions better than contiguous uid blocks (no edge-cut minimization).
 """
 
 from __future__ import annotations
@@ -78,13 +117,16 @@ from .launch import LaunchResult, run_ranks  # launch(): agentsim.launch (this n
 from .partition import PARTITIONS, DataPartition, make_partition
 from .process_group import from_env, process_group, shutdown
 from .simulation import DistributedSimulation
+from .spatial import LAYOUTS, SpatialPartition
 
 __all__ = [
+    "LAYOUTS",
     "PARTITIONS",
     "CommStats",
     "DataPartition",
     "DistributedSimulation",
     "LaunchResult",
+    "SpatialPartition",
     "TorchComm",
     "from_env",
     "make_partition",

@@ -227,5 +227,45 @@ class TorchComm:
         rows = out.view(sum(counts), row_bytes).cpu()
         return unpack_rows(rows, {k: v[:0].cpu() for k, v in fields.items()})
 
+    def exchange_rows(self, fields: Mapping[str, Tensor], dest: Tensor,
+                      index: Tensor | None = None) -> dict[str, Tensor]:
+        """Point-to-point rows: row ``index[k]`` of ``fields`` goes to rank ``dest[k]`` (one packed exchange).
+
+        Two collectives: the per-destination row counts (``all_to_all_single`` on an int64
+        ``[W]``), then the packed rows with uneven splits (nothing travels to ranks that
+        need nothing). A row may go to several ranks (halos) by repeating it in ``index``.
+
+        Args:
+            fields: Name to ``[n, ...]`` tensor; the same names, dtypes and trailing shapes
+                on every rank.
+            dest: ``[m]`` int64 destination rank of each sent row (never this rank).
+            index: ``[m]`` int64 rows of ``fields`` to send (default: ``arange(n)``, ``m = n``).
+
+        Returns:
+            The received rows, in source-rank order (name to ``[n_received, ...]`` on the
+            input device).
+        """
+        device = next(iter(fields.values())).device
+        dest = dest.to(device, torch.int64)
+        if dest.numel() > 1 and not bool((dest[1:] >= dest[:-1]).all()):  # send lists come sorted
+            order = torch.argsort(dest, stable=True)
+            index = order if index is None else index.to(device)[order]
+            dest = dest[order]
+        if index is not None:  # select the sent rows before packing: fewer bytes to copy
+            index = index.to(device)
+            fields = {k: v.index_select(0, index) for k, v in fields.items()}
+        packed = pack_rows(fields).to(self.device)
+        row_bytes = packed.shape[1]
+        send_counts = torch.bincount(dest, minlength=self.world_size).to(device=self.device, dtype=torch.int64)
+        recv_counts = torch.empty_like(send_counts)
+        self._timed(8 * self.world_size, dist.all_to_all_single, recv_counts, send_counts)
+        send = [int(c) * row_bytes for c in send_counts.tolist()]
+        recv = [int(c) * row_bytes for c in recv_counts.tolist()]
+        out = packed.new_empty(sum(recv))
+        self._timed(packed.numel(), dist.all_to_all_single, out, packed.reshape(-1),
+                    output_split_sizes=recv, input_split_sizes=send)
+        rows = out.view(sum(recv) // row_bytes if row_bytes else 0, row_bytes)
+        return {k: v.to(device) for k, v in unpack_rows(rows, {k: v[:0] for k, v in fields.items()}).items()}
+
     def barrier(self) -> None:
         self._timed(0, dist.barrier)

@@ -43,7 +43,7 @@ from ..catalog import BUILTIN, get_model
 from ..engine import Simulation, check_agents
 from ..errors import AgentsimError, ConfigError
 from ..model import Model
-from .partition import check_partition, check_sync_every
+from .partition import check_partition, check_sync_every, make_partition
 from .process_group import DEFAULT_TIMEOUT, _check_timeout, init, shutdown
 
 __all__ = ["LaunchResult", "launch", "run_ranks"]
@@ -255,6 +255,9 @@ class LaunchResult:
         world_size: Number of ranks.
         comm_seconds: Per step, seconds rank 0 spent in collectives inside the step.
         comm_bytes: Per step, bytes rank 0 sent in those collectives.
+        perf: Per step, the figures over all ranks of
+            :attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`
+            (empty for ``world_size=1``).
     """
 
     metrics: dict[str, np.ndarray]
@@ -264,6 +267,7 @@ class LaunchResult:
     world_size: int
     comm_seconds: list[float] = field(default_factory=list)
     comm_bytes: list[int] = field(default_factory=list)
+    perf: list[dict[str, float]] = field(default_factory=list)
 
 
 def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
@@ -301,18 +305,21 @@ def _run_simulation(comm: Any, ref: tuple[str, dict[str, Any] | None, list[str] 
     from .simulation import DistributedSimulation
 
     sim = DistributedSimulation(_resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"],
-                                comm=comm, partition=run["partition"], sync_every=run["sync_every"])
+                                comm=comm, partition=run["partition"], sync_every=run["sync_every"],
+                                **run["options"])
     result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"])
     if comm.rank != 0:
         return None
     return LaunchResult(result.metrics, result.timings, result.seconds, result.path, comm.world_size,
-                        [s.seconds for s in sim.comm_steps], [s.bytes_sent for s in sim.comm_steps])
+                        [s.seconds for s in sim.comm_steps], [s.bytes_sent for s in sim.comm_steps],
+                        sim.perf_steps)
 
 
 def launch(model: Model | str, world_size: int, agents: int | None = None, steps: int = 100, seed: int = 0,
            out: str | os.PathLike[str] | None = None, record: Iterable[str] | None = None,
            every: int | None = None, partition: str = "data", timeout: float = DEFAULT_TIMEOUT, *,
-           sync_every: int = 1, device: str = "cpu") -> LaunchResult:
+           sync_every: int = 1, device: str = "cpu", layout: str | None = None,
+           balance_every: int | None = None, balance_threshold: float | None = None) -> LaunchResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -324,10 +331,12 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             name (``"sir"``, ``"package.module:ATTR"``).
         world_size: Number of processes (one torch thread each).
         agents, steps, seed, out, record, every: As for :meth:`Simulation.run <agentsim.engine.Simulation.run>`.
-        partition: ``"data"`` (``"spatial"`` is not built yet).
+        partition: ``"data"`` or ``"spatial"``.
         timeout: Seconds a collective may wait for the other ranks before failing.
         sync_every: Halo refresh period; only 1.
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
+        layout, balance_every, balance_threshold: Options of ``partition="spatial"``
+            (:class:`~agentsim.distributed.spatial.SpatialPartition`).
 
     Raises:
         ConfigError: A bad argument (checked here, before any process starts).
@@ -340,6 +349,9 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     """
     check_partition(partition)
     check_sync_every(sync_every)
+    options = {k: v for k, v in (("layout", layout), ("balance_every", balance_every),
+                                  ("balance_threshold", balance_threshold)) if v is not None}
+    make_partition(partition, sync_every, **options)  # raises ConfigError on a bad option
     ref = _model_ref(model)
     resolved = _resolve_model(ref)
     agents = check_agents(resolved.default_agents if agents is None else agents)
@@ -356,7 +368,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
                                      f"directory '{parent}' does not exist")
     run = {"agents": agents, "steps": int(steps), "seed": seed, "out": None if out is None else os.fspath(out),
            "record": None if record is None else list(record), "every": every, "partition": partition,
-           "sync_every": sync_every, "device": device}
+           "sync_every": sync_every, "device": device, "options": options}
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
         result = Simulation(resolved, agents=agents, seed=seed, device=device).run(
             run["steps"], out=run["out"], record=run["record"], every=every)

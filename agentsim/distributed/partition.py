@@ -1,5 +1,13 @@
 """Partitioners: which rank holds which agents, and what each rank sees of the others.
 
+Two are built: :class:`DataPartition` (here) and
+:class:`~agentsim.distributed.spatial.SpatialPartition` (``partition="spatial"``, regions of
+space, halos within reach, migration, load balancing; see :mod:`agentsim.distributed.spatial`).
+Both provide ``bind(space, params)``, ``scatter(state, comm)``, ``before_substep(state,
+substep, comm)``, ``after_substep(state, substep, comm)``, ``halo(pop, substep)``,
+``owned_env(state, name, comm)``, ``sync_env(state, comm)``, ``start_step()`` and
+``maybe_balance(state, comm, counts)``.
+
 :class:`DataPartition` (``partition="data"``) splits agents by index, with no regard
 to space:
 
@@ -42,21 +50,18 @@ from ..comm import Comm
 from ..errors import ConfigError, did_you_mean
 from ..state import UID, State
 from ..substep import Substep
+from .spatial import SpatialPartition  # spatial imports check_sync_every from here lazily
 
 __all__ = ["PARTITIONS", "DataPartition", "make_partition"]
 
 PARTITIONS = ("data", "spatial")
-_BUILT = ("data",)
 
 
 def check_partition(name: object) -> str:
-    """Validate a partitioner name (``"data"``); ``"spatial"`` is declared but not built yet."""
-    if name == "spatial":
-        raise ConfigError("partition 'spatial' is not built yet (valid: data); "
-                          "use --partition data, which gives the same results on any number of ranks")
-    if not isinstance(name, str) or name not in _BUILT:
+    """Validate a partitioner name (``"data"`` or ``"spatial"``)."""
+    if not isinstance(name, str) or name not in PARTITIONS:
         hint = did_you_mean(name, PARTITIONS) if isinstance(name, str) else ""
-        raise ConfigError(f"unknown partition {name!r} (valid: data; planned: spatial)." + hint)
+        raise ConfigError(f"unknown partition {name!r} (valid: {', '.join(PARTITIONS)})." + hint)
     return name
 
 
@@ -123,8 +128,22 @@ class DataPartition:
             send = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
             self._halo[name] = comm.all_gather_rows(send, include_self=False)
 
-    def after_substep(self) -> None:
+    def after_substep(self, state: State | None = None, substep: Substep | None = None,
+                      comm: Comm | None = None) -> None:
         self._halo = {}
+
+    # No regions: nothing to bind, sync, migrate or balance.
+    def bind(self, space: object, params: Mapping[str, object]) -> None:
+        pass
+
+    def sync_env(self, state: State, comm: Comm) -> None:
+        pass
+
+    def start_step(self) -> None:
+        pass
+
+    def maybe_balance(self, state: State, comm: Comm, counts: list[int]) -> bool:
+        return False
 
     def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
         """The other ranks' rows of ``population`` (uid and declared neighbor fields), or None."""
@@ -136,9 +155,20 @@ class DataPartition:
         return flat if comm.rank == 0 else flat[:0]
 
 
-def make_partition(partition: str | DataPartition = "data", sync_every: int = 1) -> DataPartition:
-    """A partitioner from its name (``"data"``) or an instance (returned as is)."""
-    if isinstance(partition, DataPartition):
+def make_partition(partition: str | DataPartition | SpatialPartition = "data", sync_every: int = 1,
+                   **options: object) -> DataPartition | SpatialPartition:
+    """A partitioner from its name (``"data"``, ``"spatial"``) or an instance (returned as is).
+
+    ``options`` go to :class:`~agentsim.distributed.spatial.SpatialPartition` (``layout``,
+    ``balance_every``, ``balance_threshold``, ``bins``); None values are dropped.
+    """
+    if isinstance(partition, (DataPartition, SpatialPartition)):
         return partition
     check_partition(partition)
+    options = {k: v for k, v in options.items() if v is not None}
+    if partition == "spatial":
+        return SpatialPartition(sync_every=sync_every, **options)  # type: ignore[arg-type]
+    if options:
+        raise ConfigError(f"partition 'data' takes no options (got {', '.join(sorted(options))}); "
+                          "layout and balancing belong to partition 'spatial'")
     return DataPartition(sync_every=sync_every)

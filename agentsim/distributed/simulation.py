@@ -6,7 +6,11 @@ this subclass adds three things, all delegated to the partitioner:
 
 - after ``init``: keep this rank's share of the agents (:meth:`DataPartition.scatter`);
 - before each substep: refresh the halos it reads (:meth:`DataPartition.before_substep`);
-- ``halo`` and ``owned_env``: what the engine's neighbor views and metrics use.
+  after it: migrate agents that changed owner (spatial partitioner);
+- ``halo`` and ``owned_env``: what the engine's neighbor views and metrics use;
+- after each step: per-rank figures gathered (:attr:`DistributedSimulation.perf_steps`, also
+  in the file's ``/perf``) and, with the spatial partitioner, load balancing;
+- before a trajectory frame with env layers: the layers made whole from their owners.
 
 Births, error flags, metrics and trajectory frames go through ``comm`` in the base
 engine. Per-step communication figures are kept in :attr:`DistributedSimulation.comm_steps`.
@@ -15,6 +19,7 @@ engine. Per-step communication figures are kept in :attr:`DistributedSimulation.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,8 +30,12 @@ from ..model import Model
 from ..substep import Substep
 from .comm import CommStats
 from .partition import DataPartition, make_partition
+from .spatial import SpatialPartition
 
 __all__ = ["DistributedSimulation"]
+
+
+PERF_FIGURES = ("agents", "step_seconds", "comm_seconds", "bytes_sent", "halo_rows", "halo_bytes", "migrated")
 
 
 class DistributedSimulation(Simulation):
@@ -36,22 +45,32 @@ class DistributedSimulation(Simulation):
         model, agents, seed, device, check_nan, shuffle_rows: As for :class:`~agentsim.engine.Simulation`.
         comm: This rank's communication (a :class:`~agentsim.distributed.comm.TorchComm`, or
             :class:`~agentsim.comm.LocalComm` for one rank).
-        partition: ``"data"`` or a :class:`DataPartition`.
+        partition: ``"data"``, ``"spatial"``, or a :class:`DataPartition` /
+            :class:`~agentsim.distributed.spatial.SpatialPartition`.
         sync_every: Halo refresh period (only 1 is supported; see :mod:`agentsim.distributed.partition`).
+        partition_options: For ``"spatial"``: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``.
 
     Attributes:
         comm_steps: Per step, the :class:`CommStats` of the collectives inside :meth:`step`
-            (halos, births, error flags); empty when ``comm`` keeps no stats.
+            (halos, migration, births, error flags, balancing); empty when ``comm`` keeps no stats.
+        perf_steps: Per step, figures over all ranks (same on every rank): ``agents/max``,
+            ``agents/mean``, ``agents/imbalance`` (max / mean, after any rebalancing),
+            ``agents/imbalance_before_balance``,
+            ``rank_step_seconds/max``, ``rank_step_seconds/mean``, ``comm/seconds_max``, ``comm/seconds_mean``,
+            ``comm/bytes_sent`` (sum), ``halo/rows``, ``halo/bytes`` (sums), ``migrated`` (sum),
+            ``rebalanced`` (0/1). Written to the file's ``/perf`` by rank 0.
     """
 
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
                  device: str | torch.device | None = "cpu", *, comm: Comm,
-                 partition: str | DataPartition = "data", sync_every: int = 1,
-                 check_nan: bool = True, shuffle_rows: bool = False) -> None:
-        self.partition = make_partition(partition, sync_every)
+                 partition: str | DataPartition | SpatialPartition = "data", sync_every: int = 1,
+                 check_nan: bool = True, shuffle_rows: bool = False, **partition_options: object) -> None:
+        self.partition = make_partition(partition, sync_every, **partition_options)
         super().__init__(model, agents, seed, device, check_nan=check_nan, shuffle_rows=shuffle_rows, comm=comm)
+        self.partition.bind(self.space, self.params)
         self.state = self.partition.scatter(self.state, self.comm)
         self.comm_steps: list[CommStats] = []
+        self.perf_steps: list[dict[str, float]] = []
 
     def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
         return self.partition.halo(population, substep)
@@ -61,16 +80,87 @@ class DistributedSimulation(Simulation):
 
     def _run_substep(self, s: Substep) -> list[tuple[str, Tensor]]:
         self.partition.before_substep(self.state, s, self.comm)
+        ok = False
         try:
-            return super()._run_substep(s)
+            flags = super()._run_substep(s)
+            ok = True
         finally:
-            self.partition.after_substep()
+            # Migration is a collective: only after a substep that returned on this rank.
+            self.partition.after_substep(self.state if ok else None, s, self.comm)
+        return flags
+
+    def n_local(self) -> int:
+        return sum(p.n for p in self.state.populations.values())
+
+    def _gather_figures(self, values: list[float]) -> Tensor:
+        mine = torch.tensor([values], dtype=torch.float64)
+        return self.comm.all_gather_rows({"v": mine})["v"]  # [W, k], rank order
 
     def step(self) -> None:
         stats: CommStats | None = getattr(self.comm, "stats", None)
         before = stats.snapshot() if stats is not None else None
+        self.partition.start_step()
         try:
             super().step()
         finally:
             if stats is not None and before is not None:
                 self.comm_steps.append(stats.since(before))
+        part = self.partition
+        last = self.comm_steps[-1] if stats is not None else CommStats()
+        figs = self._gather_figures([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
+                                     getattr(part, "halo_rows", 0), getattr(part, "halo_bytes", 0),
+                                     getattr(part, "migrated", 0)])
+        counts = [int(v) for v in figs[:, 0].tolist()]
+        before_mean = sum(counts) / len(counts)
+        imbalance_before = max(counts) / before_mean if before_mean > 0 else 1.0
+        rebalanced = part.maybe_balance(self.state, self.comm, counts)
+        if rebalanced:
+            counts = [int(v) for v in self._gather_figures([self.n_local()])[:, 0].tolist()]
+        mean = sum(counts) / len(counts)
+        col = {name: figs[:, i] for i, name in enumerate(PERF_FIGURES)}
+        self.perf_steps.append({
+            "agents/max": float(max(counts)), "agents/mean": mean,
+            "agents/imbalance": max(counts) / mean if mean > 0 else 1.0,
+            "agents/imbalance_before_balance": imbalance_before,
+            "rank_step_seconds/max": float(col["step_seconds"].max()),
+            "rank_step_seconds/mean": float(col["step_seconds"].mean()),
+            "comm/seconds_max": float(col["comm_seconds"].max()),
+            "comm/seconds_mean": float(col["comm_seconds"].mean()),
+            "comm/bytes_sent": float(col["bytes_sent"].sum()),
+            "halo/rows": float(col["halo_rows"].sum()), "halo/bytes": float(col["halo_bytes"].sum()),
+            "migrated": float(col["migrated"].sum()), "rebalanced": float(rebalanced),
+        })
+
+    def perf_row(self) -> dict[str, float]:
+        row = super().perf_row()
+        if self.perf_steps:
+            row.update(self.perf_steps[-1])
+        return row
+
+    def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: Any, agents: bool,
+                gathers: bool = True) -> None:
+        if agents and (gathers or writer is not None) and rec.env:
+            self.partition.sync_env(self.state, self.comm)  # a frame holds every cell's owner value
+        super()._record(writer, rows, rec, agents, gathers)
+
+
+def summarize_perf(perf_steps: list[dict[str, float]]) -> str:
+    """A few lines on the per-step figures of :attr:`DistributedSimulation.perf_steps`."""
+    if not perf_steps:
+        return "perf: no steps"
+    n = len(perf_steps)
+
+    def mean(key: str) -> float:
+        return sum(p[key] for p in perf_steps) / n
+
+    step = mean("rank_step_seconds/max")
+    comm = mean("comm/seconds_max")
+    share = comm / step if step > 0 else 0.0
+    return (f"per step (mean over {n}): {mean('comm/bytes_sent') / 1e3:.1f} kB sent, "
+            f"{comm * 1e3:.2f} ms in collectives (slowest rank; {share:.0%} of the step), "
+            f"halo {mean('halo/rows'):.0f} rows / {mean('halo/bytes') / 1e3:.1f} kB, "
+            f"step {step * 1e3:.2f} ms (slowest rank)\n"
+            f"agents per rank: max/mean {perf_steps[-1]['agents/imbalance']:.3f} at the end "
+            f"(worst {max(p['agents/imbalance'] for p in perf_steps):.3f}); "
+            f"{sum(p['migrated'] for p in perf_steps):.0f} migrations; "
+            f"{sum(p['rebalanced'] for p in perf_steps):.0f} rebalancings")

@@ -1,0 +1,98 @@
+"""Strong scaling of one model with the spatial partitioner: 1 process against W (default 2).
+
+Each world size runs in fresh processes (one torch thread per rank, gloo), first
+``warmup`` untimed steps, then ``steps`` timed steps. Figures (rank 0's loop wall
+time; per-step figures over ranks from
+:attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`):
+
+- ``speedup`` = time(W=1) / time(W); ``efficiency`` = speedup / W;
+- ``comm_share``: mean over steps of (seconds in collectives of the slowest rank) /
+  (step time of the slowest rank);
+- ``halo_bytes_per_step``, ``bytes_sent_per_step``: summed over ranks, mean over steps;
+- ``imbalance``: max/mean agents per rank at the end.
+
+On a machine with fewer free cores than W the processes share cores and the speedup
+says little; the JSON records ``os.cpu_count()`` beside the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from typing import Any
+
+import torch
+
+from ..catalog import get_model
+from ..engine import check_agents
+from .launch import run_ranks
+from .simulation import DistributedSimulation
+
+__all__ = ["format_scaling", "scaling"]
+
+
+def _bench_rank(comm: Any, model: str, agents: int, steps: int, warmup: int, seed: int,
+                layout: str) -> dict[str, Any] | None:
+    sim = DistributedSimulation(get_model(model), agents=agents, seed=seed, comm=comm,
+                                partition="spatial", layout=layout)
+    if warmup:
+        sim.run(warmup)
+    n_warm = len(sim.perf_steps)
+    result = sim.run(steps)
+    perf = sim.perf_steps[n_warm:]
+    if comm.rank != 0:
+        return None
+    mean = lambda k: sum(p[k] for p in perf) / max(len(perf), 1)  # noqa: E731
+    step, coll = mean("rank_step_seconds/max"), mean("comm/seconds_max")
+    return {"seconds": result.seconds, "seconds_per_step": result.seconds / max(steps, 1),
+            "comm_seconds_per_step": coll, "comm_share": coll / step if step > 0 else 0.0,
+            "halo_bytes_per_step": mean("halo/bytes"), "halo_rows_per_step": mean("halo/rows"),
+            "bytes_sent_per_step": mean("comm/bytes_sent"),
+            "imbalance": perf[-1]["agents/imbalance"] if perf else 1.0,
+            "migrated_per_step": mean("migrated")}
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=os.path.dirname(__file__)).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int = 2, seed: int = 0,
+            layout: str = "strips", world_size: int = 2, out: str | None = None,
+            timeout: float = 600.0) -> dict[str, Any]:
+    """Run ``model`` on 1 and ``world_size`` processes; return (and optionally write as JSON) the figures."""
+    resolved = get_model(model)
+    agents = check_agents(resolved.default_agents if agents is None else agents)
+    runs = {}
+    for w in (1, world_size):
+        runs[w] = run_ranks(_bench_rank, w, (model, agents, steps, warmup, seed, layout), timeout=timeout)[0]
+    t1, tw = runs[1]["seconds"], runs[world_size]["seconds"]
+    speedup = t1 / tw if tw > 0 else float("inf")
+    figures = {
+        "model": model, "agents": agents, "steps": steps, "warmup": warmup, "layout": layout,
+        "world_size": world_size, "speedup": speedup, "efficiency": speedup / world_size,
+        "runs": {str(w): r for w, r in runs.items()},
+        "device": "cpu", "cpu_count": os.cpu_count(), "torch": torch.__version__,
+        "python": platform.python_version(), "git_commit": _git_commit(), "threads_per_rank": 1,
+    }
+    if out:
+        with open(out, "w") as f:
+            json.dump(figures, f, indent=2)
+    return figures
+
+
+def format_scaling(f: dict[str, Any]) -> str:
+    w = f["world_size"]
+    r1, rw = f["runs"]["1"], f["runs"][str(w)]
+    return (f"{f['model']}: {f['agents']} agents, {f['steps']} steps, spatial ({f['layout']}), "
+            f"{f['cpu_count']} CPUs\n"
+            f"  W=1: {r1['seconds_per_step'] * 1e3:.2f} ms/step\n"
+            f"  W={w}: {rw['seconds_per_step'] * 1e3:.2f} ms/step; speedup {f['speedup']:.2f}, "
+            f"parallel efficiency {f['efficiency']:.0%}, communication {rw['comm_share']:.0%} of step time, "
+            f"halo {rw['halo_bytes_per_step'] / 1e3:.1f} kB/step, sent {rw['bytes_sent_per_step'] / 1e3:.1f} kB/step, "
+            f"max/mean agents {rw['imbalance']:.3f}")
