@@ -6,9 +6,9 @@
                        [--config FILE] [--device cpu|cuda] [--out FILE.h5]
                        [--record FIELDS] [--every K] [--quiet]
                        [--nprocs W] [--partition data|spatial] [--layout strips|blocks|rcb]
-                       [--balance-every K] [--balance-threshold X] [--timeout SECONDS]
+                       [--balance-every K] [--balance-threshold X] [--sync-every K] [--timeout SECONDS]
     torchrun --nproc_per_node W -m agentsim run MODEL [--partition spatial --layout rcb] ...
-    agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--out FILE.json]
+    agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--repeats R] [--out FILE.json]
     agentsim models
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="spatial: check the load every K steps and move region borders (default 0: never)")
     run.add_argument("--balance-threshold", dest="balance_threshold", type=float,
                      help="spatial: rebalance when max/mean agents per rank exceeds this (default 1.1)")
+    run.add_argument("--sync-every", dest="sync_every", type=int,
+                     help="refresh neighbor reads every K steps (default 1: exact; K > 1: stale reads, "
+                          "same result on any number of processes; partition data only)")
     run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
     sub.add_parser("models", help="list the models with their parameters and defaults")
     bench = sub.add_parser("bench", help="benchmarks: --scaling MODEL (1 vs 2 processes, spatial partition)")
@@ -70,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--layout", default="strips", help="strips (default), blocks or rcb")
     bench.add_argument("--nprocs", type=int, default=2, help="the parallel world size (default 2)")
+    bench.add_argument("--repeats", type=int, default=3,
+                       help="rounds of (1 process, W processes), medians reported (default 3)")
     bench.add_argument("--out", help="write the figures as JSON to this path")
     return p
 
@@ -115,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     every = pick("every", None)
     out = pick("out", None)
     record = args.record.split(",") if args.record else cfg.get("record")
-    nprocs, partition, timeout, options = _distributed_options(args, pick)
+    nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
     device = pick("device", "cpu")
     t0 = time.perf_counter()
     quiet = args.quiet
@@ -124,7 +129,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .distributed.launch import launch
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
-                        every=every, partition=partition, timeout=timeout, device=device, **options)
+                        every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
+                        **options)
         model.timings = result.timings
         perf = result.perf
         t_init = time.perf_counter() - t0 - result.seconds  # process start-up, init and recording
@@ -134,14 +140,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         with process_group(timeout=timeout, device=device) as comm:
             sim = DistributedSimulation(model, agents=agents, seed=seed, device=device, comm=comm,
-                                        partition=partition, **options)
+                                        partition=partition, sync_every=sync_every, **options)
             result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0)
             perf = sim.perf_steps
             quiet = quiet or comm.rank != 0
         nprocs = comm.world_size
         t_init = time.perf_counter() - t0 - result.seconds
     else:
-        sim = Simulation(model, agents=agents, seed=seed, device=device)
+        sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every)
         t_init = time.perf_counter() - t0
         result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet)
         device = str(sim.device)
@@ -164,9 +170,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _distributed_options(  # type: ignore[no-untyped-def]
-        args: argparse.Namespace, pick) -> tuple[int, str, float, dict[str, object]]:
-    """--nprocs, --partition, --timeout and the spatial options, checked (before any process starts)."""
-    from .distributed.partition import check_partition, make_partition
+        args: argparse.Namespace, pick) -> tuple[int, str, float, int, dict[str, object]]:
+    """--nprocs, --partition, --timeout, --sync-every and the spatial options, checked (before any
+    process starts)."""
+    from .distributed.partition import check_partition, check_sync_every_for, make_partition
     from .distributed.process_group import DEFAULT_TIMEOUT, _check_timeout
 
     nprocs = pick("nprocs", 1)
@@ -178,15 +185,15 @@ def _distributed_options(  # type: ignore[no-untyped-def]
     partition = check_partition(pick("partition", "data"))
     options = {k: pick(k, None) for k in ("layout", "balance_every", "balance_threshold")}
     options = {k: v for k, v in options.items() if v is not None}
-    make_partition(partition, **options)  # raises ConfigError on a bad option
-    return nprocs, partition, _check_timeout(pick("timeout", DEFAULT_TIMEOUT)), options
+    sync_every = check_sync_every_for(make_partition(partition, **options), pick("sync_every", 1))
+    return nprocs, partition, _check_timeout(pick("timeout", DEFAULT_TIMEOUT)), sync_every, options
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .distributed.bench import format_scaling, scaling
 
     figures = scaling(args.scaling, agents=args.agents, steps=args.steps, warmup=args.warmup, seed=args.seed,
-                      layout=args.layout, world_size=args.nprocs, out=args.out)
+                      layout=args.layout, world_size=args.nprocs, repeats=args.repeats, out=args.out)
     print(format_scaling(figures))
     if args.out:
         print(f"wrote {args.out}")

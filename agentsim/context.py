@@ -90,17 +90,21 @@ class EnvView:
 class NeighborView:
     """Fields of the agents a substep may interact with: local rows first, then halo rows.
 
+    Row ``k < n_local`` is agent ``k`` of the population (the rows of ``ctx[pop]``).
     On one process there are no halo rows. On several ranks the engine appends the
     agents of other ranks that are within reach (only the fields the substep
-    declared in ``neighbors``), so ``n_local <= n``.
+    declared in ``neighbors``), so ``n_local <= n``. With ``sync_every > 1`` the values
+    come from the last refresh (``local`` overrides the local rows' values; the halo holds
+    every other stored agent; see :mod:`agentsim.snapshot`).
     """
 
     def __init__(self, pop: Population, fields: tuple[str, ...], substep: Substep,
-                 halo: Mapping[str, Tensor] | None = None) -> None:
+                 halo: Mapping[str, Tensor] | None = None, local: Mapping[str, Tensor] | None = None) -> None:
         self._pop = pop
         self._fields = set(fields) | {"uid"}
         self._substep = substep
         self._halo = halo or {}
+        self._local = local
         self.n_local = pop.n
 
     @property
@@ -115,7 +119,7 @@ class NeighborView:
                 f"substep '{self._substep.name}' reads neighbor field '{self._pop.name}.{key}' but declares "
                 f"only neighbors={{'{self._pop.name}': {sorted(self._fields - {'uid'})}}}"
             )
-        local = self._pop[key]
+        local = self._pop[key] if self._local is None else self._local[key]
         if key in self._halo:
             return torch.cat([local, self._halo[key]])
         return local
@@ -142,6 +146,7 @@ class Context:
         self.space = sim.space
         self.device = sim.device
         self.comm = sim.comm
+        self.fresh = True  # neighbor reads are current (False between refreshes with sync_every > 1)
         self._births: list[tuple[str, Tensor, Mapping[str, Tensor]]] = []
         self._deaths: list[tuple[str, Tensor]] = []
         self._flags: list[tuple[str, Tensor]] = []
@@ -167,8 +172,7 @@ class Context:
                 f"substep '{self.substep.name}' asks for neighbors of '{population}' but declares "
                 f"neighbors={dict(self.substep.neighbors)}"
             )
-        return NeighborView(self._state[population], self.substep.neighbors[population], self.substep,
-                            self._sim.halo(population, self.substep))
+        return self._sim.neighbor_view(population, self.substep, fresh=self.fresh)
 
     def spawn(self, population: str, parent_uid: Tensor, fields: Mapping[str, Tensor]) -> None:
         """Add one child per parent uid (applied when the substep returns).

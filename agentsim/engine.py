@@ -27,15 +27,20 @@ from torch import Tensor
 
 from . import ops
 from .comm import Comm, LocalComm
-from .context import Context
+from .context import Context, NeighborView
 from .errors import ConfigError, FieldAccessError, SimulationError, did_you_mean
+from .locality import LocalityOrder
 from .model import InitContext, MetricsContext, Model
 from .random import CounterRNG
+from .snapshot import NeighborSnapshots, check_sync_every
 from .state import UID, State
 from .substep import ENV, Substep
 
 
 METRIC_FRAC_BITS = 24
+# Positions change by a fraction of a cell per step in the built-in models: sorting rows
+# every 10 steps keeps most of the locality for a tenth of the sorting cost.
+DEFAULT_SORT_EVERY = 10
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -97,12 +102,19 @@ class Simulation:
         check_nan: Flag NaN in written floating-point fields at every step.
         shuffle_rows: Debug aid: permute every population's rows before each step. Results
             must not change (they never depend on row order); the tests use this.
+        sort_every: Sort the rows of populations read through ``neighbors`` by cell every
+            this many steps, for memory locality (0: never; see :mod:`agentsim.locality`).
+            Changes run time only, never a result.
+        sync_every: Refresh what substeps read through ``ctx.neighbors`` every this many
+            steps (1: always current, exact; K > 1: stale between refreshes by the rule of
+            :mod:`agentsim.snapshot`, the same on any number of ranks).
         comm: Communication for multi-rank runs (default: one process, no collectives).
     """
 
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
                  device: str | torch.device | None = "cpu", *, check_nan: bool = True,
-                 shuffle_rows: bool = False, comm: Comm | None = None) -> None:
+                 shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY, sync_every: int = 1,
+                 comm: Comm | None = None) -> None:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ConfigError(f"seed: expected an int (got {seed!r})")
         self.model = model
@@ -112,12 +124,15 @@ class Simulation:
         self.params = dict(model.params)
         self.rng = CounterRNG(self.seed)
         self.comm: Comm = comm or LocalComm()
+        self.sync_every = check_sync_every(sync_every)
+        self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan = check_nan
         self.shuffle_rows = shuffle_rows
         state, space = model.init(InitContext(self.params, self.n_agents, self.rng, self.device))
         self.state: State = state.to(self.device)
         self.space = space
         model.validate_state(self.state)
+        self.locality = LocalityOrder(space, model.substeps, self.params, sort_every)
         self.step_seconds: list[float] = []
         self.substep_seconds: dict[str, list[float]] = {s.name: [] for s in model.substeps}
 
@@ -132,7 +147,9 @@ class Simulation:
 
     def step(self) -> None:
         """Advance the state by one step (every substep once, in order)."""
-        if self.shuffle_rows:
+        if self.locality.due(self.state.step):
+            self.locality.apply(self.state)
+        if self.shuffle_rows:  # after the sort, so that the shuffle is what the step sees
             for pop in self.state.populations.values():
                 pop.permute(torch.randperm(pop.n, device=self.device))
         flags: list[tuple[str, Tensor]] = []
@@ -148,8 +165,37 @@ class Simulation:
         self._raise_flags(flags)
         self.step_seconds.append(time.perf_counter() - t_step)
 
+    def refresh_due(self, s: Substep) -> bool:
+        """Whether ``s`` reads current neighbor values in the step being computed (always, unless
+        ``sync_every > 1``: then on refresh steps only)."""
+        return self.snapshots is None or self.snapshots.due(s, self.state.step + 1)
+
+    def neighbor_view(self, population: str, substep: Substep, fresh: bool = True) -> NeighborView:
+        """What ``ctx.neighbors(population)`` returns: current rows and halo, or (``fresh=False``)
+        the stored rows of the last refresh."""
+        pop = self.state[population]
+        fields = substep.neighbors[population]
+        if fresh or self.snapshots is None:
+            return NeighborView(pop, fields, substep, self.halo(population, substep))
+        local, others = self.snapshots.view(substep, population, pop[UID])
+        return NeighborView(pop, fields, substep, others, local=local)
+
+    def _store_snapshot(self, s: Substep) -> None:
+        assert self.snapshots is not None
+        for name, fields in s.neighbors.items():
+            pop = self.state[name]
+            rows = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
+            halo = self.halo(name, s)
+            if halo is not None:
+                rows = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in rows.items()}
+            self.snapshots.store(s, name, rows)
+
     def _run_substep(self, s: Substep) -> list[tuple[str, Tensor]]:
         ctx = Context(self, s)
+        if self.snapshots is not None and s.neighbors:
+            ctx.fresh = self.refresh_due(s)
+            if ctx.fresh:
+                self._store_snapshot(s)
         versions = self._read_only_versions(s)
         s(ctx)
         for (pop, key), (tensor_id, version) in versions.items():
@@ -162,7 +208,12 @@ class Simulation:
             self.state.populations[pop].keep(~dies)
         for pop, parents, fields in ctx._births:
             offset, total = self.comm.birth_offset(parents)
-            self.state.populations[pop].spawn(parents, fields, uid_offset=offset, n_born_total=total)
+            population = self.state.populations[pop]
+            population.spawn(parents, fields, uid_offset=offset, n_born_total=total)
+            stored = self.snapshots.fields(pop) if self.snapshots is not None else []
+            if stored:  # newborns join the neighbor snapshots with their values at birth, on every rank
+                born = {k: population[k][population.n - parents.shape[0]:] for k in stored}
+                self.snapshots.add_births(pop, self.comm.all_gather_rows(born))  # type: ignore[union-attr]
         flags = ctx._flags
         if self.check_nan:
             for ref in s.writes:

@@ -65,6 +65,42 @@ def check_reach(reach: str | float) -> None:
         raise ConfigError(f"reach: expected a length >= 0 (got {reach})")
 
 
+def resolve_reach(substep: Substep, params: Mapping[str, object]) -> tuple[str, float]:
+    """``substep.reach`` as ``(kind, value)`` with parameters looked up in ``params``.
+
+    Kinds: ``"global"``, ``"cell"``, ``"graph"`` (value 0), ``"moore"`` (value: radius in
+    cells) and ``"length"`` (value: length units).
+
+    Raises:
+        ConfigError: the reach names a parameter that ``params`` does not have.
+
+    Examples:
+        >>> step = Substep("look", lambda ctx: None, reach="vision")
+        >>> resolve_reach(step, {"vision": 10.0})
+        ('length', 10.0)
+        >>> resolve_reach(Substep("nb", lambda ctx: None, reach="moore:2"), {})
+        ('moore', 2.0)
+    """
+    reach = substep.reach
+    if reach in ("global", "cell", "graph"):
+        return str(reach), 0.0
+    if isinstance(reach, str) and reach.startswith("moore:"):
+        radius = reach.split(":", 1)[1]
+        if radius in params:
+            return "moore", float(params[radius])  # type: ignore[arg-type]
+        try:
+            return "moore", float(int(radius))
+        except ValueError:
+            raise ConfigError(f"substep '{substep.name}': reach {reach!r} names no parameter and no int "
+                              f"(parameters: {', '.join(params)})." + did_you_mean(radius, params)) from None
+    if isinstance(reach, str):
+        if reach not in params:
+            raise ConfigError(f"substep '{substep.name}': reach {reach!r} is not a parameter "
+                              f"(valid: {', '.join(params)})." + did_you_mean(reach, params))
+        return "length", float(params[reach])  # type: ignore[arg-type]
+    return "length", float(reach)
+
+
 @dataclass(frozen=True)
 class Substep:
     """A registered substep and its declared data flow."""

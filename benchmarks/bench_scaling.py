@@ -21,10 +21,11 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--layout", default="strips")
     p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=None)
     a = p.parse_args()
     figures = scaling(a.model, agents=a.agents, steps=a.steps, warmup=a.warmup, layout=a.layout,
-                      world_size=a.nprocs, out=a.out or f"scaling_{a.model}.json")
+                      world_size=a.nprocs, repeats=a.repeats, out=a.out or f"scaling_{a.model}.json")
     print(format_scaling(figures))
 
 

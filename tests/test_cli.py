@@ -126,3 +126,16 @@ def test_cuda_run_matches_cpu_counts(model):
     gpu = Simulation(get_model(model), agents=2000, seed=1, device="cuda").run(5).metrics
     assert np.array_equal(cpu["step"], gpu["step"])
     assert main(["run", model, "--agents", "2000", "--steps", "3", "--device", "cuda", "--quiet"]) == 0
+
+
+def test_sync_every_runs_stale_and_is_refused_with_the_spatial_partition(tmp_path, capsys):
+    out = tmp_path / "stale.h5"
+    assert main(["run", "boids", "--agents", "300", "--steps", "4", "--sync-every", "2", "--seed", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    ref = Simulation(get_model("boids"), agents=300, seed=2, sync_every=2).run(4).metrics
+    assert np.array_equal(read_trajectory(out).metrics["polarization"], ref["polarization"])
+    assert main(["run", "boids", "--agents", "300", "--steps", "2", "--nprocs", "2", "--partition", "spatial",
+                 "--sync-every", "2", "--quiet"]) == 2
+    assert "sync_every=2 needs partition 'data'" in capsys.readouterr().err
+    assert main(["run", "boids", "--steps", "2", "--sync-every", "0", "--quiet"]) == 2
+    assert "sync_every: expected an int >= 1 (got 0)" in capsys.readouterr().err

@@ -29,7 +29,11 @@ from agentsim.distributed.comm import pack_rows, unpack_rows
 CASES = {"sir": 2000, "boids": 1000, "schelling": 1500, "wolfsheep": 300, "randomwalk": 1000}
 # And tiny runs, in which some ranks hold no agents at all.
 TINY = {"boids": 3, "wolfsheep": 12, "randomwalk": 2}
-RUNS = [*CASES.items(), *TINY.items()]  # (model, agents)
+# Stale neighbor reads (sync_every = 3): still the same bits on any number of ranks.
+STALE = {"sir": 2000, "boids": 1000, "schelling": 1500, "wolfsheep": 300}
+SYNC = 3
+RUNS = ([(name, n, 1) for name, n in [*CASES.items(), *TINY.items()]]
+        + [(name, n, SYNC) for name, n in STALE.items()])  # (model, agents, sync_every)
 STEPS = 15
 EVERY = 5
 SEED = 7
@@ -64,15 +68,16 @@ def assert_same_bits(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: s
 def run_models(comm, out_dir: str) -> dict | None:
     """Every model on this comm's ranks; rank 0 returns metrics and final agents sorted by uid."""
     results = {}
-    for name, n in RUNS:
-        sim = DistributedSimulation(get_model(name), agents=n, seed=SEED, comm=comm, partition="data")
-        path = os.path.join(out_dir, f"{name}_{n}_w{comm.world_size}.h5")
+    for name, n, sync in RUNS:
+        sim = DistributedSimulation(get_model(name), agents=n, seed=SEED, comm=comm, partition="data",
+                                    sync_every=sync)
+        path = os.path.join(out_dir, f"{name}_{n}_s{sync}_w{comm.world_size}.h5")
         result = sim.run(STEPS, out=path, every=EVERY)
         agents = {pop: comm.gather_rows(p.fields()) for pop, p in sim.state.populations.items()}
         if comm.rank == 0:
-            results[name, n] = {"metrics": result.metrics, "path": path,
-                             "agents": {pop: sorted_fields(f) for pop, f in agents.items()},
-                             "local": {pop: p.n for pop, p in sim.state.populations.items()}}
+            results[name, n, sync] = {"metrics": result.metrics, "path": path, "perf": sim.perf_steps,
+                                      "agents": {pop: sorted_fields(f) for pop, f in agents.items()},
+                                      "local": {pop: p.n for pop, p in sim.state.populations.items()}}
     return results if comm.rank == 0 else None
 
 
@@ -92,11 +97,11 @@ def reference(tmp_path_factory):
     """One-process runs (plain Simulation, no partitioner)."""
     out_dir = tmp_path_factory.mktemp("reference")
     ref = {}
-    for name, n in RUNS:
-        sim = Simulation(get_model(name), agents=n, seed=SEED)
-        path = str(out_dir / f"{name}_{n}.h5")
+    for name, n, sync in RUNS:
+        sim = Simulation(get_model(name), agents=n, seed=SEED, sync_every=sync)
+        path = str(out_dir / f"{name}_{n}_s{sync}.h5")
         result = sim.run(STEPS, out=path, every=EVERY)
-        ref[name, n] = {"metrics": result.metrics, "path": path,
+        ref[name, n, sync] = {"metrics": result.metrics, "path": path,
                      "agents": {pop: sorted_fields(p.fields()) for pop, p in sim.state.populations.items()}}
     return ref
 
@@ -133,8 +138,12 @@ def test_data_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_ran
             # Really split: rank 0 held only its share at the end.
             for pop, n_local in got["local"].items():
                 assert n_local < len(got["agents"][pop]["uid"]) or len(got["agents"][pop]["uid"]) <= 1
+        # sync_every = 3: neighbor halos travel on refresh steps (1, 4, 7, ...) only.
+        for name in STALE:
+            halo = [p["halo/rows"] for p in multi_rank[w][name, STALE[name], SYNC]["perf"]]
+            assert all((h > 0) == (step % SYNC == 0) for step, h in enumerate(halo)), (name, w, halo)
     # Births and deaths happened (the uid bookkeeping across ranks was exercised).
-    ws = reference["wolfsheep", CASES["wolfsheep"]]
+    ws = reference["wolfsheep", CASES["wolfsheep"], 1]
     for pop, first_uid in (("sheep", 0), ("wolf", 1 << 40)):
         n0 = int(ws["metrics"][f"n_{pop}"][0])
         uid = ws["agents"][pop]["uid"]
@@ -162,11 +171,18 @@ def test_data_partition_blocks_cover_every_row_once():
             assert all(blocks[r][1] == blocks[r + 1][0] for r in range(w - 1))
 
 
-def test_sync_every_other_than_1_and_bad_partitions_are_config_errors():
-    with pytest.raises(ConfigError, match="sync_every=2 is not supported yet"):
-        DataPartition(sync_every=2)
-    with pytest.raises(ConfigError, match="sync_every=3 is not supported yet"):
+def test_stale_runs_really_are_stale(reference):
+    """sync_every = 3 changes every reference model's trajectory (and the same seed with 1 does not)."""
+    for name, n in STALE.items():
+        fresh, stale = reference[name, n, 1]["metrics"], reference[name, n, SYNC]["metrics"]
+        assert any(not np.array_equal(fresh[k], stale[k]) for k in fresh), name
+
+
+def test_bad_sync_every_and_partitions_are_config_errors():
+    with pytest.raises(ConfigError, match="sync_every=3 needs partition 'data'"):
         launch("sir", world_size=2, agents=100, steps=1, partition="spatial", sync_every=3)
+    with pytest.raises(ConfigError, match=r"sync_every: expected an int >= 1 \(got 0\)"):
+        launch("sir", world_size=2, agents=100, steps=1, sync_every=0)
     with pytest.raises(ConfigError, match="unknown layout 'rbc'.*Perhaps you meant 'rcb'"):
         launch("sir", world_size=2, agents=100, steps=1, partition="spatial", layout="rbc")
     with pytest.raises(ConfigError, match="unknown partition 'dta'.*Perhaps you meant 'data'"):

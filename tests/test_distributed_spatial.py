@@ -20,6 +20,7 @@ import torch.distributed as dist
 from agentsim import ConfigError, Simulation, get_model
 from agentsim.comm import LocalComm
 from agentsim.distributed import DistributedSimulation, SpatialPartition, TorchComm, run_ranks
+from agentsim.state import FieldSpec, Population, State
 from test_distributed import assert_same_bits, h5_datasets, sorted_fields
 
 STEPS = 15
@@ -187,7 +188,7 @@ def test_bench_scaling_writes_its_figures(tmp_path, capsys):
 
     path = str(tmp_path / "scaling.json")
     assert cli_main(["bench", "--scaling", "randomwalk", "--agents", "400", "--steps", "3", "--warmup", "1",
-                     "--out", path]) == 0
+                     "--repeats", "2", "--out", path]) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "parallel efficiency" in out
     import json
@@ -195,6 +196,9 @@ def test_bench_scaling_writes_its_figures(tmp_path, capsys):
     with open(path) as f:
         figures = json.load(f)
     assert figures["world_size"] == 2 and set(figures["runs"]) == {"1", "2"}
+    assert figures["repeats"] == 2 and len(figures["speedups"]) == 2 and len(figures["rounds"]["2"]) == 2
+    per_round = [r["seconds_per_step"] for r in figures["rounds"]["2"]]
+    assert min(per_round) <= figures["runs"]["2"]["seconds_per_step"] <= max(per_round)  # the median
     assert figures["runs"]["2"]["migrated_per_step"] > 0 and 0 <= figures["runs"]["2"]["comm_share"] <= 1
     assert {"torch", "git_commit", "cpu_count", "speedup", "efficiency"} <= set(figures)
 
@@ -202,7 +206,9 @@ def test_bench_scaling_writes_its_figures(tmp_path, capsys):
 @pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
 @pytest.mark.parametrize("periodic", [True, False])
 def test_halo_sends_exactly_the_agents_within_reach_of_a_region(layout, periodic):
-    """Against brute force: the distance from each agent to each region over all 9 images."""
+    """Against brute force: the distance from each agent to each region over all 9 images,
+    for every sending rank (its own agents, and agents anywhere: the test must not assume
+    that a rank holds only agents of its region)."""
     from agentsim.space.continuous import Box
 
     sim = Simulation(get_model("boids"), agents=400, seed=3)
@@ -215,19 +221,64 @@ def test_halo_sends_exactly_the_agents_within_reach_of_a_region(layout, periodic
 
     part.scatter(sim.state.clone(), FakeComm())
     c = part.coords("boid", sim.state["boid"])
+    owner = part.owner("boid", sim.state["boid"])
     reach = 10.0
-    row, dest = part._near(c, "length", reach, rank=0)
-    got = set(zip(row.tolist(), dest.tolist()))
     L = torch.tensor(box.size[:2], dtype=torch.float64)
     shifts = [(a, b) for a in (-1, 0, 1) for b in (-1, 0, 1)] if periodic else [(0, 0)]
-    want = set()
-    for r in range(1, 4):
-        lo, hi = part.lo[r], part.hi[r]
-        if not (hi > lo).all():
-            continue
-        d = torch.stack([(torch.maximum(torch.minimum(c + torch.tensor(s) * L, hi), lo)
-                          - (c + torch.tensor(s) * L)).norm(dim=-1) for s in shifts]).amin(0)
-        want |= {(i, r) for i in torch.nonzero(d <= reach).squeeze(-1).tolist()}
-    assert want <= got  # nobody within reach is missed
-    margin = {(i, r) for i, r in got - want}
-    assert len(margin) <= 2, margin  # only the safety margin adds agents
+    for rank in range(4):
+        row, dest = part._near(c, "length", reach, rank=rank)
+        got = set(zip(row.tolist(), dest.tolist()))
+        want = set()
+        for r in range(4):
+            lo, hi = part.lo[r], part.hi[r]
+            if r == rank or not (hi > lo).all():
+                continue
+            d = torch.stack([(torch.maximum(torch.minimum(c + torch.tensor(s) * L, hi), lo)
+                              - (c + torch.tensor(s) * L)).norm(dim=-1) for s in shifts]).amin(0)
+            want |= {(i, r) for i in torch.nonzero(d <= reach).squeeze(-1).tolist()}
+        assert want <= got, (rank, sorted(want - got))  # nobody within reach is missed
+        margin = {(i, r) for i, r in got - want}
+        assert len(margin) <= 2, margin  # only the safety margin adds agents
+        own = set(torch.nonzero(owner == rank).squeeze(-1).tolist())
+        assert any(i in own for i, _ in want), rank  # the rank's own agents were tested too
+
+
+@pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
+@pytest.mark.parametrize("radius", [1, 2])
+@pytest.mark.parametrize("periodic", [True, False])
+def test_grid_halo_sends_exactly_the_cells_within_moore_radius(layout, radius, periodic):
+    """Against brute force: Chebyshev distance (with wrap on a torus) from every cell to
+    every cell of each other region."""
+    from agentsim.space.grid import Grid
+
+    grid = Grid((13, 11), periodic=periodic)
+    part = SpatialPartition(layout)
+    part.bind(grid, {})
+    cells = torch.arange(grid.n_cells)
+    rc = torch.stack([cells // 11, cells % 11], -1)
+
+    class FakeComm(LocalComm):
+        world_size = 4
+
+    uid = torch.arange(grid.n_cells)
+    pop = Population("a", {"cell": FieldSpec(torch.int64)}, {"uid": uid, "cell": cells})
+    part.scatter(State({"a": pop.clone()}), FakeComm())
+    owner = part.owner("a", pop)
+    c = part.coords("a", pop)
+    diff = (rc[:, None, :] - rc[None, :, :]).abs()  # [cells, cells, 2]
+    if periodic:
+        size = torch.tensor([13, 11])
+        diff = torch.minimum(diff, size - diff)
+    cheb = diff.amax(-1)
+    for rank in range(4):
+        row, dest = part._near(c, "moore", float(radius), rank=rank)
+        got = set(zip(row.tolist(), dest.tolist()))
+        want = set()
+        for r in range(4):
+            if r == rank:
+                continue
+            in_r = owner == r
+            if in_r.any():
+                near = (cheb[:, in_r] <= radius).any(1)
+                want |= {(i, r) for i in torch.nonzero(near).squeeze(-1).tolist()}
+        assert got == want, (rank, sorted(want - got), sorted(got - want))

@@ -84,13 +84,17 @@ Not exact / not covered
   :meth:`SpatialPartition.sync_env` (frames call it; the last frame of a run does).
 - A 3D Box is split in x and y only (halos are still exact, just wider than needed).
 - Graph models: a population's uid must be its node id; nodes never move (no rebalancing).
-- ``sync_every`` > 1 (stale halos) is not supported: results would depend on the number
-  of ranks (see :mod:`agentsim.distributed.partition`).
+- ``sync_every`` > 1 with the spatial partitioner (refused with a ConfigError: its halos
+  follow current positions).
 
 ``sync_every``
 --------------
-The halo refresh period in steps. Only ``sync_every=1`` (refresh before every
-neighbor substep: exact) is supported; other values raise ConfigError.
+The neighbor refresh period in steps. ``sync_every=1`` (the default) refreshes halos
+before every neighbor substep: exact. ``sync_every=K > 1`` (data partitioner, or one
+process) exchanges halos only every K steps; in between, every value read through
+``ctx.neighbors`` comes from the last refresh, by a rule that one process applies too
+(:mod:`agentsim.snapshot`), so the result is still the same on any number of ranks --
+stale by design, not by partition.
 
 Performance figures
 -------------------
@@ -104,7 +108,6 @@ measures speedup, parallel efficiency and the communication share of W=2 against
 Not built yet
 -------------
 - checkpoints and resume after a torchrun restart;
-- stale halos (``sync_every > 1``);
 - rebalancing from measured step times (borders move by agent counts only; step times
   are recorded);
 - graph partitions better than contiguous uid blocks (no edge-cut minimization).

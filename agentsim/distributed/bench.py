@@ -1,13 +1,19 @@
 """Strong scaling of one model with the spatial partitioner: 1 process against W (default 2).
 
-Each world size runs in fresh processes (one torch thread per rank, gloo), first
-``warmup`` untimed steps, then ``steps`` timed steps. Figures (rank 0's loop wall
-time; per-step figures over ranks from
+Each run starts fresh processes (one torch thread per rank, gloo), takes ``warmup``
+untimed steps, then ``steps`` timed steps. Runs at 1 and W processes alternate for
+``repeats`` rounds, so slow phases of a shared machine hit both alike; every figure is
+the median over the rounds. Figures (from rank 0's loop wall time, and the per-step
+figures over ranks of
 :attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`):
 
-- ``speedup`` = time(W=1) / time(W); ``efficiency`` = speedup / W;
+- ``seconds_per_step``: wall time of the stepping loop per step (metrics and the
+  per-step figures included);
+- ``speedup`` = seconds_per_step(W=1) / seconds_per_step(W); ``efficiency`` = speedup / W;
+  ``speedups``: the speedup of each round (their spread says how noisy the machine was);
 - ``comm_share``: mean over steps of (seconds in collectives of the slowest rank) /
-  (step time of the slowest rank);
+  (step time of the slowest rank); waiting for a slower rank inside a collective counts
+  as communication;
 - ``halo_bytes_per_step``, ``bytes_sent_per_step``: summed over ranks, mean over steps;
 - ``imbalance``: max/mean agents per rank at the end.
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 from typing import Any
 
@@ -27,6 +34,7 @@ import torch
 
 from ..catalog import get_model
 from ..engine import check_agents
+from ..errors import ConfigError
 from .launch import run_ranks
 from .simulation import DistributedSimulation
 
@@ -63,20 +71,29 @@ def _git_commit() -> str | None:
 
 
 def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int = 2, seed: int = 0,
-            layout: str = "strips", world_size: int = 2, out: str | None = None,
+            layout: str = "strips", world_size: int = 2, repeats: int = 3, out: str | None = None,
             timeout: float = 600.0) -> dict[str, Any]:
-    """Run ``model`` on 1 and ``world_size`` processes; return (and optionally write as JSON) the figures."""
+    """Run ``model`` on 1 and ``world_size`` processes, ``repeats`` rounds; return (and optionally
+    write as JSON) the median figures (see the module docstring)."""
     resolved = get_model(model)
     agents = check_agents(resolved.default_agents if agents is None else agents)
-    runs = {}
-    for w in (1, world_size):
-        runs[w] = run_ranks(_bench_rank, w, (model, agents, steps, warmup, seed, layout), timeout=timeout)[0]
-    t1, tw = runs[1]["seconds"], runs[world_size]["seconds"]
-    speedup = t1 / tw if tw > 0 else float("inf")
+    for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("repeats", repeats, 1),
+                             ("world_size", world_size, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name}: expected an int >= {low} (got {value!r})")
+    rounds: dict[int, list[dict[str, Any]]] = {1: [], world_size: []}
+    for _ in range(repeats):
+        for w in rounds:
+            rounds[w].append(run_ranks(_bench_rank, w, (model, agents, steps, warmup, seed, layout),
+                                       timeout=timeout)[0])
+    runs = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in rounds.items()}
+    speedups = [a["seconds_per_step"] / b["seconds_per_step"] for a, b in zip(rounds[1], rounds[world_size])]
+    speedup = runs[1]["seconds_per_step"] / runs[world_size]["seconds_per_step"]
     figures = {
         "model": model, "agents": agents, "steps": steps, "warmup": warmup, "layout": layout,
-        "world_size": world_size, "speedup": speedup, "efficiency": speedup / world_size,
-        "runs": {str(w): r for w, r in runs.items()},
+        "world_size": world_size, "repeats": repeats, "speedup": speedup, "efficiency": speedup / world_size,
+        "speedups": speedups, "runs": {str(w): r for w, r in runs.items()},
+        "rounds": {str(w): rs for w, rs in rounds.items()},
         "device": "cpu", "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "python": platform.python_version(), "git_commit": _git_commit(), "threads_per_rank": 1,
     }
@@ -89,8 +106,9 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
 def format_scaling(f: dict[str, Any]) -> str:
     w = f["world_size"]
     r1, rw = f["runs"]["1"], f["runs"][str(w)]
+    spread = ", ".join(f"{x:.2f}" for x in f["speedups"])
     return (f"{f['model']}: {f['agents']} agents, {f['steps']} steps, spatial ({f['layout']}), "
-            f"{f['cpu_count']} CPUs\n"
+            f"{f['cpu_count']} CPUs, median of {f['repeats']} rounds (speedups {spread})\n"
             f"  W=1: {r1['seconds_per_step'] * 1e3:.2f} ms/step\n"
             f"  W={w}: {rw['seconds_per_step'] * 1e3:.2f} ms/step; speedup {f['speedup']:.2f}, "
             f"parallel efficiency {f['efficiency']:.0%}, communication {rw['comm_share']:.0%} of step time, "

@@ -43,7 +43,7 @@ from ..catalog import BUILTIN, get_model
 from ..engine import Simulation, check_agents
 from ..errors import AgentsimError, ConfigError
 from ..model import Model
-from .partition import check_partition, check_sync_every, make_partition
+from .partition import check_partition, check_sync_every_for, make_partition
 from .process_group import DEFAULT_TIMEOUT, _check_timeout, init, shutdown
 
 __all__ = ["LaunchResult", "launch", "run_ranks"]
@@ -333,7 +333,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         agents, steps, seed, out, record, every: As for :meth:`Simulation.run <agentsim.engine.Simulation.run>`.
         partition: ``"data"`` or ``"spatial"``.
         timeout: Seconds a collective may wait for the other ranks before failing.
-        sync_every: Halo refresh period; only 1.
+        sync_every: Neighbor refresh period in steps (1: exact; K > 1: stale reads by the rule of
+            :mod:`agentsim.snapshot`, partition ``"data"`` only; the result still equals one process's).
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
         layout, balance_every, balance_threshold: Options of ``partition="spatial"``
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
@@ -348,10 +349,9 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         [0, 1, 2]
     """
     check_partition(partition)
-    check_sync_every(sync_every)
     options = {k: v for k, v in (("layout", layout), ("balance_every", balance_every),
                                   ("balance_threshold", balance_threshold)) if v is not None}
-    make_partition(partition, sync_every, **options)  # raises ConfigError on a bad option
+    check_sync_every_for(make_partition(partition, **options), sync_every)  # ConfigError on a bad option
     ref = _model_ref(model)
     resolved = _resolve_model(ref)
     agents = check_agents(resolved.default_agents if agents is None else agents)
@@ -370,7 +370,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            "record": None if record is None else list(record), "every": every, "partition": partition,
            "sync_every": sync_every, "device": device, "options": options}
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
-        result = Simulation(resolved, agents=agents, seed=seed, device=device).run(
+        result = Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every).run(
             run["steps"], out=run["out"], record=run["record"], every=every)
         return LaunchResult(result.metrics, result.timings, result.seconds, result.path, 1)
     results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,

@@ -29,13 +29,10 @@ bitwise identical to a one-process run (the models key every random draw by uid 
 cell and never depend on row order). The cost: each rank receives every agent's
 neighbor fields before each neighbor substep.
 
-``sync_every``: only 1 (refresh halos before every neighbor substep) is supported.
-Stale halos (refreshing every K steps) would make a run's result depend on the
-number of ranks -- an agent would see same-rank neighbors fresh and other-rank
-neighbors stale -- and a :class:`~agentsim.context.NeighborView` row serves both as a
-target (the agent itself) and a source (everyone's neighbor), so a one-process run
-cannot reproduce it. A partition-independent stale mode needs views that separate
-targets from sources.
+``sync_every`` > 1 (stale neighbor reads, refreshed every K steps) is implemented by the
+engine, not here (:mod:`agentsim.snapshot`): between refreshes the engine skips
+:meth:`DataPartition.before_substep` and reads its snapshot, and one process applies the
+same rule, so results still match on any number of ranks.
 """
 
 from __future__ import annotations
@@ -48,11 +45,12 @@ from torch import Tensor
 
 from ..comm import Comm
 from ..errors import ConfigError, did_you_mean
+from ..snapshot import check_sync_every
 from ..state import UID, State
 from ..substep import Substep
-from .spatial import SpatialPartition  # spatial imports check_sync_every from here lazily
+from .spatial import SpatialPartition
 
-__all__ = ["PARTITIONS", "DataPartition", "make_partition"]
+__all__ = ["PARTITIONS", "DataPartition", "check_sync_every_for", "make_partition"]
 
 PARTITIONS = ("data", "spatial")
 
@@ -65,22 +63,19 @@ def check_partition(name: object) -> str:
     return name
 
 
-def check_sync_every(sync_every: object) -> int:
-    if isinstance(sync_every, bool) or not isinstance(sync_every, (int, np.integer)) or sync_every < 1:
-        raise ConfigError(f"sync_every: expected an int >= 1 (got {sync_every!r})")
-    if sync_every != 1:
+def check_sync_every_for(partition: DataPartition | SpatialPartition, sync_every: object) -> int:
+    """Validate ``sync_every`` for ``partition``: K > 1 needs the data partitioner."""
+    k = check_sync_every(sync_every)
+    if k > 1 and isinstance(partition, SpatialPartition):
         raise ConfigError(
-            f"sync_every={sync_every} is not supported yet (valid: 1): stale halos would make results "
-            "depend on the number of ranks, and one process cannot reproduce them exactly"
-        )
-    return int(sync_every)
+            f"sync_every={k} needs partition 'data' (or one process): the spatial partitioner sends only "
+            "the agents within reach of current positions, so a snapshot would miss agents that move into "
+            "reach (valid with 'spatial': 1)")
+    return k
 
 
 class DataPartition:
     """Agents split by uid blocks; env replicated; halos hold every other rank's agents.
-
-    Args:
-        sync_every: Halo refresh period in steps; only 1 (exact) is supported.
 
     Examples:
         >>> from agentsim.comm import LocalComm
@@ -94,12 +89,13 @@ class DataPartition:
 
     name = "data"
 
-    def __init__(self, sync_every: int = 1) -> None:
-        self.sync_every = check_sync_every(sync_every)
+    def __init__(self) -> None:
         self._halo: dict[str, dict[str, Tensor]] = {}
+        self.halo_rows = 0
+        self.halo_bytes = 0
 
     def __repr__(self) -> str:
-        return f"DataPartition(sync_every={self.sync_every})"
+        return "DataPartition()"
 
     @staticmethod
     def block(n: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -126,7 +122,11 @@ class DataPartition:
         for name, fields in substep.neighbors.items():
             pop = state[name]
             send = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
-            self._halo[name] = comm.all_gather_rows(send, include_self=False)
+            got = comm.all_gather_rows(send, include_self=False)
+            n = got[UID].shape[0]
+            self.halo_rows += n
+            self.halo_bytes += sum(v[:1].numel() * v.element_size() for v in got.values()) * n
+            self._halo[name] = got
 
     def after_substep(self, state: State | None = None, substep: Substep | None = None,
                       comm: Comm | None = None) -> None:
@@ -140,7 +140,7 @@ class DataPartition:
         pass
 
     def start_step(self) -> None:
-        pass
+        self.halo_rows = self.halo_bytes = 0
 
     def maybe_balance(self, state: State, comm: Comm, counts: list[int]) -> bool:
         return False
@@ -155,7 +155,7 @@ class DataPartition:
         return flat if comm.rank == 0 else flat[:0]
 
 
-def make_partition(partition: str | DataPartition | SpatialPartition = "data", sync_every: int = 1,
+def make_partition(partition: str | DataPartition | SpatialPartition = "data",
                    **options: object) -> DataPartition | SpatialPartition:
     """A partitioner from its name (``"data"``, ``"spatial"``) or an instance (returned as is).
 
@@ -167,8 +167,8 @@ def make_partition(partition: str | DataPartition | SpatialPartition = "data", s
     check_partition(partition)
     options = {k: v for k, v in options.items() if v is not None}
     if partition == "spatial":
-        return SpatialPartition(sync_every=sync_every, **options)  # type: ignore[arg-type]
+        return SpatialPartition(**options)  # type: ignore[arg-type]
     if options:
         raise ConfigError(f"partition 'data' takes no options (got {', '.join(sorted(options))}); "
                           "layout and balancing belong to partition 'spatial'")
-    return DataPartition(sync_every=sync_every)
+    return DataPartition()

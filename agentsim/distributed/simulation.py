@@ -25,11 +25,11 @@ import torch
 from torch import Tensor
 
 from ..comm import Comm
-from ..engine import Simulation
+from ..engine import DEFAULT_SORT_EVERY, Simulation
 from ..model import Model
 from ..substep import Substep
 from .comm import CommStats
-from .partition import DataPartition, make_partition
+from .partition import DataPartition, check_sync_every_for, make_partition
 from .spatial import SpatialPartition
 
 __all__ = ["DistributedSimulation"]
@@ -42,12 +42,13 @@ class DistributedSimulation(Simulation):
     """One rank's part of a run split by a partitioner.
 
     Args:
-        model, agents, seed, device, check_nan, shuffle_rows: As for :class:`~agentsim.engine.Simulation`.
+        model, agents, seed, device, check_nan, shuffle_rows, sort_every: As for :class:`~agentsim.engine.Simulation`.
         comm: This rank's communication (a :class:`~agentsim.distributed.comm.TorchComm`, or
             :class:`~agentsim.comm.LocalComm` for one rank).
         partition: ``"data"``, ``"spatial"``, or a :class:`DataPartition` /
             :class:`~agentsim.distributed.spatial.SpatialPartition`.
-        sync_every: Halo refresh period (only 1 is supported; see :mod:`agentsim.distributed.partition`).
+        sync_every: Neighbor refresh period in steps (1: exact; K > 1: stale reads by the rule of
+            :mod:`agentsim.snapshot`, with partition ``"data"`` only).
         partition_options: For ``"spatial"``: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``.
 
     Attributes:
@@ -64,9 +65,12 @@ class DistributedSimulation(Simulation):
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
                  device: str | torch.device | None = "cpu", *, comm: Comm,
                  partition: str | DataPartition | SpatialPartition = "data", sync_every: int = 1,
-                 check_nan: bool = True, shuffle_rows: bool = False, **partition_options: object) -> None:
-        self.partition = make_partition(partition, sync_every, **partition_options)
-        super().__init__(model, agents, seed, device, check_nan=check_nan, shuffle_rows=shuffle_rows, comm=comm)
+                 check_nan: bool = True, shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY,
+                 **partition_options: object) -> None:
+        self.partition = make_partition(partition, **partition_options)
+        check_sync_every_for(self.partition, sync_every)
+        super().__init__(model, agents, seed, device, check_nan=check_nan, shuffle_rows=shuffle_rows,
+                         sort_every=sort_every, sync_every=sync_every, comm=comm)
         self.partition.bind(self.space, self.params)
         self.state = self.partition.scatter(self.state, self.comm)
         self.comm_steps: list[CommStats] = []
@@ -79,7 +83,8 @@ class DistributedSimulation(Simulation):
         return self.partition.owned_env(self.state, name, self.comm)
 
     def _run_substep(self, s: Substep) -> list[tuple[str, Tensor]]:
-        self.partition.before_substep(self.state, s, self.comm)
+        if self.refresh_due(s):  # between refreshes (sync_every > 1) the engine reads its snapshot
+            self.partition.before_substep(self.state, s, self.comm)
         ok = False
         try:
             flags = super()._run_substep(s)

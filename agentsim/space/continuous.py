@@ -73,8 +73,13 @@ __all__ = ["Box", "CellGrid", "NeighborList", "Pairs", "radius_pairs"]
 # Candidate pairs materialized at once. On CPU, small enough that the ~20
 # elementwise passes over them stay in cache and reuse allocator blocks: 2**20
 # ran 4x faster than 2**25 on a 3D search (200k agents, ~30 neighbors, one
-# thread) and 1.3x on 2D (1M agents). Accelerators want fewer, larger kernels.
-_MAX_CANDIDATES = 2**20
+# thread) and 1.3x on 2D (1M agents). 2**18 (2 MB per int64 temporary, about
+# a per-core L2 cache here) beat 2**20 again: 4.4 s against 5.2 s on that 3D
+# search, and 290 ms against 340 ms on 500k boids -- with a second process
+# running the same search on the other core too, where 2**20 lost more to the
+# shared L3 (medians of interleaved repeats on the 2-core machine).
+# Accelerators want fewer, larger kernels.
+_MAX_CANDIDATES = 2**18
 _MAX_CANDIDATES_ACCELERATOR = 2**24
 # (target, leading offset, run) segments per block of targets.
 _MAX_SEGMENTS = 2**20
