@@ -161,13 +161,20 @@ class Population:
         self.next_uid += m if n_born_total is None else n_born_total
         return new[UID]
 
-    def extend(self, fields: Mapping[str, Tensor]) -> None:
-        """Append rows that already have uids (agents arriving from another rank); every field needed."""
+    def extend(self, fields: Mapping[str, Tensor], keep: Tensor | None = None) -> None:
+        """Append rows that already have uids (agents arriving from another rank); every field needed.
+
+        Args:
+            fields: Every declared field, ``uid`` included, each ``[m, ...]``.
+            keep: Optional ``[k]`` int64 rows to keep first (agents that stay), in one copy
+                instead of :meth:`keep` then :meth:`extend`.
+        """
         if set(fields) != set(self.specs):
             raise FieldAccessError(f"extend '{self.name}': expected fields {sorted(self.specs)} (got {sorted(fields)})")
         m = fields[UID].shape[0]
         new = {k: self._checked(k, fields[k].to(self._fields[k].device), m) for k in self._fields}
-        self._fields = {k: torch.cat([self._fields[k], new[k]]) for k in self._fields}
+        old = self._fields if keep is None else {k: v.index_select(0, keep) for k, v in self._fields.items()}
+        self._fields = {k: torch.cat([old[k], new[k]]) for k in self._fields}
 
     def permute(self, perm: Tensor) -> None:
         """Reorder rows (used by tests and partitioners; results never depend on row order)."""

@@ -18,6 +18,8 @@ as ``sqrt(n / density)`` so density stays fixed at any ``--agents``.
 Neighbor sums use pairs in the canonical order of
 :func:`agentsim.space.continuous.radius_pairs` (per boid, sources ordered by cell
 then uid), so results do not depend on row order or on how boids are split over ranks.
+They are computed chunk by chunk (:func:`~agentsim.space.continuous.radius_pair_chunks`),
+which keeps the working set in cache and gives the same sums.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from agentsim import ops
 from agentsim.model import InitContext, MetricsContext, Model
 from agentsim.params import Param, ParamSpec
-from agentsim.space.continuous import Box, radius_pairs
+from agentsim.space.continuous import Box, radius_pair_chunks
 from agentsim.state import FieldSpec, Population, State
 from agentsim.substep import Registry
 
@@ -51,27 +53,32 @@ PARAMS = ParamSpec({
 })
 
 
-def flock_headings(pos: torch.Tensor, heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor,
-                   n_local: int, box: Box, params: dict) -> torch.Tensor:
-    """New unit headings ``[n_local, 2]`` from pairs ``(i, j)`` (i local target, j any row).
+def flock_headings(pos: torch.Tensor, heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, box: Box,
+                   params: dict, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """New unit headings ``[stop - start, 2]`` of targets ``start .. stop - 1`` from all their pairs.
 
     Args:
         pos: ``[n, 2]`` positions of local then halo boids (length units).
         heading: ``[n, 2]`` unit headings, same rows as ``pos``.
-        i, j: int64 pair indices in canonical order.
+        i, j: int64 pairs in canonical order, every pair of the targets (``i`` in ``[start, stop)``).
+        start, stop: The target rows (default: all rows of ``heading``).
     """
+    stop = heading.shape[0] if stop is None else stop
+    n = stop - start
+    t = i - start if start else i
     # index_select, not pos[i]: advanced indexing is several times slower on CPU here.
     delta = box.displacement(pos.index_select(0, i), pos.index_select(0, j))
     close = ((delta * delta).sum(-1) < params["separation"] ** 2).unsqueeze(-1)
-    sum_delta = ops.scatter_sum(delta, i, n_local)
-    sum_close = ops.scatter_sum(delta * close, i, n_local)
-    sum_heading = ops.scatter_sum(heading.index_select(0, j), i, n_local)
-    count = torch.bincount(i, minlength=n_local).unsqueeze(-1)
+    sum_delta = ops.scatter_sum(delta, t, n)
+    sum_close = ops.scatter_sum(delta * close, t, n)
+    sum_heading = ops.scatter_sum(heading.index_select(0, j), t, n)
+    count = torch.bincount(t, minlength=n).unsqueeze(-1)
     steer = (params["cohere"] * sum_delta - params["separate"] * sum_close
              + params["match"] * sum_heading) / count.clamp(min=1).to(pos.dtype)
-    new = heading[:n_local] + steer
+    old = heading[start:stop]
+    new = old + steer
     new = new / torch.sqrt((new * new).sum(-1, keepdim=True))
-    return torch.where(count > 0, new, heading[:n_local])
+    return torch.where(count > 0, new, old)
 
 
 @registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.heading"],
@@ -81,8 +88,13 @@ def flock(ctx):
     boids = ctx["boid"]
     nb = ctx.neighbors("boid")
     pos, heading = nb["pos"], nb["heading"]
-    i, j = radius_pairs(pos, ctx.space, ctx.params["vision"], uid=nb["uid"], n_query=nb.n_local)
-    boids["heading"] = flock_headings(pos, heading, i, j, nb.n_local, ctx.space, ctx.params)
+    new = heading[: nb.n_local].clone()
+    # Chunk by chunk (each holds every pair of its boids): the pair list never materializes
+    # whole, and each chunk's gathers and sums stay in cache. Same sums, same bits.
+    for chunk in radius_pair_chunks(pos, ctx.space, ctx.params["vision"], uid=nb["uid"], n_query=nb.n_local):
+        new[chunk.start:chunk.stop] = flock_headings(pos, heading, chunk.i, chunk.j, ctx.space, ctx.params,
+                                                     chunk.start, chunk.stop)
+    boids["heading"] = new
 
 
 @registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.pos"])

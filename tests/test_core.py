@@ -80,6 +80,24 @@ def test_spawn_uids_follow_sorted_parents():
     assert pop.next_uid == 8 and pop.n == 8
 
 
+def test_extend_appends_arrivals_after_the_kept_rows():
+    def pop():
+        return Population("p", {"x": FieldSpec(torch.float32)}, {"uid": torch.arange(5), "x": torch.arange(5.0)})
+
+    arrivals = {"uid": torch.tensor([10, 11]), "x": torch.tensor([7.0, 8.0])}
+    a = pop()
+    a.extend(arrivals)
+    assert a["uid"].tolist() == [0, 1, 2, 3, 4, 10, 11] and a["x"].tolist() == [0, 1, 2, 3, 4, 7, 8]
+    b = pop()
+    b.extend(arrivals, keep=torch.tensor([4, 1]))  # the same as keep() then extend()
+    c = pop()
+    c.keep(torch.tensor([4, 1]))
+    c.extend(arrivals)
+    assert b["uid"].tolist() == c["uid"].tolist() == [4, 1, 10, 11] and b["x"].tolist() == c["x"].tolist()
+    with pytest.raises(FieldAccessError, match=r"extend 'p': expected fields \['uid', 'x'\]"):
+        b.extend({"uid": torch.tensor([12])})
+
+
 def test_population_validation():
     with pytest.raises(ConfigError, match="missing"):
         Population("p", {"x": FieldSpec(torch.float32)}, {"uid": torch.arange(3)})

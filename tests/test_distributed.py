@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agentsim import AgentsimError, ConfigError, Simulation, get_model, launch
+from agentsim import (AgentsimError, ConfigError, FieldSpec, Model, ParamSpec, Population, Registry, Simulation,
+                      State, get_model, launch)
 from agentsim.cli import main as cli_main
 from agentsim.comm import LocalComm
 from agentsim.distributed import DataPartition, DistributedSimulation, TorchComm, run_ranks
@@ -262,3 +263,57 @@ def test_cli_nprocs_2_writes_the_one_process_file(tmp_path, capsys):
     assert "halo" in capsys.readouterr().out  # the communication summary
     assert cli_main([*common, "--nprocs", "2", "--partition", "data", "--layout", "rcb"]) == 2
     assert "partition 'data' takes no options" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- torchrun
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("partition", [["--partition", "data"], ["--partition", "spatial", "--layout", "rcb"]])
+def test_torchrun_writes_the_one_process_file(tmp_path, partition):
+    import subprocess
+    import sys
+
+    common = ["run", "wolfsheep", "--agents", "300", "--steps", "8", "--seed", "3", "--every", "4", "--quiet"]
+    one, two = str(tmp_path / "one.h5"), str(tmp_path / "torchrun.h5")
+    assert cli_main([*common, "--out", one]) == 0
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "agentsim", *common, "--out", two, "--timeout", "60", *partition],
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_bits(h5_datasets(one), h5_datasets(two), f"torchrun {partition}")
+    with h5py.File(two, "r") as f:
+        assert f.attrs["world_size"] == 2 and f.attrs["completed"]
+
+
+# --------------------------------------------------------------------------- error flags
+def nan_on_one_agent(comm):
+    """uid 0 (on rank 0 of 2) gets a NaN size at step 3: every rank must raise at that step."""
+    from agentsim import SimulationError
+
+    registry = Registry()
+
+    @registry.substep(reads=["a.x"], writes=["a.x"], neighbors={"a": ["x"]})
+    def grow(ctx):
+        a = ctx["a"]
+        x = a["x"] + ctx.neighbors("a")["x"].sum() * 0
+        a["x"] = torch.where((a["uid"] == 0) & (ctx.step == 3), float("nan"), x)
+
+    def init(ic):
+        uid = torch.arange(ic.n_agents)
+        return State({"a": Population("a", {"x": FieldSpec(torch.float64)}, {"uid": uid, "x": uid * 1.0})}), None
+
+    model = Model("flagged", registry, ["grow"], ParamSpec({}), init)
+    sim = DistributedSimulation(model, agents=10, comm=comm, partition="data")
+    try:
+        sim.run(6)
+    except SimulationError as e:
+        return comm.rank, sim.state.step, str(e), sim.state["a"]["uid"].tolist()
+    return comm.rank, sim.state.step, None, sim.state["a"]["uid"].tolist()
+
+
+@pytest.mark.timeout(60)
+def test_a_flag_on_one_rank_is_raised_on_every_rank_at_the_same_step():
+    results = run_ranks(nan_on_one_agent, 2, timeout=30.0)
+    (r0, step0, err0, uids0), (r1, step1, err1, uids1) = results
+    assert 0 in uids0 and 0 not in uids1  # the NaN is on rank 0 only
+    assert step0 == step1 == 3
+    assert err0 == err1 == "step 3: grow: NaN in a.x"

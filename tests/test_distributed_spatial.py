@@ -201,6 +201,10 @@ def test_bench_scaling_writes_its_figures(tmp_path, capsys):
     assert min(per_round) <= figures["runs"]["2"]["seconds_per_step"] <= max(per_round)  # the median
     assert figures["runs"]["2"]["migrated_per_step"] > 0 and 0 <= figures["runs"]["2"]["comm_share"] <= 1
     assert {"torch", "git_commit", "cpu_count", "speedup", "efficiency"} <= set(figures)
+    assert len(figures["independent_rounds"]) == 2 and figures["ceiling_speedup"] > 0
+    assert figures["partition_overhead"] == pytest.approx(
+        figures["runs"]["2"]["seconds_per_step"] / figures["independent_seconds_per_step"])
+    assert "ceiling" in out
 
 
 @pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])

@@ -143,7 +143,7 @@ def test_flock_headings_keep_heading_without_neighbors():
     heading = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     params = dict(cohere=0.03, separate=0.015, separation=1.0, match=0.05)
     empty = torch.zeros(0, dtype=torch.int64)
-    out = flock_headings(pos, heading, empty, empty, 2, Box((100.0, 100.0)), params)
+    out = flock_headings(pos, heading, empty, empty, Box((100.0, 100.0)), params)
     assert torch.equal(out, heading)
 
 

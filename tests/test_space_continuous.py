@@ -228,8 +228,14 @@ def test_chunked_search_gives_same_order(periodic, monkeypatch):
         continuous._iter_pair_chunks(pos, box, 1.5, uid, 300, False, max_candidates=500)
     )
     assert len(chunks) > 3 * 2
-    assert torch.equal(torch.cat([c[0] for c in chunks]), i)
-    assert torch.equal(torch.cat([c[1] for c in chunks]), j)
+    assert torch.equal(torch.cat([c.i for c in chunks]), i)
+    assert torch.equal(torch.cat([c.j for c in chunks]), j)
+    # The chunks cover the targets in order, and hold every pair of their targets.
+    assert [c.start for c in chunks] == [0] + [c.stop for c in chunks[:-1]] and chunks[-1].stop == 300
+    assert all(bool(((c.i >= c.start) & (c.i < c.stop)).all()) for c in chunks)
+    public = list(continuous.radius_pair_chunks(pos, box, 1.5, uid=uid, n_query=250))
+    assert public[-1].stop == 250 and torch.equal(torch.cat([c.j for c in public]),
+                                                  radius_pairs(pos, box, 1.5, uid=uid, n_query=250)[1])
 
 
 def test_sparse_cell_lookup_matches_dense():

@@ -15,7 +15,13 @@ figures over ranks of
   (step time of the slowest rank); waiting for a slower rank inside a collective counts
   as communication;
 - ``halo_bytes_per_step``, ``bytes_sent_per_step``: summed over ranks, mean over steps;
-- ``imbalance``: max/mean agents per rank at the end.
+- ``imbalance``: max/mean agents per rank at the end;
+- the machine's ceiling, measured in the same rounds: W *independent* processes, each
+  running ``agents / W`` agents alone (same density, no partitioner, no collectives) at
+  the same time. ``ceiling_speedup`` = seconds_per_step(W=1) / seconds_per_step(slowest
+  independent process) is what W cores sharing memory bandwidth and caches allow;
+  ``partition_overhead`` = seconds_per_step(W) / that, the cost of the partitioner itself
+  (halos, migration, waiting for the slower rank).
 
 On a machine with fewer free cores than W the processes share cores and the speedup
 says little; the JSON records ``os.cpu_count()`` beside the figures.
@@ -33,7 +39,7 @@ from typing import Any
 import torch
 
 from ..catalog import get_model
-from ..engine import check_agents
+from ..engine import Simulation, check_agents
 from ..errors import ConfigError
 from .launch import run_ranks
 from .simulation import DistributedSimulation
@@ -62,6 +68,15 @@ def _bench_rank(comm: Any, model: str, agents: int, steps: int, warmup: int, see
             "migrated_per_step": mean("migrated")}
 
 
+def _bench_independent(comm: Any, model: str, agents: int, steps: int, warmup: int, seed: int) -> float:
+    """One rank's share of the agents as a separate one-process run (the ceiling's baseline)."""
+    sim = Simulation(get_model(model), agents=agents, seed=seed)
+    comm.barrier()  # world_size >= 2: a TorchComm; start the timed parts together
+    if warmup:
+        sim.run(warmup)
+    return sim.run(steps).seconds / steps
+
+
 def _git_commit() -> str | None:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
@@ -82,18 +97,26 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"{name}: expected an int >= {low} (got {value!r})")
     rounds: dict[int, list[dict[str, Any]]] = {1: [], world_size: []}
+    independent: list[float] = []
+    share = max(1, agents // world_size)
     for _ in range(repeats):
         for w in rounds:
             rounds[w].append(run_ranks(_bench_rank, w, (model, agents, steps, warmup, seed, layout),
                                        timeout=timeout)[0])
+        independent.append(max(run_ranks(_bench_independent, world_size, (model, share, steps, warmup, seed),
+                                         timeout=timeout)))
     runs = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in rounds.items()}
     speedups = [a["seconds_per_step"] / b["seconds_per_step"] for a, b in zip(rounds[1], rounds[world_size])]
     speedup = runs[1]["seconds_per_step"] / runs[world_size]["seconds_per_step"]
+    t_independent = statistics.median(independent)
     figures = {
         "model": model, "agents": agents, "steps": steps, "warmup": warmup, "layout": layout,
         "world_size": world_size, "repeats": repeats, "speedup": speedup, "efficiency": speedup / world_size,
         "speedups": speedups, "runs": {str(w): r for w, r in runs.items()},
         "rounds": {str(w): rs for w, rs in rounds.items()},
+        "independent_seconds_per_step": t_independent, "independent_rounds": independent,
+        "ceiling_speedup": runs[1]["seconds_per_step"] / t_independent,
+        "partition_overhead": runs[world_size]["seconds_per_step"] / t_independent,
         "device": "cpu", "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "python": platform.python_version(), "git_commit": _git_commit(), "threads_per_rank": 1,
     }
@@ -113,4 +136,7 @@ def format_scaling(f: dict[str, Any]) -> str:
             f"  W={w}: {rw['seconds_per_step'] * 1e3:.2f} ms/step; speedup {f['speedup']:.2f}, "
             f"parallel efficiency {f['efficiency']:.0%}, communication {rw['comm_share']:.0%} of step time, "
             f"halo {rw['halo_bytes_per_step'] / 1e3:.1f} kB/step, sent {rw['bytes_sent_per_step'] / 1e3:.1f} kB/step, "
-            f"max/mean agents {rw['imbalance']:.3f}")
+            f"max/mean agents {rw['imbalance']:.3f}\n"
+            f"  ceiling: {w} independent processes of {f['agents'] // w} agents at once, "
+            f"{f['independent_seconds_per_step'] * 1e3:.2f} ms/step: speedup {f['ceiling_speedup']:.2f} "
+            f"without any partitioner; the partitioned run takes {f['partition_overhead']:.2f}x that")

@@ -453,10 +453,11 @@ class SpatialPartition:
         leaving = owner != comm.rank
         rows = torch.nonzero(leaving).squeeze(-1)
         got = comm.exchange_rows(pop.fields(), owner[rows], rows)  # type: ignore[attr-defined]
-        if rows.numel():
-            pop.keep(torch.nonzero(~leaving).squeeze(-1))  # one nonzero, not one per field
+        stay = torch.nonzero(~leaving).squeeze(-1) if rows.numel() else None  # one nonzero for all fields
         if got[UID].shape[0]:
-            pop.extend(got)
+            pop.extend(got, keep=stay)  # one copy of every field
+        elif stay is not None:
+            pop.keep(stay)
         self.migrated += int(rows.numel())
         return int(rows.numel())
 

@@ -62,13 +62,14 @@ import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from agentsim.errors import ConfigError
 
-__all__ = ["Box", "CellGrid", "NeighborList", "Pairs", "radius_pairs"]
+__all__ = ["Box", "CellGrid", "NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_pairs"]
 
 # Candidate pairs materialized at once. On CPU, small enough that the ~20
 # elementwise passes over them stay in cache and reuse allocator blocks: 2**20
@@ -339,6 +340,21 @@ def _check_inputs(
     return uid, int(n_query)
 
 
+class PairChunk(NamedTuple):
+    """The pairs of the targets ``start .. stop - 1``, all of them (see :func:`radius_pair_chunks`).
+
+    Attributes:
+        start, stop: Target rows ``[start, stop)``.
+        i: ``[m]`` int64 target rows (each in ``[start, stop)``), ascending.
+        j: ``[m]`` int64 source rows.
+    """
+
+    start: int
+    stop: int
+    i: Tensor
+    j: Tensor
+
+
 def _iter_pair_chunks(
     pos: Tensor,
     box: Box,
@@ -347,8 +363,8 @@ def _iter_pair_chunks(
     n_query: int,
     include_self: bool,
     max_candidates: int | None = None,
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yield ``(i, j)`` int64 chunks whose concatenation is in canonical order.
+) -> Iterator[PairChunk]:
+    """Yield chunks of consecutive targets whose pairs, concatenated, are in canonical order.
 
     Cell ids are row-major, so the neighbor cells that differ only in the last
     dim are adjacent ids and their sorted sources one contiguous range, in the
@@ -464,11 +480,11 @@ def _iter_pair_chunks(
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             if hi <= lo:
                 continue
-            yield _expand(
+            yield PairChunk(t0 + lo, t0 + hi, *_expand(
                 cols, scols, order, box, r2, include_self,
                 t0 + lo, start[lo:hi].reshape(-1), cnt[lo:hi].reshape(-1),
                 per_target[lo:hi],
-            )
+            ))
 
 
 def _expand(
@@ -522,6 +538,41 @@ def _expand(
     return ti.index_select(0, idx), j.index_select(0, idx)
 
 
+def radius_pair_chunks(
+    pos: Tensor,
+    box: Box,
+    radius: float,
+    uid: Tensor | None = None,
+    n_query: int | None = None,
+    include_self: bool = False,
+) -> Iterator[PairChunk]:
+    """:func:`radius_pairs` in pieces that a per-target reduction can consume one at a time.
+
+    Yields :class:`PairChunk` ``(start, stop, i, j)``: the chunks cover the targets
+    ``0 .. n_query - 1`` in order, each holds *every* pair of its targets (possibly
+    none), and concatenating their ``i`` and ``j`` gives exactly :func:`radius_pairs`'s
+    output. A sum over each target's pairs therefore comes out the same, bit for bit,
+    computed per chunk; and a chunk (at most about 2**18 candidates on CPU) stays in
+    cache, where the whole pair list of a million agents does not.
+
+    Args:
+        pos, box, radius, uid, n_query, include_self: As for :func:`radius_pairs`.
+
+    Raises:
+        ConfigError: if shapes, dtypes, ``radius`` or ``n_query`` are invalid.
+
+    Examples:
+        >>> import torch
+        >>> box = Box((10.0, 10.0), periodic=True)
+        >>> pos = torch.tensor([[0.1, 5.0], [9.9, 5.0], [5.0, 5.0]])
+        >>> [(c.start, c.stop, c.i.tolist(), c.j.tolist()) for c in radius_pair_chunks(pos, box, 1.0)]
+        [(0, 3, [0, 1], [1, 0])]
+    """
+    radius = _check_radius(radius)
+    uid, n_query = _check_inputs(pos, box, uid, n_query)
+    yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self)
+
+
 def radius_pairs(
     pos: Tensor,
     box: Box,
@@ -562,15 +613,13 @@ def radius_pairs(
         >>> i.tolist(), j.tolist()
         ([0], [1])
     """
-    radius = _check_radius(radius)
-    uid, n_query = _check_inputs(pos, box, uid, n_query)
-    chunks = list(_iter_pair_chunks(pos, box, radius, uid, n_query, include_self))
+    chunks = list(radius_pair_chunks(pos, box, radius, uid, n_query, include_self))
     if not chunks:
         empty = torch.empty(0, dtype=torch.int64, device=pos.device)
         return empty, empty.clone()
     if len(chunks) == 1:
-        return chunks[0]
-    return torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
+        return chunks[0].i, chunks[0].j
+    return torch.cat([c.i for c in chunks]), torch.cat([c.j for c in chunks])
 
 
 class NeighborList:
@@ -666,7 +715,7 @@ class NeighborList:
         chunks = list(
             _iter_pair_chunks(pos, self.box, self.radius, uid, n_query, self.include_self)
         )
-        n_pairs = sum(int(c[0].shape[0]) for c in chunks)
+        n_pairs = sum(int(c.i.shape[0]) for c in chunks)
         self.did_overflow = False
         needed = max(1, math.ceil(n_pairs * self.growth))
         if self._capacity is None:
@@ -679,7 +728,7 @@ class NeighborList:
             self._allocate(self._capacity, pos.device)
         assert self._i is not None and self._j is not None
         at = 0
-        for ci, cj in chunks:
+        for _, _, ci, cj in chunks:
             m = int(ci.shape[0])
             self._i[at : at + m].copy_(ci)
             self._j[at : at + m].copy_(cj)
