@@ -13,6 +13,9 @@ Example ``sir.toml``::
     record = ["person.status"]         # optional
     every = 10                         # optional
     out = "sir.h5"                     # optional
+    nprocs = 2                         # optional: processes, as --nprocs (and partition,
+    partition = "data"                 #   layout, balance_every, balance_threshold,
+    sync_every = 1                     #   sync_every, timeout as their flags)
 
     [params]
     beta = 0.04
@@ -26,7 +29,9 @@ from typing import Any
 
 from .errors import ConfigError, OutputError, did_you_mean
 
-KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "record", "every", "out")
+KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "record", "every", "out",
+        # multi-rank options (checked where they are used, as the command-line flags are)
+        "nprocs", "partition", "layout", "balance_every", "balance_threshold", "sync_every", "timeout")
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:

@@ -183,8 +183,7 @@ class Simulation:
     def _store_snapshot(self, s: Substep) -> None:
         assert self.snapshots is not None
         for name, fields in s.neighbors.items():
-            pop = self.state[name]
-            rows = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
+            rows = self.state[name].select(fields)
             halo = self.halo(name, s)
             if halo is not None:
                 rows = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in rows.items()}

@@ -14,7 +14,7 @@ population split over several ranks gets the same uids as on one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -126,6 +126,10 @@ class Population:
     def fields(self) -> dict[str, Tensor]:
         """A shallow copy of the field dict."""
         return dict(self._fields)
+
+    def select(self, names: Iterable[str]) -> dict[str, Tensor]:
+        """``uid`` first, then the named fields (what a halo or a neighbor snapshot carries)."""
+        return {UID: self[UID], **{k: self[k] for k in names if k != UID}}
 
     def keep(self, index_or_mask: Tensor) -> None:
         """Keep only the rows selected by a bool mask ``[n]`` or an index tensor (deaths)."""

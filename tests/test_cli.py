@@ -139,3 +139,16 @@ def test_sync_every_runs_stale_and_is_refused_with_the_spatial_partition(tmp_pat
     assert "sync_every=2 needs partition 'data'" in capsys.readouterr().err
     assert main(["run", "boids", "--steps", "2", "--sync-every", "0", "--quiet"]) == 2
     assert "sync_every: expected an int >= 1 (got 0)" in capsys.readouterr().err
+
+
+def test_config_file_carries_the_multi_rank_options(tmp_path, capsys):
+    cfg = tmp_path / "stale.toml"
+    cfg.write_text('model = "boids"\nagents = 300\nsteps = 3\nseed = 2\nsync_every = 2\npartition = "data"\n')
+    out = tmp_path / "stale.h5"
+    assert main(["run", "--config", str(cfg), "--out", str(out), "--quiet"]) == 0
+    ref = Simulation(get_model("boids"), agents=300, seed=2, sync_every=2).run(3).metrics
+    assert np.array_equal(read_trajectory(out).metrics["polarization"], ref["polarization"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text('model = "boids"\npartition = "spatail"\n')
+    assert main(["run", "--config", str(bad)]) == 2
+    assert "unknown partition 'spatail'" in capsys.readouterr().err

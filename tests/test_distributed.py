@@ -23,7 +23,7 @@ from agentsim import (AgentsimError, ConfigError, FieldSpec, Model, ParamSpec, P
 from agentsim.cli import main as cli_main
 from agentsim.comm import LocalComm
 from agentsim.distributed import DataPartition, DistributedSimulation, TorchComm, run_ranks
-from agentsim.distributed.comm import pack_rows, unpack_rows
+from agentsim.distributed.comm import pack_rows, row_counts, unpack_rows
 
 # Agents per model: small, but enough for every rank to hold agents, neighbors across
 # ranks, and (wolfsheep) births and deaths on several ranks.
@@ -162,6 +162,8 @@ def test_pack_rows_round_trip_keeps_bits():
         assert back[k].view(torch.uint8).flatten().tolist() == v.view(torch.uint8).flatten().tolist()
     empty = {k: v[:0] for k, v in fields.items()}
     assert unpack_rows(pack_rows(empty), empty)["pos"].shape == (0, 2)
+    # uid 8 + pos 2 x 4 + flag 1 + small 3 x 2 bytes per row
+    assert row_counts(fields) == (3, 3 * (8 + 8 + 1 + 6)) and row_counts(empty) == (0, 0) and row_counts({}) == (0, 0)
 
 
 def test_data_partition_blocks_cover_every_row_once():

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["CommStats", "TorchComm", "pack_rows", "unpack_rows"]
+__all__ = ["CommStats", "TorchComm", "pack_rows", "row_counts", "unpack_rows"]
 
 
 @dataclass
@@ -84,6 +84,14 @@ def pack_rows(fields: Mapping[str, Tensor]) -> Tensor:
     n = tensors[0].shape[0]
     parts = [t.detach().contiguous().view(torch.uint8).reshape(n, _row_bytes(t)) for t in tensors]
     return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+
+def row_counts(fields: Mapping[str, Tensor]) -> tuple[int, int]:
+    """``(rows, bytes)`` of a dict of ``[n, ...]`` tensors (halo figures)."""
+    if not fields:
+        return 0, 0
+    n = next(iter(fields.values())).shape[0]
+    return n, n * sum(_row_bytes(t) for t in fields.values())
 
 
 def unpack_rows(packed: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -48,6 +48,7 @@ from ..errors import ConfigError, did_you_mean
 from ..snapshot import check_sync_every
 from ..state import UID, State
 from ..substep import Substep
+from .comm import row_counts
 from .spatial import SpatialPartition
 
 __all__ = ["PARTITIONS", "DataPartition", "check_sync_every_for", "make_partition"]
@@ -120,12 +121,10 @@ class DataPartition:
         if comm.world_size == 1:
             return
         for name, fields in substep.neighbors.items():
-            pop = state[name]
-            send = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
-            got = comm.all_gather_rows(send, include_self=False)
-            n = got[UID].shape[0]
-            self.halo_rows += n
-            self.halo_bytes += sum(v[:1].numel() * v.element_size() for v in got.values()) * n
+            got = comm.all_gather_rows(state[name].select(fields), include_self=False)
+            rows, nbytes = row_counts(got)
+            self.halo_rows += rows
+            self.halo_bytes += nbytes
             self._halo[name] = got
 
     def after_substep(self, state: State | None = None, substep: Substep | None = None,

@@ -54,6 +54,7 @@ from ..comm import Comm
 from ..errors import ConfigError, did_you_mean
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
+from .comm import row_counts
 
 __all__ = ["LAYOUTS", "SpatialPartition"]
 
@@ -417,7 +418,7 @@ class SpatialPartition:
         kind, reach = self._resolve_reach(substep)
         for name, fields in substep.neighbors.items():
             pop = state[name]
-            send = {UID: pop[UID], **{f: pop[f] for f in fields if f != UID}}
+            send = pop.select(fields)
             if kind == "cell":
                 continue
             if kind == "global":
@@ -427,9 +428,9 @@ class SpatialPartition:
             else:
                 row, dest = self._near(self.coords(name, pop), kind, reach, comm.rank)
                 got = comm.exchange_rows(send, dest, row)  # type: ignore[attr-defined]
-            n = got[UID].shape[0]
-            self.halo_rows += n
-            self.halo_bytes += sum(v[:1].numel() * v.element_size() for v in got.values()) * n
+            rows, nbytes = row_counts(got)
+            self.halo_rows += rows
+            self.halo_bytes += nbytes
             self._halo[name] = got
 
     def after_substep(self, state: State | None = None, substep: Substep | None = None,
