@@ -177,8 +177,18 @@ class Population:
             raise FieldAccessError(f"extend '{self.name}': expected fields {sorted(self.specs)} (got {sorted(fields)})")
         m = fields[UID].shape[0]
         new = {k: self._checked(k, fields[k].to(self._fields[k].device), m) for k in self._fields}
-        old = self._fields if keep is None else {k: v.index_select(0, keep) for k, v in self._fields.items()}
-        self._fields = {k: torch.cat([old[k], new[k]]) for k in self._fields}
+        if keep is None:
+            self._fields = {k: torch.cat([v, new[k]]) for k, v in self._fields.items()}
+            return
+        keep = keep.to(self._fields[UID].device)
+        k_rows = keep.shape[0]
+        out: dict[str, Tensor] = {}
+        for key, v in self._fields.items():  # the kept rows go straight into the result: one pass
+            buf = v.new_empty((k_rows + m, *v.shape[1:]))
+            torch.index_select(v, 0, keep, out=buf[:k_rows])
+            buf[k_rows:] = new[key]
+            out[key] = buf
+        self._fields = out
 
     def permute(self, perm: Tensor) -> None:
         """Reorder rows (used by tests and partitioners; results never depend on row order)."""

@@ -243,6 +243,10 @@ def test_halo_sends_exactly_the_agents_within_reach_of_a_region(layout, periodic
         assert want <= got, (rank, sorted(want - got))  # nobody within reach is missed
         margin = {(i, r) for i, r in got - want}
         assert len(margin) <= 2, margin  # only the safety margin adds agents
+        # The path before_substep takes: the border pre-filter, then the test on the candidates.
+        near = part._near_border("boid", sim.state["boid"], "length", reach, rank)
+        row2, dest2 = part._near(part.coords("boid", sim.state["boid"], near), "length", reach, rank)
+        assert set(zip(near[row2].tolist(), dest2.tolist())) == got, rank
         own = set(torch.nonzero(owner == rank).squeeze(-1).tolist())
         assert any(i in own for i, _ in want), rank  # the rank's own agents were tested too
 
@@ -286,3 +290,36 @@ def test_grid_halo_sends_exactly_the_cells_within_moore_radius(layout, radius, p
                 near = (cheb[:, in_r] <= radius).any(1)
                 want |= {(i, r) for i in torch.nonzero(near).squeeze(-1).tolist()}
         assert got == want, (rank, sorted(want - got), sorted(got - want))
+        near = part._near_border("a", pop, "moore", float(radius), rank)
+        row2, dest2 = part._near(part.coords("a", pop, near), "moore", float(radius), rank)
+        assert set(zip(near[row2].tolist(), dest2.tolist())) == want, rank
+
+
+@pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
+@pytest.mark.parametrize("space", ["box", "bounded", "grid"])
+def test_owner_from_a_ranks_view_equals_the_full_search(layout, space):
+    """owner(rank=r) takes a shortcut for agents inside r's region; it must give every agent,
+    wherever it is, the owner the full search gives."""
+    from agentsim.space.continuous import Box
+    from agentsim.space.grid import Grid
+
+    class FakeComm(LocalComm):
+        world_size = 4
+
+    part = SpatialPartition(layout)
+    g = torch.Generator().manual_seed(5)
+    if space == "grid":
+        part.bind(Grid((17, 13), periodic=True), {})
+        cells = torch.randint(0, 17 * 13, (500,), generator=g)
+        pop = Population("a", {"cell": FieldSpec(torch.int64)}, {"uid": torch.arange(500), "cell": cells})
+    else:
+        box = Box((50.0, 30.0), periodic=space == "box")
+        part.bind(box, {})
+        pos = torch.rand(500, 2, generator=g) * torch.tensor([50.0, 30.0])
+        pos[:20] = torch.tensor([[0.0, 0.0], [50.0, 30.0], [25.0, 15.0], [12.5, 0.0]]).repeat(5, 1)  # on borders
+        pop = Population("a", {"pos": FieldSpec(torch.float32, (2,))}, {"uid": torch.arange(500), "pos": pos})
+    part.scatter(State({"a": pop.clone()}), FakeComm())
+    full = part.owner("a", pop)
+    assert len(set(full.tolist())) > 1
+    for rank in range(4):
+        assert torch.equal(part.owner("a", pop, rank=rank), full), rank

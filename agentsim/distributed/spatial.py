@@ -190,20 +190,59 @@ class SpatialPartition:
                                                            dtype=torch.float64)))
         return torch.linspace(0, length, bins + 1, dtype=torch.float64)
 
-    def coords(self, name: str, pop: Population) -> Tensor:
-        """``[n, 2]`` float64 region coordinates of the agents (position, or (row, col) of the cell)."""
+    def coords(self, name: str, pop: Population, rows: Tensor | None = None) -> Tensor:
+        """``[n, 2]`` float64 region coordinates of the agents (position, or (row, col) of the cell);
+        of the agents at ``rows`` (int64 ``[m]``) only, if given."""
+        field = pop[self.position[name]]
+        if rows is not None:
+            field = field.index_select(0, rows.to(field.device))
         if self.kind == "continuous":
-            return pop[self.position[name]][:, :2].to(torch.float64).cpu()
-        cell = pop[self.position[name]].cpu()
+            return field[:, :2].to(torch.float64).cpu()
+        cell = field.cpu()
         width = int(self.size[1])
         return torch.stack([torch.div(cell, width, rounding_mode="floor"), cell % width], -1).to(torch.float64)
 
-    def owner(self, name: str, pop: Population) -> Tensor:
-        """``[n]`` int64 owning rank of every agent of ``pop`` (on CPU)."""
+    def _axis(self, name: str, pop: Population, axis: int) -> Tensor:
+        """``[n]`` float64 region coordinate ``axis`` of every agent (one column of :meth:`coords`)."""
+        field = pop[self.position[name]]
+        if self.kind == "continuous":
+            return field[:, axis].to(torch.float64).cpu()
+        width = int(self.size[1])
+        cell = field.cpu()
+        return (torch.div(cell, width, rounding_mode="floor") if axis == 0 else cell % width).to(torch.float64)
+
+    def _bordered_axes(self, rank: int) -> list[int]:
+        """The axes along which ``rank``'s region does not span the whole space."""
+        assert self.lo is not None and self.hi is not None
+        return [a for a in (0, 1) if self.lo[rank, a] > 0 or self.hi[rank, a] < self.size[a]]
+
+    def owner(self, name: str, pop: Population, rank: int | None = None) -> Tensor:
+        """``[n]`` int64 owning rank of every agent of ``pop`` (on CPU).
+
+        With ``rank``, the agents inside that rank's region (usually nearly all of its own
+        agents) are found first with the exact comparisons of the full search on the axes
+        where the region has borders, and the full search runs on the others only. Regions
+        do not overlap, so the result is the same.
+        """
         if self.kind == "graph":
             uid = pop[UID].cpu()
             return (torch.bucketize(uid, self.bounds[1:-1], right=True)).to(torch.int64)
-        return self._owner_of(self.coords(name, pop))
+        if rank is None:
+            return self._owner_of(self.coords(name, pop))
+        assert self.lo is not None and self.hi is not None
+        lo, hi = self.lo[rank].tolist(), self.hi[rank].tolist()
+        inside = torch.full((pop.n,), hi[0] > lo[0] and hi[1] > lo[1], dtype=torch.bool)
+        for axis in self._bordered_axes(rank):  # the comparisons of _owner_of, one axis at a time
+            v = self._axis(name, pop, axis)
+            if lo[axis] > 0:
+                inside &= v >= lo[axis]
+            if hi[axis] < self.size[axis]:
+                inside &= v < hi[axis]
+        owner = torch.full((pop.n,), rank, dtype=torch.int64)
+        out = torch.nonzero(~inside).squeeze(-1)
+        if out.numel():
+            owner[out] = self._owner_of(self.coords(name, pop, out))
+        return owner
 
     def _owner_of(self, c: Tensor) -> Tensor:
         assert self.lo is not None and self.hi is not None
@@ -358,10 +397,27 @@ class SpatialPartition:
                               f"(got a {self.kind} space)")
         return kind, value
 
+    def _margin(self, reach: float) -> float:
+        return reach * 1e-5 + 1e-6 * max(self.size)  # extra halo agents never change results
+
+    def _near_border(self, name: str, pop: Population, kind: str, reach: float, rank: int) -> Tensor:
+        """``[m]`` int64 rows of the agents within ``reach`` (plus margin) of ``rank``'s region
+        border, on the axes where it has one: the only agents that can be within reach of
+        another region (see :meth:`_near`); agents outside the region are kept too."""
+        assert self.lo is not None and self.hi is not None
+        limit = reach + 2 * self._margin(reach)
+        near = torch.zeros(pop.n, dtype=torch.bool)
+        lo, hi = self.lo[rank].tolist(), self.hi[rank].tolist()
+        last = -1 if kind == "moore" else 0  # cells: the region's last cell is hi - 1
+        for axis in self._bordered_axes(rank):
+            v = self._axis(name, pop, axis)
+            near |= (v - lo[axis] <= limit) | (hi[axis] + last - v <= limit)
+        return torch.nonzero(near).squeeze(-1)
+
     def _near(self, c: Tensor, kind: str, reach: float, rank: int) -> tuple[Tensor, Tensor]:
         """(row, destination rank) for every agent within ``reach`` of another rank's region."""
         assert self.lo is not None and self.hi is not None
-        margin = reach * 1e-5 + 1e-6 * max(self.size)  # extra agents never change results
+        margin = self._margin(reach)
         # Pre-filter: the shortest way from a point of this rank's rectangle to another region
         # (or to a periodic image of one) crosses this rectangle's border, so only agents within
         # reach of that border can qualify (a point outside the rectangle has a negative distance
@@ -426,8 +482,9 @@ class SpatialPartition:
             elif kind == "graph":
                 got = comm.exchange_rows(send, self._send_dest, self._ghost_rows(pop))  # type: ignore[attr-defined]
             else:
-                row, dest = self._near(self.coords(name, pop), kind, reach, comm.rank)
-                got = comm.exchange_rows(send, dest, row)  # type: ignore[attr-defined]
+                near = self._near_border(name, pop, kind, reach, comm.rank)
+                row, dest = self._near(self.coords(name, pop, near), kind, reach, comm.rank)
+                got = comm.exchange_rows(send, dest, near.index_select(0, row))  # type: ignore[attr-defined]
             rows, nbytes = row_counts(got)
             self.halo_rows += rows
             self.halo_bytes += nbytes
@@ -450,7 +507,7 @@ class SpatialPartition:
     def migrate(self, state: State, name: str, comm: Comm) -> int:
         """Send the agents of ``name`` whose owner is another rank there (all fields); return how many left."""
         pop = state[name]
-        owner = self.owner(name, pop).to(pop[UID].device)
+        owner = self.owner(name, pop, rank=comm.rank).to(pop[UID].device)
         leaving = owner != comm.rank
         rows = torch.nonzero(leaving).squeeze(-1)
         got = comm.exchange_rows(pop.fields(), owner[rows], rows)  # type: ignore[attr-defined]
