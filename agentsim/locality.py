@@ -2,10 +2,11 @@
 
 Neighbor substeps gather the fields of each agent's neighbors by row index. With rows
 in uid order and agents scattered over space, every gather is a cache miss; with rows
-sorted by the cell an agent sits in, the neighbors of an agent are a few rows away. On
-the 2-core test machine this made boids at 1M agents about 25% faster on one process
-and cut the slowdown of two processes sharing the machine from 25% to under 10%
-(``benchmarks/bench_scaling.py``).
+sorted by the cell an agent sits in, the neighbors of an agent are a few rows away.
+Measured on the 2-core development machine (one thread per process): 1M boids went from
+1.16 to 0.95 s per step, and two processes of 500k boids running at once were 4-12%
+slower than one alone, against 21-25% with rows in uid order (less memory traffic, so
+less contention for the memory both cores share).
 
 :class:`LocalityOrder` sorts, every ``every`` steps, the rows of each population that
 some substep reads through ``neighbors``:
