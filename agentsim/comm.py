@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-import torch
 from torch import Tensor
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 import h5py
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,7 +47,7 @@ from ..errors import ConfigError, did_you_mean
 from ..snapshot import check_sync_every
 from ..state import UID, State
 from ..substep import Substep
-from .comm import row_counts
+from .halo import HaloBook
 from .spatial import SpatialPartition
 
 __all__ = ["PARTITIONS", "DataPartition", "check_sync_every_for", "make_partition"]
@@ -75,7 +74,7 @@ def check_sync_every_for(partition: DataPartition | SpatialPartition, sync_every
     return k
 
 
-class DataPartition:
+class DataPartition(HaloBook):
     """Agents split by uid blocks; env replicated; halos hold every other rank's agents.
 
     Examples:
@@ -90,10 +89,6 @@ class DataPartition:
 
     name = "data"
 
-    def __init__(self) -> None:
-        self._halo: dict[str, dict[str, Tensor]] = {}
-        self.halo_rows = 0
-        self.halo_bytes = 0
 
     def __repr__(self) -> str:
         return "DataPartition()"
@@ -117,19 +112,15 @@ class DataPartition:
         Done for all declared populations on every rank before the substep runs, so the
         collectives happen in the same order everywhere, whatever the substep does.
         """
-        self._halo = {}
+        self.drop_halos()
         if comm.world_size == 1:
             return
         for name, fields in substep.neighbors.items():
-            got = comm.all_gather_rows(state[name].select(fields), include_self=False)
-            rows, nbytes = row_counts(got)
-            self.halo_rows += rows
-            self.halo_bytes += nbytes
-            self._halo[name] = got
+            self.keep_halo(name, comm.all_gather_rows(state[name].select(fields), include_self=False))
 
     def after_substep(self, state: State | None = None, substep: Substep | None = None,
                       comm: Comm | None = None) -> None:
-        self._halo = {}
+        self.drop_halos()
 
     # No regions: nothing to bind, sync, migrate or balance.
     def bind(self, space: object, params: Mapping[str, object]) -> None:
@@ -138,15 +129,8 @@ class DataPartition:
     def sync_env(self, state: State, comm: Comm) -> None:
         pass
 
-    def start_step(self) -> None:
-        self.halo_rows = self.halo_bytes = 0
-
     def maybe_balance(self, state: State, comm: Comm, counts: list[int]) -> bool:
         return False
-
-    def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
-        """The other ranks' rows of ``population`` (uid and declared neighbor fields), or None."""
-        return self._halo.get(population)
 
     def owned_env(self, state: State, name: str, comm: Comm) -> Tensor:
         """All cells of env layer ``name`` on rank 0, none elsewhere (env is replicated)."""

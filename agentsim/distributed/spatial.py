@@ -54,7 +54,7 @@ from ..comm import Comm
 from ..errors import ConfigError, did_you_mean
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
-from .comm import row_counts
+from .halo import HaloBook
 
 __all__ = ["LAYOUTS", "SpatialPartition"]
 
@@ -75,7 +75,7 @@ def _nearest_cut(counts: Tensor, fraction: float) -> int:
     return int(torch.argmin((cum.to(torch.float64) - target).abs()))
 
 
-class SpatialPartition:
+class SpatialPartition(HaloBook):
     """Agents owned by region of space (see the module docstring).
 
     Args:
@@ -115,6 +115,7 @@ class SpatialPartition:
             raise ConfigError(f"balance_threshold: expected a number >= 1 (got {balance_threshold!r})")
         if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
             raise ConfigError(f"bins: expected an int >= 2 (got {bins!r})")
+        super().__init__()
         self.layout = layout
         self.balance_every = balance_every
         self.balance_threshold = float(balance_threshold)
@@ -125,11 +126,8 @@ class SpatialPartition:
         self.lo: Tensor | None = None  # [W, 2] float64 region corners (continuous / grid)
         self.hi: Tensor | None = None
         self.position: dict[str, str] = {}
-        self._halo: dict[str, dict[str, Tensor]] = {}
         self._owned_cells: Tensor | None = None
         self.migrated = 0
-        self.halo_rows = 0
-        self.halo_bytes = 0
         self.rebalanced = False
 
     def __repr__(self) -> str:
@@ -468,7 +466,7 @@ class SpatialPartition:
 
     def before_substep(self, state: State, substep: Substep, comm: Comm) -> None:
         """Refresh the halo of every population ``substep`` reads through ``neighbors``."""
-        self._halo = {}
+        self.drop_halos()
         if comm.world_size == 1 or not substep.neighbors:
             return
         kind, reach = self._resolve_reach(substep)
@@ -485,23 +483,17 @@ class SpatialPartition:
                 near = self._near_border(name, pop, kind, reach, comm.rank)
                 row, dest = self._near(self.coords(name, pop, near), kind, reach, comm.rank)
                 got = comm.exchange_rows(send, dest, near.index_select(0, row))  # type: ignore[attr-defined]
-            rows, nbytes = row_counts(got)
-            self.halo_rows += rows
-            self.halo_bytes += nbytes
-            self._halo[name] = got
+            self.keep_halo(name, got)
 
     def after_substep(self, state: State | None = None, substep: Substep | None = None,
                       comm: Comm | None = None) -> None:
         """Drop the halos; migrate the populations whose position ``substep`` wrote or grew."""
-        self._halo = {}
+        self.drop_halos()
         if state is None or substep is None or comm is None or comm.world_size == 1 or self.kind == "graph":
             return
         for name, field in self.position.items():
             if f"{name}.{field}" in substep.writes or name in substep.births:
                 self.migrate(state, name, comm)
-
-    def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
-        return self._halo.get(population)
 
     # ------------------------------------------------------------------ migration
     def migrate(self, state: State, name: str, comm: Comm) -> int:
@@ -521,7 +513,8 @@ class SpatialPartition:
 
     # ------------------------------------------------------------------ balance
     def start_step(self) -> None:
-        self.migrated = self.halo_rows = self.halo_bytes = 0
+        super().start_step()
+        self.migrated = 0
         self.rebalanced = False
 
     def maybe_balance(self, state: State, comm: Comm, counts: list[int]) -> bool:
