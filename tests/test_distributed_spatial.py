@@ -203,7 +203,8 @@ def test_bench_scaling_writes_its_figures(tmp_path, capsys):
     assert len(figures["independent_rounds"]) == 2 and figures["ceiling_speedup"] > 0
     assert figures["partition_overhead"] == pytest.approx(
         figures["runs"]["2"]["seconds_per_step"] / figures["independent_seconds_per_step"])
-    assert "ceiling" in out
+    assert "ceiling" in out and "in step" in out
+    assert len(figures["lockstep_rounds"]) == 2 and figures["lockstep_speedup"] > 0
 
 
 @pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])

@@ -21,7 +21,12 @@ figures over ranks of
   the same time. ``ceiling_speedup`` = seconds_per_step(W=1) / seconds_per_step(slowest
   independent process) is what W cores sharing memory bandwidth and caches allow;
   ``partition_overhead`` = seconds_per_step(W) / that, the cost of the partitioner itself
-  (halos, migration, waiting for the slower rank).
+  (halos, migration, waiting for the slower rank);
+- the same independent processes held in step by a barrier after every step
+  (``lockstep_seconds_per_step``, ``lockstep_speedup``): what a run that synchronizes
+  every step, as any exact partitioned run must, could reach at best. The gap between the
+  two ceilings is the cost of running in step on this machine (each step waits for the
+  slower process; both hit memory-heavy phases at once).
 
 On a machine with fewer free cores than W the processes share cores and the speedup
 says little; the JSON records ``os.cpu_count()`` beside the figures.
@@ -34,6 +39,7 @@ import os
 import platform
 import statistics
 import subprocess
+import time
 from typing import Any
 
 import torch
@@ -68,13 +74,21 @@ def _bench_rank(comm: Any, model: str, agents: int, steps: int, warmup: int, see
             "migrated_per_step": mean("migrated")}
 
 
-def _bench_independent(comm: Any, model: str, agents: int, steps: int, warmup: int, seed: int) -> float:
-    """One rank's share of the agents as a separate one-process run (the ceiling's baseline)."""
+def _bench_independent(comm: Any, model: str, agents: int, steps: int, warmup: int, seed: int,
+                       lockstep: bool) -> float:
+    """One rank's share of the agents as a separate one-process run (the ceilings' baseline);
+    with ``lockstep``, a barrier after every step."""
     sim = Simulation(get_model(model), agents=agents, seed=seed)
     comm.barrier()  # world_size >= 2: a TorchComm; start the timed parts together
     if warmup:
         sim.run(warmup)
-    return sim.run(steps).seconds / steps
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sim.step()
+        sim.metrics()  # as Simulation.run does after every step
+        if lockstep:
+            comm.barrier()
+    return (time.perf_counter() - t0) / steps
 
 
 def _git_commit() -> str | None:
@@ -98,17 +112,19 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
             raise ConfigError(f"{name}: expected an int >= {low} (got {value!r})")
     rounds: dict[int, list[dict[str, Any]]] = {1: [], world_size: []}
     independent: list[float] = []
+    lockstep: list[float] = []
     share = max(1, agents // world_size)
     for _ in range(repeats):
         for w in rounds:
             rounds[w].append(run_ranks(_bench_rank, w, (model, agents, steps, warmup, seed, layout),
                                        timeout=timeout)[0])
-        independent.append(max(run_ranks(_bench_independent, world_size, (model, share, steps, warmup, seed),
-                                         timeout=timeout)))
+        for held, times in ((False, independent), (True, lockstep)):
+            times.append(max(run_ranks(_bench_independent, world_size,
+                                       (model, share, steps, warmup, seed, held), timeout=timeout)))
     runs = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in rounds.items()}
     speedups = [a["seconds_per_step"] / b["seconds_per_step"] for a, b in zip(rounds[1], rounds[world_size])]
     speedup = runs[1]["seconds_per_step"] / runs[world_size]["seconds_per_step"]
-    t_independent = statistics.median(independent)
+    t_independent, t_lockstep = statistics.median(independent), statistics.median(lockstep)
     figures = {
         "model": model, "agents": agents, "steps": steps, "warmup": warmup, "layout": layout,
         "world_size": world_size, "repeats": repeats, "speedup": speedup, "efficiency": speedup / world_size,
@@ -117,6 +133,8 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
         "independent_seconds_per_step": t_independent, "independent_rounds": independent,
         "ceiling_speedup": runs[1]["seconds_per_step"] / t_independent,
         "partition_overhead": runs[world_size]["seconds_per_step"] / t_independent,
+        "lockstep_seconds_per_step": t_lockstep, "lockstep_rounds": lockstep,
+        "lockstep_speedup": runs[1]["seconds_per_step"] / t_lockstep,
         "device": "cpu", "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "python": platform.python_version(), "git_commit": _git_commit(), "threads_per_rank": 1,
     }
@@ -139,4 +157,6 @@ def format_scaling(f: dict[str, Any]) -> str:
             f"max/mean agents {rw['imbalance']:.3f}\n"
             f"  ceiling: {w} independent processes of {f['agents'] // w} agents at once, "
             f"{f['independent_seconds_per_step'] * 1e3:.2f} ms/step: speedup {f['ceiling_speedup']:.2f} "
-            f"without any partitioner; the partitioned run takes {f['partition_overhead']:.2f}x that")
+            f"without any partitioner; the partitioned run takes {f['partition_overhead']:.2f}x that\n"
+            f"  in step (a barrier after every step): {f['lockstep_seconds_per_step'] * 1e3:.2f} ms/step, "
+            f"speedup {f['lockstep_speedup']:.2f}")
