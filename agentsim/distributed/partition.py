@@ -89,7 +89,6 @@ class DataPartition(HaloBook):
 
     name = "data"
 
-
     def __repr__(self) -> str:
         return "DataPartition()"
 

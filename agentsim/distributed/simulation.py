@@ -113,8 +113,7 @@ class DistributedSimulation(Simulation):
         part = self.partition
         last = self.comm_steps[-1] if stats is not None else CommStats()
         figs = self._gather_figures([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
-                                     getattr(part, "halo_rows", 0), getattr(part, "halo_bytes", 0),
-                                     getattr(part, "migrated", 0)])
+                                     part.halo_rows, part.halo_bytes, getattr(part, "migrated", 0)])
         counts = [int(v) for v in figs[:, 0].tolist()]
         before_mean = sum(counts) / len(counts)
         imbalance_before = max(counts) / before_mean if before_mean > 0 else 1.0

@@ -44,7 +44,7 @@ migrate. Results do not change: they never depend on which rank holds an agent.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -218,47 +218,44 @@ class SpatialPartition(HaloBook):
         """``[n]`` int64 owning rank of every agent of ``pop`` (on CPU).
 
         With ``rank``, the agents inside that rank's region (usually nearly all of its own
-        agents) are found first with the exact comparisons of the full search on the axes
-        where the region has borders, and the full search runs on the others only. Regions
-        do not overlap, so the result is the same.
+        agents) are found first with :meth:`_contains`, the rule of the full search, reading
+        only the coordinates of the axes where the region has borders; the full search runs
+        on the others only. Regions do not overlap, so the result is the same.
         """
         if self.kind == "graph":
             uid = pop[UID].cpu()
             return (torch.bucketize(uid, self.bounds[1:-1], right=True)).to(torch.int64)
         if rank is None:
             return self._owner_of(self.coords(name, pop))
-        assert self.lo is not None and self.hi is not None
-        lo, hi = self.lo[rank].tolist(), self.hi[rank].tolist()
-        inside = torch.full((pop.n,), hi[0] > lo[0] and hi[1] > lo[1], dtype=torch.bool)
-        for axis in self._bordered_axes(rank):  # the comparisons of _owner_of, one axis at a time
-            v = self._axis(name, pop, axis)
-            if lo[axis] > 0:
-                inside &= v >= lo[axis]
-            if hi[axis] < self.size[axis]:
-                inside &= v < hi[axis]
+        inside = self._contains(rank, pop.n, lambda axis: self._axis(name, pop, axis))
         owner = torch.full((pop.n,), rank, dtype=torch.int64)
         out = torch.nonzero(~inside).squeeze(-1)
         if out.numel():
             owner[out] = self._owner_of(self.coords(name, pop, out))
         return owner
 
-    def _owner_of(self, c: Tensor) -> Tensor:
+    def _contains(self, r: int, n: int, column: Callable[[int], Tensor]) -> Tensor:
+        """``[n]`` bool: which points lie in region ``r``, half-open ``[lo, hi)``. The box's outer
+        borders are open (a bounded box clamps positions into ``[0, L]``), so only the axes where
+        the region has a border are compared, and only they are asked of ``column(axis)``
+        (``[n]`` float64 coordinates)."""
         assert self.lo is not None and self.hi is not None
-        # Half-open regions [lo, hi); the box's outer borders are open (a bounded box clamps
-        # positions into [0, L]). The first region that contains a point owns it.
+        lo, hi = self.lo[r].tolist(), self.hi[r].tolist()
+        inside = torch.full((n,), hi[0] > lo[0] and hi[1] > lo[1], dtype=torch.bool)
+        for axis in self._bordered_axes(r):
+            v = column(axis)
+            if lo[axis] > 0:
+                inside &= v >= lo[axis]
+            if hi[axis] < self.size[axis]:
+                inside &= v < hi[axis]
+        return inside
+
+    def _owner_of(self, c: Tensor) -> Tensor:
+        """``[n]`` int64 owner of points ``c`` ``[n, 2]``: the first region that contains each."""
+        assert self.lo is not None
         owner = torch.zeros(c.shape[0], dtype=torch.int64)
-        x, y = c[:, 0], c[:, 1]
         for r in reversed(range(self.lo.shape[0])):
-            lo, hi = self.lo[r].tolist(), self.hi[r].tolist()
-            if not (hi[0] > lo[0] and hi[1] > lo[1]):
-                continue
-            inside = torch.ones(c.shape[0], dtype=torch.bool)
-            for axis, v in ((0, x), (1, y)):
-                if lo[axis] > 0:
-                    inside &= v >= lo[axis]
-                if hi[axis] < self.size[axis]:
-                    inside &= v < hi[axis]
-            owner.masked_fill_(inside, r)
+            owner.masked_fill_(self._contains(r, c.shape[0], lambda axis: c[:, axis]), r)
         return owner
 
     def _set_uniform(self, W: int) -> None:
@@ -401,7 +398,13 @@ class SpatialPartition(HaloBook):
     def _near_border(self, name: str, pop: Population, kind: str, reach: float, rank: int) -> Tensor:
         """``[m]`` int64 rows of the agents within ``reach`` (plus margin) of ``rank``'s region
         border, on the axes where it has one: the only agents that can be within reach of
-        another region (see :meth:`_near`); agents outside the region are kept too."""
+        another region, which :meth:`_near` then tests exactly.
+
+        The shortest way from a point of this rank's rectangle to another region (or to a
+        periodic image of one) crosses this rectangle's border, on an axis where it has one
+        (a region spanning a whole axis is separated from the others along the other axis).
+        A point outside the rectangle has a negative distance and is kept. Typically a few
+        percent of the agents qualify."""
         assert self.lo is not None and self.hi is not None
         limit = reach + 2 * self._margin(reach)
         near = torch.zeros(pop.n, dtype=torch.bool)
@@ -413,17 +416,11 @@ class SpatialPartition(HaloBook):
         return torch.nonzero(near).squeeze(-1)
 
     def _near(self, c: Tensor, kind: str, reach: float, rank: int) -> tuple[Tensor, Tensor]:
-        """(row, destination rank) for every agent within ``reach`` of another rank's region."""
+        """(row of ``c``, destination rank) for every point of ``c`` ``[n, 2]`` within ``reach`` of
+        another rank's region: the distance to each region, over periodic images. Given the
+        candidates of :meth:`_near_border` in production; any points in the tests."""
         assert self.lo is not None and self.hi is not None
         margin = self._margin(reach)
-        # Pre-filter: the shortest way from a point of this rank's rectangle to another region
-        # (or to a periodic image of one) crosses this rectangle's border, so only agents within
-        # reach of that border can qualify (a point outside the rectangle has a negative distance
-        # and stays). Typically a few percent of the agents go on to the test against every region.
-        own_lo, own_hi = self.lo[rank], self.hi[rank] - (1 if kind == "moore" else 0)
-        to_border = torch.minimum(c - own_lo, own_hi - c).amin(-1)
-        candidates = torch.nonzero(to_border <= reach + 2 * margin).squeeze(-1)
-        c = c.index_select(0, candidates)
         lo, hi = self.lo[None], self.hi[None]
         if kind == "moore":
             hi = hi - 1  # last cell of the region
@@ -441,7 +438,7 @@ class SpatialPartition(HaloBook):
         near &= (self.hi > self.lo).all(-1)[None]
         near[:, rank] = False
         row, dest = torch.nonzero(near, as_tuple=True)
-        return candidates.index_select(0, row), dest
+        return row, dest
 
     def _graph_send_lists(self, comm: Comm) -> None:
         src, dst = self.space.edges()
