@@ -53,32 +53,42 @@ PARAMS = ParamSpec({
 })
 
 
-def flock_headings(pos: torch.Tensor, heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, box: Box,
-                   params: dict, start: int = 0, stop: int | None = None) -> torch.Tensor:
-    """New unit headings ``[stop - start, 2]`` of targets ``start .. stop - 1`` from all their pairs.
+def flock_headings(heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, delta: torch.Tensor,
+                   dist2: torch.Tensor, params: dict, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    """New unit headings ``[2, stop - start]`` of the targets ``start .. stop - 1``, in columns.
 
     Args:
-        pos: ``[n, 2]`` positions of local then halo boids (length units).
-        heading: ``[n, 2]`` unit headings, same rows as ``pos``.
-        i, j: int64 pairs in canonical order, every pair of the targets (``i`` in ``[start, stop)``).
+        heading: ``[2, n]`` unit headings of local then halo boids, one contiguous row
+            per dim (``heading[k, r]`` is component ``k`` of row ``r``).
+        i, j: ``[m]`` int64 target and source rows of every pair of the targets, in
+            canonical order (each ``i`` in ``[start, stop)``).
+        delta: ``[2, m]`` displacement from target to source (minimum image, length units).
+        dist2: ``[m]`` squared length of ``delta`` (components added in dim order).
         start, stop: The target rows (default: all rows of ``heading``).
+
+    Returns:
+        ``[2, stop - start]``: the steered, renormalized headings; a boid with no pairs
+        keeps its own.
     """
-    stop = heading.shape[0] if stop is None else stop
+    stop = heading.shape[1] if stop is None else stop
     n = stop - start
     t = i - start if start else i
-    # index_select, not pos[i]: advanced indexing is several times slower on CPU here.
-    delta = box.displacement(pos.index_select(0, i), pos.index_select(0, j))
-    close = ((delta * delta).sum(-1) < params["separation"] ** 2).unsqueeze(-1)
-    sum_delta = ops.scatter_sum(delta, t, n)
-    sum_close = ops.scatter_sum(delta * close, t, n)
-    sum_heading = ops.scatter_sum(heading.index_select(0, j), t, n)
-    count = torch.bincount(t, minlength=n).unsqueeze(-1)
-    steer = (params["cohere"] * sum_delta - params["separate"] * sum_close
-             + params["match"] * sum_heading) / count.clamp(min=1).to(pos.dtype)
-    old = heading[start:stop]
-    new = old + steer
-    new = new / torch.sqrt((new * new).sum(-1, keepdim=True))
-    return torch.where(count > 0, new, old)
+    count = torch.bincount(t, minlength=n)
+    denom = count.clamp(min=1).to(heading.dtype)
+    close = dist2 < params["separation"] ** 2
+    old = heading[:, start:stop]
+    # One dim at a time, on 1D tensors: index_add_ adds the pairs in pair order, as a
+    # reduction over [m, 2] rows would, without its strided temporaries.
+    new = []
+    for k in range(heading.shape[0]):
+        sum_delta = delta.new_zeros(n).index_add_(0, t, delta[k])
+        sum_close = delta.new_zeros(n).index_add_(0, t, delta[k] * close)
+        sum_heading = delta.new_zeros(n).index_add_(0, t, heading[k].index_select(0, j))
+        steer = (params["cohere"] * sum_delta - params["separate"] * sum_close
+                 + params["match"] * sum_heading) / denom
+        new.append(old[k] + steer)
+    norm = torch.sqrt(new[0] * new[0] + new[1] * new[1])
+    return torch.where(count > 0, torch.stack(new) / norm, old)
 
 
 @registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.heading"],
@@ -87,14 +97,15 @@ def flock(ctx):
     """Cohere, separate and match with the neighbors within ``vision``."""
     boids = ctx["boid"]
     nb = ctx.neighbors("boid")
-    pos, heading = nb["pos"], nb["heading"]
-    new = heading[: nb.n_local].clone()
+    heading = torch.stack([nb["heading"][:, k] for k in range(2)])  # [2, n]: 1D gathers are the fastest
+    new = heading[:, : nb.n_local].clone()
     # Chunk by chunk (each holds every pair of its boids): the pair list never materializes
     # whole, and each chunk's gathers and sums stay in cache. Same sums, same bits.
-    for chunk in radius_pair_chunks(pos, ctx.space, ctx.params["vision"], uid=nb["uid"], n_query=nb.n_local):
-        new[chunk.start:chunk.stop] = flock_headings(pos, heading, chunk.i, chunk.j, ctx.space, ctx.params,
-                                                     chunk.start, chunk.stop)
-    boids["heading"] = new
+    for c in radius_pair_chunks(nb["pos"], ctx.space, ctx.params["vision"], uid=nb["uid"],
+                                n_query=nb.n_local, with_delta=True):
+        new[:, c.start:c.stop] = flock_headings(heading, c.i, c.j, c.delta, c.dist2, ctx.params,
+                                                c.start, c.stop)
+    boids["heading"] = torch.stack(list(new), dim=1)  # [n_local, 2]; faster than new.t().contiguous()
 
 
 @registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.pos"])

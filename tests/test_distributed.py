@@ -162,6 +162,9 @@ def test_pack_rows_round_trip_keeps_bits():
         assert back[k].view(torch.uint8).flatten().tolist() == v.view(torch.uint8).flatten().tolist()
     empty = {k: v[:0] for k, v in fields.items()}
     assert unpack_rows(pack_rows(empty), empty)["pos"].shape == (0, 2)
+    # An empty transposed view counts as contiguous with a last stride other than 1.
+    odd = {"pos": torch.zeros(2, 3)[:, :0].clone().t()}
+    assert odd["pos"].stride(-1) != 1 and pack_rows(odd).shape == (0, 8)
     # uid 8 + pos 2 x 4 + flag 1 + small 3 x 2 bytes per row
     assert row_counts(fields) == (3, 3 * (8 + 8 + 1 + 6)) and row_counts(empty) == (0, 0) and row_counts({}) == (0, 0)
 

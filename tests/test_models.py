@@ -137,13 +137,14 @@ def test_boids_step_matches_brute_force():
 
 
 def test_flock_headings_keep_heading_without_neighbors():
-    from agentsim.space.continuous import Box
+    from agentsim.space.continuous import Box, radius_pair_chunks
 
     pos = torch.tensor([[1.0, 1.0], [50.0, 50.0]])
-    heading = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    heading = torch.tensor([[1.0, 0.0], [0.0, 1.0]]).t().contiguous()
     params = dict(cohere=0.03, separate=0.015, separation=1.0, match=0.05)
-    empty = torch.zeros(0, dtype=torch.int64)
-    out = flock_headings(pos, heading, empty, empty, Box((100.0, 100.0)), params)
+    (chunk,) = radius_pair_chunks(pos, Box((100.0, 100.0)), 10.0, with_delta=True)
+    assert chunk.i.numel() == 0
+    out = flock_headings(heading, chunk.i, chunk.j, chunk.delta, chunk.dist2, params)
     assert torch.equal(out, heading)
 
 

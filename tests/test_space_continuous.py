@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentsim.errors import ConfigError
-from agentsim.space.continuous import Box, CellGrid, NeighborList, Pairs, radius_pairs
+from agentsim.space.continuous import Box, CellGrid, NeighborList, Pairs, radius_pair_chunks, radius_pairs
 
 
 def _positions(box: Box, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -345,3 +345,62 @@ def test_box_wrap_and_displacement():
         bounded.wrap(torch.tensor([[11.0, -1.0]])), torch.tensor([[10.0, 0.0]])
     )
     assert Box([3, 4]).size == (3.0, 4.0)
+
+
+@pytest.mark.parametrize("size,periodic", BOXES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pair_chunks_with_delta_give_displacement_bits(size, periodic, dtype):
+    # The search's displacement and squared distance are the bits Box.displacement gives.
+    box = Box(size, periodic=periodic)
+    pos = _positions(box, 400, dtype, seed=11)
+    chunks = list(radius_pair_chunks(pos, box, 1.9, n_query=300, with_delta=True))
+    i = torch.cat([c.i for c in chunks])
+    j = torch.cat([c.j for c in chunks])
+    ri, rj = radius_pairs(pos, box, 1.9, n_query=300)
+    assert torch.equal(i, ri) and torch.equal(j, rj) and i.dtype == j.dtype == torch.int64
+    ref = box.displacement(pos[i], pos[j])
+    assert torch.equal(torch.cat([c.delta for c in chunks], 1).t(), ref)
+    assert torch.equal(torch.cat([c.dist2 for c in chunks]), (ref * ref).sum(-1))
+    assert all(c.delta is None and c.dist2 is None for c in radius_pair_chunks(pos, box, 1.9))
+
+
+@pytest.mark.parametrize("size", [(10.0, 10.0), (10.0, 7.0, 12.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_wrap_and_cell_coords_match_the_broadcast_formulas(size, dtype):
+    # wrap and coords work one dim at a time with scalar lengths; same bits as the formulas
+    # with a [ndim] tensor of lengths.
+    box = Box(size)
+    g = torch.Generator().manual_seed(3)
+    length = torch.tensor(size, dtype=dtype)
+    pos = ((torch.rand(5000, len(size), generator=g, dtype=torch.float64) - 0.5) * 60).to(dtype)
+    pos[:4] = torch.tensor([-1e-9, 0.0, -0.0, 1e-30], dtype=dtype)[:, None]
+    pos[4] = length  # exactly L wraps to 0
+    r = torch.remainder(pos, length)
+    expected = torch.where(r >= length, torch.zeros_like(r), r)
+    assert torch.equal(box.wrap(pos), expected)
+    assert torch.equal(box.wrap(pos[::2]), expected[::2])  # strided input
+    grid = CellGrid(box, 1.3)
+    x64 = pos.to(torch.float64)
+    r64 = torch.remainder(x64, torch.tensor(size, dtype=torch.float64))
+    x64 = torch.where(r64 >= torch.tensor(size, dtype=torch.float64), torch.zeros_like(r64), r64)
+    c = torch.floor(x64 / torch.tensor(grid.side, dtype=torch.float64)).to(torch.int64)
+    c = torch.minimum(c.clamp(min=0), torch.tensor(grid.shape) - 1)
+    assert torch.equal(grid.coords(pos), c)
+    assert torch.equal(grid.cell_id(pos), grid.linear(c))
+
+
+def test_source_order_without_room_for_a_combined_key(monkeypatch):
+    # uids too large for the one-sort key (cell * uid span) fall back to two stable sorts.
+    from agentsim.space import continuous
+
+    sorts = []
+    real = continuous._stable_argsort
+    monkeypatch.setattr(continuous, "_stable_argsort", lambda key: sorts.append(1) or real(key))
+    box = Box((50.0, 50.0))
+    pos = _positions(box, 500, torch.float32, seed=5)
+    uid = torch.randperm(500, generator=torch.Generator().manual_seed(0))
+    small = radius_pairs(pos, box, 2.0, uid=uid)
+    assert len(sorts) == 1
+    huge = radius_pairs(pos, box, 2.0, uid=uid * 2**52)  # same order of uids
+    assert len(sorts) == 3
+    assert torch.equal(small[0], huge[0]) and torch.equal(small[1], huge[1])

@@ -82,7 +82,10 @@ def pack_rows(fields: Mapping[str, Tensor]) -> Tensor:
     if not tensors:
         return torch.zeros(0, 0, dtype=torch.uint8)
     n = tensors[0].shape[0]
-    parts = [t.detach().contiguous().view(torch.uint8).reshape(n, _row_bytes(t)) for t in tensors]
+    # An empty tensor counts as contiguous whatever its strides, and view() needs a
+    # last stride of 1: give it fresh memory.
+    parts = [(t.detach().contiguous() if t.numel() else torch.empty_like(t, memory_format=torch.contiguous_format))
+             .view(torch.uint8).reshape(n, _row_bytes(t)) for t in tensors]
     return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
 

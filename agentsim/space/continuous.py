@@ -30,11 +30,12 @@ are row-major, so the neighbor cells of one target that differ only in the
 last dim hold one contiguous run of sorted sources (two runs where a periodic
 wrap puts cell ``n-1`` before cell ``0``). Their bounds are looked up per
 (target, leading offset) in a dense per-cell table built with ``bincount``,
-or by ``searchsorted`` when the grid has many more cells than agents, and
-``repeat_interleave`` lays the candidates out directly in canonical order, so
-the output needs no sort. Targets are processed in chunks of at most about
-``2**20`` candidates on CPU (``2**24`` on accelerators), which keeps the
-temporaries small.
+or by ``searchsorted`` when the grid has many more cells than agents, and a
+cumulative sum lays the candidates out directly in canonical order, so the
+output needs no sort. Targets are processed in blocks of at most ``2**17``
+segments and chunks of at most about ``2**18`` candidates on CPU (``2**24`` on
+accelerators), which keeps the temporaries in cache; candidate indices are
+int32 where the rows allow it.
 
 Distances are compared as ``(d * d).sum(-1) <= radius * radius`` with ``d`` the
 (minimum-image) displacement in the dtype of ``pos``, the same arithmetic as
@@ -64,6 +65,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -82,8 +84,10 @@ __all__ = ["Box", "CellGrid", "NeighborList", "PairChunk", "Pairs", "radius_pair
 # Accelerators want fewer, larger kernels.
 _MAX_CANDIDATES = 2**18
 _MAX_CANDIDATES_ACCELERATOR = 2**24
-# (target, leading offset, run) segments per block of targets.
-_MAX_SEGMENTS = 2**20
+# (target, leading offset, run) segments per block of targets: [segment, target]
+# int64 tables of 1 MB. On 1M boids (one thread) blocks of 2**16 to 2**18 segments
+# were within noise of each other and 2**20 was about 10% slower.
+_MAX_SEGMENTS = 2**17
 # Largest number of cells a grid may have; keeps linear cell ids in int64.
 _MAX_CELLS = 2**62
 
@@ -96,6 +100,19 @@ def _min_image(d: Tensor, length: float) -> Tensor:
     a multiply by its reciprocal, which can differ from a tensor divisor).
     """
     return d - length * torch.round(d / length)
+
+
+def _min_image_(d: Tensor, length: float) -> Tensor:
+    """:func:`_min_image` in place on ``d`` (same operations, same bits, one temporary)."""
+    q = d / length
+    q.round_()
+    q *= length
+    return d.sub_(q)
+
+
+def _wrap_(r: Tensor, length: float) -> Tensor:
+    """Fix, in place, ``remainder(x, L)`` of a tiny negative ``x``, which rounds to exactly L."""
+    return r.masked_fill_(r >= length, 0.0)
 
 
 @dataclass(frozen=True)
@@ -156,12 +173,17 @@ class Box:
             ``[..., ndim]``: periodic boxes give ``pos mod L`` in ``[0, L)``;
             bounded boxes clamp into ``[0, L]``.
         """
-        length = self._lengths(pos)
         if not self.periodic:
+            length = self._lengths(pos)
             return torch.clamp(pos, min=torch.zeros_like(length), max=length)
-        r = torch.remainder(pos, length)
-        # remainder of a tiny negative number rounds to exactly L.
-        return torch.where(r >= length, torch.zeros_like(r), r)
+        # One dim at a time with a scalar L: the same remainder as with a [ndim] tensor of
+        # lengths (bit for bit), several times faster than the broadcast on CPU.
+        if len(set(self.size)) == 1:
+            return _wrap_(torch.remainder(pos, self.size[0]), self.size[0])
+        out = torch.empty_like(pos)
+        for k, length in enumerate(self.size):
+            out[..., k] = _wrap_(torch.remainder(pos[..., k], length), length)
+        return out
 
     def displacement(self, frm: Tensor, to: Tensor) -> Tensor:
         """Displacement ``to - frm``, minimum image when periodic.
@@ -240,13 +262,22 @@ class CellGrid:
         Returns:
             ``[n, ndim]`` int64 in ``[0, shape_d)``, computed in float64.
         """
-        x = pos.to(torch.float64)
-        if self.box.periodic:
-            x = self.box.wrap(x)
-        side = torch.tensor(self.side, dtype=torch.float64, device=pos.device)
-        c = torch.floor(x / side).to(torch.int64)
-        high = torch.tensor(self.shape, dtype=torch.int64, device=pos.device) - 1
-        return torch.clamp(c, min=torch.zeros_like(high), max=high)
+        return torch.stack(self.coord_columns(pos), dim=1)
+
+    def coord_columns(self, pos: Tensor) -> list[Tensor]:
+        """:meth:`coords` one dim at a time: ``ndim`` contiguous ``[n]`` int64 tensors.
+
+        Each is ``floor(x / side_d)`` clamped into ``[0, shape_d)``, with ``x`` the
+        position in float64, wrapped first when periodic.
+        """
+        out = []
+        for k, (length, side, n_k) in enumerate(zip(self.box.size, self.side, self.shape)):
+            x = pos[:, k].to(torch.float64)
+            if self.box.periodic:
+                x = _wrap_(torch.remainder(x, length), length)
+            c = (x / side).floor_().to(torch.int64)  # x may be a view of pos: not in place
+            out.append(c.clamp_(min=0, max=n_k - 1))
+        return out
 
     def linear(self, coords: Tensor) -> Tensor:
         """Row-major cell id of ``[..., ndim]`` int64 coordinates, ``[...]``."""
@@ -257,7 +288,13 @@ class CellGrid:
 
     def cell_id(self, pos: Tensor) -> Tensor:
         """Row-major cell id of positions ``[n, ndim]``, ``[n]`` int64."""
-        return self.linear(self.coords(pos))
+        return self._linear_columns(self.coord_columns(pos))
+
+    def _linear_columns(self, cols: list[Tensor]) -> Tensor:
+        cid = cols[0]
+        for d in range(1, self.box.ndim):
+            cid = cid * self.shape[d] + cols[d]
+        return cid
 
     def dim_offsets(self) -> list[tuple[int, ...]]:
         """Per-dim neighbor-cell offsets, ascending and consecutive.
@@ -347,12 +384,19 @@ class PairChunk(NamedTuple):
         start, stop: Target rows ``[start, stop)``.
         i: ``[m]`` int64 target rows (each in ``[start, stop)``), ascending.
         j: ``[m]`` int64 source rows.
+        delta: ``[d, m]`` displacement ``pos[j] - pos[i]`` (minimum image when periodic),
+            one contiguous row per dim, in the dtype of ``pos`` (length units): the bits
+            :meth:`Box.displacement` gives. None unless asked for (``with_delta=True``).
+        dist2: ``[m]`` squared distances ``sum_k delta[k] ** 2`` (added in dim order), or
+            None unless asked for.
     """
 
     start: int
     stop: int
     i: Tensor
     j: Tensor
+    delta: Tensor | None = None
+    dist2: Tensor | None = None
 
 
 def _iter_pair_chunks(
@@ -363,6 +407,7 @@ def _iter_pair_chunks(
     n_query: int,
     include_self: bool,
     max_candidates: int | None = None,
+    with_delta: bool = False,
 ) -> Iterator[PairChunk]:
     """Yield chunks of consecutive targets whose pairs, concatenated, are in canonical order.
 
@@ -382,91 +427,69 @@ def _iter_pair_chunks(
             _MAX_CANDIDATES if device.type == "cpu" else _MAX_CANDIDATES_ACCELERATOR
         )
     grid = CellGrid(box, radius)
-    coords = grid.coords(pos)  # [n, d]
-    cid = grid.linear(coords)  # [n]
-
-    # Sources sorted by (cell id, uid): a stable sort by uid, then by cell.
-    if uid is None:
-        order = torch.argsort(cid, stable=True)
-    else:
-        by_uid = torch.argsort(uid, stable=True)
-        order = by_uid.index_select(0, torch.argsort(cid.index_select(0, by_uid), stable=True))
-    skey = cid.index_select(0, order)
+    ccols = grid.coord_columns(pos)  # d x [n] int64 cell coordinates
+    cid = grid._linear_columns(ccols)  # [n]
+    order = _source_order(cid, uid, grid.n_cells)  # sources sorted by (cell id, uid)
     # Per-dim contiguous columns: 1D gathers are several times faster than
     # gathering rows of a [n, d] tensor.
-    cols = pos.t().contiguous()  # [d, n]
-    scols = cols.index_select(1, order)  # [d, n], sorted sources
+    cols = [pos[:, k].contiguous() for k in range(box.ndim)]
+    scols = [c.index_select(0, order) for c in cols]  # sorted sources
 
-    n_cells = grid.n_cells
-    dense = n_cells <= 4 * n + 1_000_000
-    if dense:
-        counts = torch.bincount(cid, minlength=n_cells)
-        ends = torch.cumsum(counts, 0)
-        starts = ends - counts
+    # below(c): number of sources in cells < c, for c in [0, n_cells]. A cell range
+    # lo .. hi holds the sorted sources below(lo) .. below(hi + 1) - 1.
+    if grid.n_cells <= 4 * n + 1_000_000:
+        below_table = torch.zeros(grid.n_cells + 1, dtype=torch.int64, device=device)
+        torch.cumsum(torch.bincount(cid, minlength=grid.n_cells), 0, out=below_table[1:])
 
-    def first_in(lo: Tensor) -> Tensor:  # sorted position of the first source in cell >= lo
-        if dense:
-            return starts.index_select(0, lo.reshape(-1)).view(lo.shape)
-        return torch.searchsorted(skey, lo)
+        def below(c: Tensor) -> Tensor:
+            return below_table.index_select(0, c.reshape(-1)).view(c.shape)
+    else:
+        skey = cid.index_select(0, order)
 
-    def end_of(hi: Tensor) -> Tensor:  # sorted position past the last source in cell <= hi
-        if dense:
-            return ends.index_select(0, hi.reshape(-1)).view(hi.shape)
-        return torch.searchsorted(skey, hi, right=True)
+        def below(c: Tensor) -> Tensor:
+            return torch.searchsorted(skey, c)
 
-    per_dim = grid.dim_offsets()
-    d = box.ndim
-    n_last = grid.shape[-1]
-    lead = torch.tensor(
-        list(itertools.product(*per_dim[:-1])), dtype=torch.int64, device=device
-    )  # [R, d-1]
-    lead_shape = torch.tensor(grid.shape[:-1], dtype=torch.int64, device=device)
-    o_first, o_last = per_dim[-1][0], per_dim[-1][-1]
+    lead = _leading_tables(grid, device)
+    last_lo, last_hi = _last_dim_tables(grid, device)
+    n_seg = 2 * math.prod(len(per_offset) for per_offset in lead)  # segments per target
+    block = max(1, _MAX_SEGMENTS // n_seg)
     r2 = radius * radius
-    block = max(1, _MAX_SEGMENTS // (2 * lead.shape[0]))
+    it = torch.int32 if n < 2**31 - 1 else torch.int64  # candidate index dtype
 
     for t0 in range(0, n_query, block):
         t1 = min(n_query, t0 + block)
-        c = coords[t0:t1]
-        # Leading-dim neighbor rows, [T, R, d-1], each coordinate in [-1, n].
-        rows = c[:, None, : d - 1] + lead
-        if box.periodic:
-            rows = torch.where(rows < 0, rows + lead_shape, rows)
-            rows = torch.where(rows >= lead_shape, rows - lead_shape, rows)
-            valid = None
-        else:
-            valid = ((rows >= 0) & (rows < lead_shape)).all(-1)  # [T, R]
-            rows = torch.where(valid[..., None], rows, torch.zeros_like(rows))
-        base = rows[..., 0]  # [T, R], id of the row's cell with last coord 0
-        for k in range(1, d - 1):
-            base = base * grid.shape[k] + rows[..., k]
-        base = base * n_last
-        # Last-dim cell range of the neighbors, possibly wrapped: [first, last].
-        cy = c[:, d - 1 :]  # [T, 1]
-        first, last = cy + o_first, cy + o_last
-        if box.periodic:
-            first = torch.where(first < 0, first + n_last, first)
-            first = torch.where(first >= n_last, first - n_last, first)
-            last = torch.where(last < 0, last + n_last, last)
-            last = torch.where(last >= n_last, last - n_last, last)
-            wraps = first > last  # cells first .. n-1, then 0 .. last
-        else:
-            first, last = first.clamp(min=0), last.clamp(max=n_last - 1)
-            wraps = torch.zeros_like(first, dtype=torch.bool)
-        a_lo = base + first
-        a_end = end_of(base + torch.where(wraps, torch.full_like(last, n_last - 1), last))
-        a_start = first_in(a_lo)
-        b_start = first_in(base)
-        b_end = end_of(base + last)
-        a_cnt = a_end - a_start
-        b_cnt = torch.where(wraps, b_end - b_start, torch.zeros_like(b_start))
-        if valid is not None:
-            a_cnt = torch.where(valid, a_cnt, torch.zeros_like(a_cnt))
-            b_cnt = torch.where(valid, b_cnt, torch.zeros_like(b_cnt))
-        start = torch.stack([a_start, b_start], -1)  # [T, R, 2], canonical order
-        cnt = torch.stack([a_cnt, b_cnt], -1)
-
-        per_target = cnt.sum((1, 2))  # [T]
+        # Per leading-offset combination, in canonical (lexicographic) order: the id of
+        # the neighbor row's cell with last coordinate 0, [T]; and whether that row is
+        # inside a bounded box. Everything is laid out [segment, target], targets
+        # contiguous, so every operation runs over long vectors.
+        bases: list[Tensor | None] = [None]
+        valids: list[Tensor | None] = [None]
+        for k, per_offset in enumerate(lead):
+            c = ccols[k][t0:t1]
+            rows = [(tab.index_select(0, c), None if ok is None else ok.index_select(0, c))
+                    for tab, ok in per_offset]
+            bases = [row if b is None else b * grid.shape[k] + row for b in bases for row, _ in rows]
+            valids = [ok if v is None else (v if ok is None else v & ok)
+                      for v in valids for _, ok in rows]
+        # Segments [n_seg, T]: per leading offset, the last-dim cell range (a), then the
+        # part past a periodic wrap (b, empty unless the range wraps).
+        cy = ccols[-1][t0:t1]
+        lo_p = [tab.index_select(0, cy) for tab in last_lo]
+        hi_p = [tab.index_select(0, cy) for tab in last_hi]
+        lo = torch.empty((n_seg, t1 - t0), dtype=torch.int64, device=device)
+        hi = torch.empty_like(lo)
+        for r, (b, ok) in enumerate(zip(bases, valids)):
+            assert b is not None
+            b = b * grid.shape[-1]
+            for part in (0, 1):
+                torch.add(b, lo_p[part], out=lo[2 * r + part])
+                torch.add(b, hi_p[part], out=hi[2 * r + part])
+                if ok is not None:  # a row outside a bounded box holds nothing
+                    lo[2 * r + part] *= ok
+                    hi[2 * r + part] *= ok
+        start = below(lo)
+        cnt = below(hi).sub_(start)
+        per_target = cnt.sum(0)  # [T]
         # Split the block into sub-chunks of at most ~max_candidates candidates.
         bounds = [0]
         if int(per_target.sum()) > max_candidates:
@@ -477,19 +500,81 @@ def _iter_pair_chunks(
             cuts = torch.searchsorted(csum, marks, right=True).tolist()
             bounds += [k for k in cuts if 0 < k < t1 - t0]
         bounds.append(t1 - t0)
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            if hi <= lo:
+        for c0, c1 in zip(bounds[:-1], bounds[1:]):
+            if c1 <= c0:
                 continue
-            yield PairChunk(t0 + lo, t0 + hi, *_expand(
-                cols, scols, order, box, r2, include_self,
-                t0 + lo, start[lo:hi].reshape(-1), cnt[lo:hi].reshape(-1),
-                per_target[lo:hi],
+            yield PairChunk(t0 + c0, t0 + c1, *_expand(
+                cols, scols, order, box, r2, include_self, t0 + c0,
+                start[:, c0:c1], cnt[:, c0:c1], per_target[c0:c1], with_delta, it,
             ))
 
 
+def _stable_argsort(key: Tensor) -> Tensor:
+    """``argsort(key, stable=True)`` (int64); on CPU by NumPy's, which is faster on the
+    nearly sorted keys that a locality-sorted population gives."""
+    if key.device.type == "cpu":
+        return torch.from_numpy(np.argsort(key.numpy(), kind="stable"))
+    return torch.argsort(key, stable=True)
+
+
+def _source_order(cid: Tensor, uid: Tensor | None, n_cells: int) -> Tensor:
+    """Rows sorted by ``(cell id, uid)``, ties (duplicate uids) in row order, ``[n]`` int64.
+
+    One sort of the key ``cid * span + (uid - min uid)`` where it fits in int64, else a
+    stable sort by uid, then by cell.
+    """
+    if uid is None:
+        return _stable_argsort(cid)
+    lo, hi = (int(v) for v in torch.aminmax(uid))
+    span = hi - lo + 1
+    if n_cells * span < 2**63:
+        return _stable_argsort(cid * span + (uid - lo))
+    by_uid = _stable_argsort(uid)
+    return by_uid.index_select(0, _stable_argsort(cid.index_select(0, by_uid)))
+
+
+def _leading_tables(grid: CellGrid, device: torch.device) -> list[list[tuple[Tensor, Tensor | None]]]:
+    """Per leading dim ``k`` and per offset ``o`` of it (in offset order): ``[shape_k]``
+    int64, the neighbor coordinate ``c + o`` of each coordinate ``c`` (wrapped when
+    periodic), and, for a bounded box, ``[shape_k]`` bool, whether ``c + o`` is in the box
+    (None when periodic)."""
+    tables = []
+    for n_k, offsets in zip(grid.shape[:-1], grid.dim_offsets()[:-1]):
+        c = torch.arange(n_k, dtype=torch.int64, device=device)
+        per_offset = []
+        for o in offsets:
+            if grid.box.periodic:
+                per_offset.append((torch.remainder(c + o, n_k), None))
+            else:
+                per_offset.append(((c + o).clamp(min=0, max=n_k - 1), (c + o >= 0) & (c + o < n_k)))
+        tables.append(per_offset)
+    return tables
+
+
+def _last_dim_tables(grid: CellGrid, device: torch.device) -> tuple[list[Tensor], list[Tensor]]:
+    """The last-dim cell offsets ``lo`` and ``hi + 1`` of the two segments of a target
+    with last coordinate ``c``, each a pair (segment a, segment b) of ``[shape_last]``
+    int64: (a) cells ``first .. last``, or ``first .. n - 1`` when the neighbor range
+    wraps (periodic), then (b) cells ``0 .. last`` when it wraps, else empty
+    (``lo == hi + 1``)."""
+    n_last = grid.shape[-1]
+    offsets = grid.dim_offsets()[-1]
+    c = torch.arange(n_last, dtype=torch.int64, device=device)
+    first, last = c + offsets[0], c + offsets[-1]
+    if grid.box.periodic:
+        first, last = torch.remainder(first, n_last), torch.remainder(last, n_last)
+        wraps = first > last
+    else:
+        first, last = first.clamp(min=0), last.clamp(max=n_last - 1)
+        wraps = torch.zeros_like(first, dtype=torch.bool)
+    a_hi = torch.where(wraps, torch.full_like(last, n_last - 1), last)
+    zero = torch.zeros_like(first)
+    return [first, zero], [a_hi + 1, torch.where(wraps, last + 1, zero)]
+
+
 def _expand(
-    cols: Tensor,
-    scols: Tensor,
+    cols: list[Tensor],
+    scols: list[Tensor],
     order: Tensor,
     box: Box,
     r2: float,
@@ -498,44 +583,78 @@ def _expand(
     start: Tensor,
     cnt: Tensor,
     per_target: Tensor,
-) -> tuple[Tensor, Tensor]:
-    """Candidates of targets ``t0 .. t0 + len(per_target)`` filtered by radius.
+    with_delta: bool = False,
+    it: torch.dtype = torch.int64,
+) -> tuple[Tensor, ...]:
+    """Candidates of targets ``t0 .. t0 + T - 1`` filtered by radius.
 
-    ``cols`` / ``scols`` are the ``[d, n]`` position columns in row order and
-    in sorted-source order. ``start`` / ``cnt`` are the flattened ``[T * K]``
-    (target-major) cell starts and counts into the sorted sources, so laying
-    the segments end to end gives the candidates already in canonical order.
+    ``cols`` / ``scols`` are the ``[n]`` position columns, one per dim, in row order
+    and in sorted-source order. ``start`` / ``cnt`` ``[K, T]`` are each target's ``K``
+    segments (starts and lengths in the sorted sources) in canonical order, and
+    ``per_target`` ``[T]`` their sums: laying the segments end to end, target by target,
+    gives the candidates already in canonical order. ``it`` is the dtype of the
+    candidate indices (int32 when rows fit: half the memory traffic).
+    Returns ``(i, j)``, or ``(i, j, delta [d, m], dist2 [m])`` when ``with_delta``.
     """
-    device = cols.device
-    total = int(cnt.sum())
+    device = cols[0].device
+    total = int(per_target.sum())
     if total == 0:
         empty = torch.empty(0, dtype=torch.int64, device=device)
+        if with_delta:
+            return (empty, empty, cols[0].new_empty((len(cols), 0)), cols[0].new_empty(0))
         return empty, empty
-    seg_begin = torch.cumsum(cnt, 0) - cnt
-    # Sorted-source index of each candidate: its segment's cell start plus its
-    # rank inside the segment.
-    s = torch.arange(total, device=device) + torch.repeat_interleave(
-        start - seg_begin, cnt, output_size=total
-    )
-    ti = torch.repeat_interleave(per_target, output_size=total)
-    if t0:
-        ti += t0
+    # Sorted-source index s of each candidate: one past the previous candidate's, except
+    # at the first candidate of a segment, which jumps to the segment's start. Written as
+    # a cumulative sum of steps; an empty segment begins where the next one does, and
+    # the jumps added at one place telescope.
+    t_end = torch.cumsum(per_target, 0)  # [T]
+    seg_begin = torch.cumsum(cnt, 0).sub_(cnt).add_(t_end - per_target)  # [K, T]
+    seg_end = start + cnt  # one past each segment's last source
+    prev_end = torch.empty_like(start)  # the same for the segment before, in canonical order
+    prev_end[1:] = seg_end[:-1]
+    prev_end[0, 1:] = seg_end[-1, :-1]
+    prev_end[0, 0] = 1  # s starts from 0: the first jump is start - 1
+    step = torch.ones(total + 1, dtype=it, device=device)
+    step.index_add_(0, seg_begin.reshape(-1), (start - prev_end).reshape(-1).to(it))
+    s = torch.cumsum(step[:total], 0, dtype=it)
+    # Target row of each candidate: t0, plus one at the end of each target's run.
+    tstep = torch.zeros(total + 1, dtype=it, device=device)
+    tstep.index_add_(0, t_end, torch.ones_like(per_target, dtype=it))
+    tstep[0] += t0
+    ti = torch.cumsum(tstep[:total], 0, dtype=it)
     # Same arithmetic as Box.displacement(pos[i], pos[j]), one dim at a time.
     d2: Tensor | None = None
+    deltas = []
     for k, length in enumerate(box.size):
         d = scols[k].index_select(0, s)
         d -= cols[k].index_select(0, ti)
         if box.periodic:
-            d = _min_image(d, length)
-        d *= d
+            d = _min_image_(d, length)
+        if with_delta:
+            deltas.append(d)
+            d = d * d
+        else:
+            d *= d
         d2 = d if d2 is None else d2.add_(d)
     assert d2 is not None
     keep = d2 <= r2
     j = order.index_select(0, s)
     if not include_self:
         keep &= j != ti
-    idx = keep.nonzero().squeeze(1)
-    return ti.index_select(0, idx), j.index_select(0, idx)
+    idx = _flatnonzero(keep)
+    i = ti.index_select(0, idx).to(torch.int64)
+    if not with_delta:
+        return i, j.index_select(0, idx)
+    delta = torch.stack([d.index_select(0, idx) for d in deltas])
+    return i, j.index_select(0, idx), delta, d2.index_select(0, idx)
+
+
+def _flatnonzero(mask: Tensor) -> Tensor:
+    """``mask.nonzero().squeeze(1)`` of a 1D bool mask, int64; on CPU by NumPy's, several
+    times faster."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().squeeze(1)
 
 
 def radius_pair_chunks(
@@ -545,18 +664,23 @@ def radius_pair_chunks(
     uid: Tensor | None = None,
     n_query: int | None = None,
     include_self: bool = False,
+    with_delta: bool = False,
 ) -> Iterator[PairChunk]:
     """:func:`radius_pairs` in pieces that a per-target reduction can consume one at a time.
 
-    Yields :class:`PairChunk` ``(start, stop, i, j)``: the chunks cover the targets
-    ``0 .. n_query - 1`` in order, each holds *every* pair of its targets (possibly
-    none), and concatenating their ``i`` and ``j`` gives exactly :func:`radius_pairs`'s
-    output. A sum over each target's pairs therefore comes out the same, bit for bit,
-    computed per chunk; and a chunk (at most about 2**18 candidates on CPU) stays in
-    cache, where the whole pair list of a million agents does not.
+    Yields :class:`PairChunk` ``(start, stop, i, j, delta, dist2)``: the chunks cover the
+    targets ``0 .. n_query - 1`` in order, each holds *every* pair of its targets
+    (possibly none), and concatenating their ``i`` and ``j`` gives exactly
+    :func:`radius_pairs`'s output. A sum over each target's pairs therefore comes out
+    the same, bit for bit, computed per chunk; and a chunk (at most about 2**18
+    candidates on CPU) stays in cache, where the whole pair list of a million agents
+    does not.
 
     Args:
         pos, box, radius, uid, n_query, include_self: As for :func:`radius_pairs`.
+        with_delta: Also return each pair's displacement and squared distance (the
+            search computes them anyway; a model that needs them saves two gathers
+            and the minimum image per dim).
 
     Raises:
         ConfigError: if shapes, dtypes, ``radius`` or ``n_query`` are invalid.
@@ -570,7 +694,7 @@ def radius_pair_chunks(
     """
     radius = _check_radius(radius)
     uid, n_query = _check_inputs(pos, box, uid, n_query)
-    yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self)
+    yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self, with_delta=with_delta)
 
 
 def radius_pairs(
@@ -728,7 +852,7 @@ class NeighborList:
             self._allocate(self._capacity, pos.device)
         assert self._i is not None and self._j is not None
         at = 0
-        for _, _, ci, cj in chunks:
+        for ci, cj in ((c.i, c.j) for c in chunks):
             m = int(ci.shape[0])
             self._i[at : at + m].copy_(ci)
             self._j[at : at + m].copy_(cj)
