@@ -19,7 +19,9 @@ Neighbor sums use pairs in the canonical order of
 :func:`agentsim.space.continuous.radius_pairs` (per boid, sources ordered by cell
 then uid), so results do not depend on row order or on how boids are split over ranks.
 They are computed chunk by chunk (:func:`~agentsim.space.continuous.radius_pair_chunks`),
-which keeps the working set in cache and gives the same sums.
+which keeps the working set in cache and gives the same sums, from the displacements the
+search computed anyway (``with_delta=True``), one dim at a time (``index_add_`` adds the
+pairs of a boid in pair order, as :func:`agentsim.ops.scatter_sum` does).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import math
 
 import torch
 
-from agentsim import ops
 from agentsim.model import InitContext, MetricsContext, Model
 from agentsim.params import Param, ParamSpec
 from agentsim.space.continuous import Box, radius_pair_chunks
