@@ -65,8 +65,9 @@ def init(ic: InitContext) -> tuple[State, Box]:
 
 
 def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    disp = mc.state["walker"]["disp"].to(torch.float64)
-    return {"sum_sq_disp": (disp * disp).sum(-1)}
+    disp = mc.state["walker"]["disp"]
+    x, y = disp[:, 0].to(torch.float64), disp[:, 1].to(torch.float64)
+    return {"sum_sq_disp": x * x + y * y}
 
 
 def derive(m: dict[str, float]) -> dict[str, float]:

@@ -269,3 +269,16 @@ def test_torch_scatter_backend_matches_native(name, dtype, trailing, index_dtype
     other = fn(src, index, DIM_SIZE)
     assert other.dtype == native.dtype
     torch.testing.assert_close(other, native, rtol=1e-12, atol=1e-12)
+
+
+def test_flatnonzero_matches_torch_nonzero():
+    g = torch.Generator().manual_seed(0)
+    for n, p in ((0, 0.5), (1, 1.0), (1000, 0.0), (1000, 0.3), (100_000, 0.9)):
+        mask = torch.rand(n, generator=g) < p
+        got = ops.flatnonzero(mask)
+        assert got.dtype == torch.int64 and torch.equal(got, mask.nonzero().squeeze(1))
+    assert torch.equal(ops.flatnonzero(torch.ones(10, dtype=torch.bool)[::3]), torch.arange(4))  # strided
+    with pytest.raises(ConfigError, match="1D bool"):
+        ops.flatnonzero(torch.ones(3))
+    with pytest.raises(ConfigError, match="1D bool"):
+        ops.flatnonzero(torch.ones(2, 2, dtype=torch.bool))

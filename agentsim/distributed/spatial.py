@@ -52,6 +52,7 @@ from torch import Tensor
 
 from ..comm import Comm
 from ..errors import ConfigError, did_you_mean
+from ..ops import flatnonzero
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
 from .halo import HaloBook
@@ -229,7 +230,7 @@ class SpatialPartition(HaloBook):
             return self._owner_of(self.coords(name, pop))
         inside = self._contains(rank, pop.n, lambda axis: self._axis(name, pop, axis))
         owner = torch.full((pop.n,), rank, dtype=torch.int64)
-        out = torch.nonzero(~inside).squeeze(-1)
+        out = flatnonzero(~inside)
         if out.numel():
             owner[out] = self._owner_of(self.coords(name, pop, out))
         return owner
@@ -413,7 +414,7 @@ class SpatialPartition(HaloBook):
         for axis in self._bordered_axes(rank):
             v = self._axis(name, pop, axis)
             near |= (v - lo[axis] <= limit) | (hi[axis] + last - v <= limit)
-        return torch.nonzero(near).squeeze(-1)
+        return flatnonzero(near)
 
     def _near(self, c: Tensor, kind: str, reach: float, rank: int) -> tuple[Tensor, Tensor]:
         """(row of ``c``, destination rank) for every point of ``c`` ``[n, 2]`` within ``reach`` of
@@ -498,9 +499,9 @@ class SpatialPartition(HaloBook):
         pop = state[name]
         owner = self.owner(name, pop, rank=comm.rank).to(pop[UID].device)
         leaving = owner != comm.rank
-        rows = torch.nonzero(leaving).squeeze(-1)
+        rows = flatnonzero(leaving)
         got = comm.exchange_rows(pop.fields(), owner[rows], rows)  # type: ignore[attr-defined]
-        stay = torch.nonzero(~leaving).squeeze(-1) if rows.numel() else None  # one nonzero for all fields
+        stay = flatnonzero(~leaving) if rows.numel() else None  # one nonzero for all fields
         if got[UID].shape[0]:
             pop.extend(got, keep=stay)  # one copy of every field
         elif stay is not None:

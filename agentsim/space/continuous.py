@@ -27,8 +27,10 @@ It is built from a global cell grid aligned to the box (see :class:`CellGrid`):
 
 The search is fully vectorized (no Python loop over agents or cells). Cell ids
 are row-major, so the neighbor cells of one target that differ only in the
-last dim hold one contiguous run of sorted sources (two runs where a periodic
-wrap puts cell ``n-1`` before cell ``0``). Their bounds are looked up per
+last dim hold one contiguous run of sorted sources. In a periodic box each
+row of cells gets ghost cells at both ends holding copies of the sources of
+the row's last and first cell, so the run stays contiguous, and in canonical
+order, across the wrap (cell ``n-1`` before cell ``0``). Run bounds are looked up per
 (target, leading offset) in a dense per-cell table built with ``bincount``,
 or by ``searchsorted`` when the grid has many more cells than agents, and a
 cumulative sum lays the candidates out directly in canonical order, so the
@@ -70,6 +72,7 @@ import torch
 from torch import Tensor
 
 from agentsim.errors import ConfigError
+from agentsim.ops import flatnonzero
 
 __all__ = ["Box", "CellGrid", "NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_pairs"]
 
@@ -264,19 +267,20 @@ class CellGrid:
         """
         return torch.stack(self.coord_columns(pos), dim=1)
 
-    def coord_columns(self, pos: Tensor) -> list[Tensor]:
-        """:meth:`coords` one dim at a time: ``ndim`` contiguous ``[n]`` int64 tensors.
+    def coord_columns(self, pos: Tensor, dtype: torch.dtype = torch.int64) -> list[Tensor]:
+        """:meth:`coords` one dim at a time: ``ndim`` contiguous ``[n]`` tensors of ``dtype``.
 
         Each is ``floor(x / side_d)`` clamped into ``[0, shape_d)``, with ``x`` the
-        position in float64, wrapped first when periodic.
+        position in float64, wrapped first when periodic. ``dtype`` (int64, or int32 for
+        less memory) must hold ``shape_d``.
         """
         out = []
         for k, (length, side, n_k) in enumerate(zip(self.box.size, self.side, self.shape)):
             x = pos[:, k].to(torch.float64)
             if self.box.periodic:
                 x = _wrap_(torch.remainder(x, length), length)
-            c = (x / side).floor_().to(torch.int64)  # x may be a view of pos: not in place
-            out.append(c.clamp_(min=0, max=n_k - 1))
+            c = (x / side).floor_().clamp_(min=0, max=n_k - 1).to(dtype)  # x may be a view of pos
+            out.append(c)
         return out
 
     def linear(self, coords: Tensor) -> Tensor:
@@ -413,10 +417,9 @@ def _iter_pair_chunks(
 
     Cell ids are row-major, so the neighbor cells that differ only in the last
     dim are adjacent ids and their sorted sources one contiguous range, in the
-    canonical order already; a periodic wrap splits that range in two (cells
-    ``n-1`` then ``0``). Each target therefore has two segments per offset of
-    the leading dims (6 in 2D, 18 in 3D, most second ones empty) instead of
-    one per neighbor cell (9 or 27).
+    canonical order already; ghost cells (below) keep it contiguous across a
+    periodic wrap. Each target therefore has one segment per offset of the
+    leading dims (3 in 2D, 9 in 3D) instead of one per neighbor cell (9 or 27).
     """
     device = pos.device
     n = pos.shape[0]
@@ -427,69 +430,105 @@ def _iter_pair_chunks(
             _MAX_CANDIDATES if device.type == "cpu" else _MAX_CANDIDATES_ACCELERATOR
         )
     grid = CellGrid(box, radius)
-    ccols = grid.coord_columns(pos)  # d x [n] int64 cell coordinates
-    cid = grid._linear_columns(ccols)  # [n]
-    order = _source_order(cid, uid, grid.n_cells)  # sources sorted by (cell id, uid)
+    n_last = grid.shape[-1]
+    offsets_last = grid.dim_offsets()[-1]
+    # Sources are laid out by "padded cell": each row of cells along the last dim gets a
+    # ghost cell before its first cell holding copies of its last cell's sources, and
+    # (with 3+ cells) one after its last cell holding copies of its first cell's, when
+    # periodic. A target's neighbor cells in one row are then one contiguous run of
+    # padded cells, in canonical order even across the periodic wrap: one segment per
+    # leading-dim offset (3 in 2D, 9 in 3D).
+    ghost_before = box.periodic
+    ghost_after = box.periodic and offsets_last[-1] == 1
+    width = n_last + 2  # padded cells per row
+    n_rows_lead = grid.n_cells // n_last
+    n_pcells = n_rows_lead * width
+    # Index dtype of rows, cells and candidates: int32 where they fit (half the memory
+    # traffic of int64, and faster gathers).
+    it = torch.int32 if max(3 * n, n_pcells) < 2**31 - 1 else torch.int64
+    ccols = grid.coord_columns(pos, it)  # d x [n] cell coordinates
+    lead_row = ccols[0]
+    for k in range(1, box.ndim - 1):
+        lead_row = lead_row * grid.shape[k] + ccols[k]
+    row_base = lead_row * width  # [n] padded id of each source's row
+    pcid = [row_base + ccols[-1] + 1]  # real cells at 1 .. n_last
+    rows = [torch.arange(n, dtype=it, device=device)]
+    if ghost_before:
+        g = flatnonzero(ccols[-1] == n_last - 1)
+        rows.append(g.to(it))
+        pcid.append(row_base.index_select(0, g))
+    if ghost_after:
+        g = flatnonzero(ccols[-1] == 0)
+        rows.append(g.to(it))
+        pcid.append(row_base.index_select(0, g) + (n_last + 1))
+    entry_row = torch.cat(rows) if len(rows) > 1 else rows[0]  # [n_entries] source row
+    entry_cell = torch.cat(pcid) if len(pcid) > 1 else pcid[0]  # [n_entries] padded cell
+    entry_uid = None if uid is None else uid.index_select(0, entry_row)
+    # Sources sorted by (padded cell, uid): order[p] is the row of sorted entry p.
+    perm = _source_order(entry_cell, entry_uid, n_pcells)
+    order = entry_row.index_select(0, perm)
     # Per-dim contiguous columns: 1D gathers are several times faster than
     # gathering rows of a [n, d] tensor.
     cols = [pos[:, k].contiguous() for k in range(box.ndim)]
     scols = [c.index_select(0, order) for c in cols]  # sorted sources
 
-    # below(c): number of sources in cells < c, for c in [0, n_cells]. A cell range
-    # lo .. hi holds the sorted sources below(lo) .. below(hi + 1) - 1.
-    if grid.n_cells <= 4 * n + 1_000_000:
-        below_table = torch.zeros(grid.n_cells + 1, dtype=torch.int64, device=device)
-        torch.cumsum(torch.bincount(cid, minlength=grid.n_cells), 0, out=below_table[1:])
+    # below(c): number of sorted entries in padded cells < c, for c in [0, n_pcells].
+    # A run of padded cells lo .. hi holds the sorted entries below(lo) .. below(hi + 1) - 1.
+    if n_pcells <= 4 * entry_row.shape[0] + 1_000_000:
+        below_table = torch.zeros(n_pcells + 1, dtype=it, device=device)
+        torch.cumsum(torch.bincount(entry_cell, minlength=n_pcells), 0, dtype=it, out=below_table[1:])
 
         def below(c: Tensor) -> Tensor:
-            return below_table.index_select(0, c.reshape(-1)).view(c.shape)
+            return below_table.index_select(0, c)
     else:
-        skey = cid.index_select(0, order)
+        skey = entry_cell.index_select(0, perm)
 
         def below(c: Tensor) -> Tensor:
-            return torch.searchsorted(skey, c)
+            return torch.searchsorted(skey, c, out_int32=it == torch.int32)
 
-    lead = _leading_tables(grid, device)
-    last_lo, last_hi = _last_dim_tables(grid, device)
-    n_seg = 2 * math.prod(len(per_offset) for per_offset in lead)  # segments per target
+    lead = _leading_tables(grid, device, it)
+    # Padded cell run [lo, hi) of a target's neighbors within a row, by its last coordinate.
+    cy_all = torch.arange(n_last, dtype=it, device=device)
+    if box.periodic:
+        lo_of = cy_all + (1 + offsets_last[0])
+        hi_of = cy_all + (2 + offsets_last[-1])
+    else:
+        lo_of = (cy_all + offsets_last[0]).clamp_(min=0) + 1
+        hi_of = (cy_all + offsets_last[-1]).clamp_(max=n_last - 1) + 2
+    n_seg = math.prod(len(per_offset) for per_offset in lead)  # segments per target
     block = max(1, _MAX_SEGMENTS // n_seg)
     r2 = radius * radius
-    it = torch.int32 if n < 2**31 - 1 else torch.int64  # candidate index dtype
 
     for t0 in range(0, n_query, block):
         t1 = min(n_query, t0 + block)
-        # Per leading-offset combination, in canonical (lexicographic) order: the id of
-        # the neighbor row's cell with last coordinate 0, [T]; and whether that row is
-        # inside a bounded box. Everything is laid out [segment, target], targets
-        # contiguous, so every operation runs over long vectors.
+        # Per leading-offset combination, in canonical (lexicographic) order: the
+        # neighbor row, [T]; and whether it is inside a bounded box. Everything is laid
+        # out [segment, target], targets contiguous, so every operation runs over long
+        # vectors.
         bases: list[Tensor | None] = [None]
         valids: list[Tensor | None] = [None]
         for k, per_offset in enumerate(lead):
             c = ccols[k][t0:t1]
-            rows = [(tab.index_select(0, c), None if ok is None else ok.index_select(0, c))
-                    for tab, ok in per_offset]
-            bases = [row if b is None else b * grid.shape[k] + row for b in bases for row, _ in rows]
+            nb_rows = [(tab.index_select(0, c), None if ok is None else ok.index_select(0, c))
+                       for tab, ok in per_offset]
+            bases = [row if b is None else b * grid.shape[k] + row for b in bases for row, _ in nb_rows]
             valids = [ok if v is None else (v if ok is None else v & ok)
-                      for v in valids for _, ok in rows]
-        # Segments [n_seg, T]: per leading offset, the last-dim cell range (a), then the
-        # part past a periodic wrap (b, empty unless the range wraps).
+                      for v in valids for _, ok in nb_rows]
         cy = ccols[-1][t0:t1]
-        lo_p = [tab.index_select(0, cy) for tab in last_lo]
-        hi_p = [tab.index_select(0, cy) for tab in last_hi]
-        lo = torch.empty((n_seg, t1 - t0), dtype=torch.int64, device=device)
+        lo_t, hi_t = lo_of.index_select(0, cy), hi_of.index_select(0, cy)
+        lo = torch.empty((n_seg, t1 - t0), dtype=it, device=device)
         hi = torch.empty_like(lo)
         for r, (b, ok) in enumerate(zip(bases, valids)):
             assert b is not None
-            b = b * grid.shape[-1]
-            for part in (0, 1):
-                torch.add(b, lo_p[part], out=lo[2 * r + part])
-                torch.add(b, hi_p[part], out=hi[2 * r + part])
-                if ok is not None:  # a row outside a bounded box holds nothing
-                    lo[2 * r + part] *= ok
-                    hi[2 * r + part] *= ok
-        start = below(lo)
-        cnt = below(hi).sub_(start)
-        per_target = cnt.sum(0)  # [T]
+            b = b * width
+            torch.add(b, lo_t, out=lo[r])
+            torch.add(b, hi_t, out=hi[r])
+            if ok is not None:  # a row outside a bounded box holds nothing
+                lo[r] *= ok
+                hi[r] *= ok
+        start = below(lo.view(-1)).view(lo.shape)
+        cnt = below(hi.view(-1)).view(hi.shape).sub_(start)
+        per_target = cnt.sum(0, dtype=it)  # [T]
         # Split the block into sub-chunks of at most ~max_candidates candidates.
         bounds = [0]
         if int(per_target.sum()) > max_candidates:
@@ -497,7 +536,7 @@ def _iter_pair_chunks(
             marks = torch.arange(
                 max_candidates, int(csum[-1]), max_candidates, device=device
             )
-            cuts = torch.searchsorted(csum, marks, right=True).tolist()
+            cuts = torch.searchsorted(csum, marks.to(csum.dtype), right=True).tolist()
             bounds += [k for k in cuts if 0 < k < t1 - t0]
         bounds.append(t1 - t0)
         for c0, c1 in zip(bounds[:-1], bounds[1:]):
@@ -528,19 +567,20 @@ def _source_order(cid: Tensor, uid: Tensor | None, n_cells: int) -> Tensor:
     lo, hi = (int(v) for v in torch.aminmax(uid))
     span = hi - lo + 1
     if n_cells * span < 2**63:
-        return _stable_argsort(cid * span + (uid - lo))
+        return _stable_argsort(cid.to(torch.int64) * span + (uid - lo))  # int64: no overflow
     by_uid = _stable_argsort(uid)
     return by_uid.index_select(0, _stable_argsort(cid.index_select(0, by_uid)))
 
 
-def _leading_tables(grid: CellGrid, device: torch.device) -> list[list[tuple[Tensor, Tensor | None]]]:
+def _leading_tables(grid: CellGrid, device: torch.device,
+                    dtype: torch.dtype) -> list[list[tuple[Tensor, Tensor | None]]]:
     """Per leading dim ``k`` and per offset ``o`` of it (in offset order): ``[shape_k]``
-    int64, the neighbor coordinate ``c + o`` of each coordinate ``c`` (wrapped when
+    ``dtype``, the neighbor coordinate ``c + o`` of each coordinate ``c`` (wrapped when
     periodic), and, for a bounded box, ``[shape_k]`` bool, whether ``c + o`` is in the box
     (None when periodic)."""
     tables = []
     for n_k, offsets in zip(grid.shape[:-1], grid.dim_offsets()[:-1]):
-        c = torch.arange(n_k, dtype=torch.int64, device=device)
+        c = torch.arange(n_k, dtype=dtype, device=device)
         per_offset = []
         for o in offsets:
             if grid.box.periodic:
@@ -549,27 +589,6 @@ def _leading_tables(grid: CellGrid, device: torch.device) -> list[list[tuple[Ten
                 per_offset.append(((c + o).clamp(min=0, max=n_k - 1), (c + o >= 0) & (c + o < n_k)))
         tables.append(per_offset)
     return tables
-
-
-def _last_dim_tables(grid: CellGrid, device: torch.device) -> tuple[list[Tensor], list[Tensor]]:
-    """The last-dim cell offsets ``lo`` and ``hi + 1`` of the two segments of a target
-    with last coordinate ``c``, each a pair (segment a, segment b) of ``[shape_last]``
-    int64: (a) cells ``first .. last``, or ``first .. n - 1`` when the neighbor range
-    wraps (periodic), then (b) cells ``0 .. last`` when it wraps, else empty
-    (``lo == hi + 1``)."""
-    n_last = grid.shape[-1]
-    offsets = grid.dim_offsets()[-1]
-    c = torch.arange(n_last, dtype=torch.int64, device=device)
-    first, last = c + offsets[0], c + offsets[-1]
-    if grid.box.periodic:
-        first, last = torch.remainder(first, n_last), torch.remainder(last, n_last)
-        wraps = first > last
-    else:
-        first, last = first.clamp(min=0), last.clamp(max=n_last - 1)
-        wraps = torch.zeros_like(first, dtype=torch.bool)
-    a_hi = torch.where(wraps, torch.full_like(last, n_last - 1), last)
-    zero = torch.zeros_like(first)
-    return [first, zero], [a_hi + 1, torch.where(wraps, last + 1, zero)]
 
 
 def _expand(
@@ -607,15 +626,15 @@ def _expand(
     # at the first candidate of a segment, which jumps to the segment's start. Written as
     # a cumulative sum of steps; an empty segment begins where the next one does, and
     # the jumps added at one place telescope.
-    t_end = torch.cumsum(per_target, 0)  # [T]
-    seg_begin = torch.cumsum(cnt, 0).sub_(cnt).add_(t_end - per_target)  # [K, T]
+    t_end = torch.cumsum(per_target, 0, dtype=it)  # [T]
+    seg_begin = torch.cumsum(cnt, 0, dtype=it).sub_(cnt).add_(t_end - per_target)  # [K, T]
     seg_end = start + cnt  # one past each segment's last source
     prev_end = torch.empty_like(start)  # the same for the segment before, in canonical order
     prev_end[1:] = seg_end[:-1]
     prev_end[0, 1:] = seg_end[-1, :-1]
     prev_end[0, 0] = 1  # s starts from 0: the first jump is start - 1
     step = torch.ones(total + 1, dtype=it, device=device)
-    step.index_add_(0, seg_begin.reshape(-1), (start - prev_end).reshape(-1).to(it))
+    step.index_add_(0, seg_begin.reshape(-1), (start - prev_end).reshape(-1))
     s = torch.cumsum(step[:total], 0, dtype=it)
     # Target row of each candidate: t0, plus one at the end of each target's run.
     tstep = torch.zeros(total + 1, dtype=it, device=device)
@@ -641,20 +660,13 @@ def _expand(
     j = order.index_select(0, s)
     if not include_self:
         keep &= j != ti
-    idx = _flatnonzero(keep)
+    idx = flatnonzero(keep)
     i = ti.index_select(0, idx).to(torch.int64)
+    j = j.index_select(0, idx).to(torch.int64)
     if not with_delta:
-        return i, j.index_select(0, idx)
+        return i, j
     delta = torch.stack([d.index_select(0, idx) for d in deltas])
-    return i, j.index_select(0, idx), delta, d2.index_select(0, idx)
-
-
-def _flatnonzero(mask: Tensor) -> Tensor:
-    """``mask.nonzero().squeeze(1)`` of a 1D bool mask, int64; on CPU by NumPy's, several
-    times faster."""
-    if mask.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(mask.numpy()))
-    return mask.nonzero().squeeze(1)
+    return i, j, delta, d2.index_select(0, idx)
 
 
 def radius_pair_chunks(
