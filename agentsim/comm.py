@@ -34,8 +34,10 @@ class Comm(Protocol):
         """All ranks' rows of a population on the writing rank (None on the others)."""
         ...
 
-    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True) -> dict[str, Tensor]:
-        """Every rank's rows of ``fields`` on every rank, in rank order (halos: ``include_self=False``)."""
+    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True,
+                        rows_per_rank: int | None = None) -> dict[str, Tensor]:
+        """Every rank's rows of ``fields`` on every rank, in rank order (halos: ``include_self=False``).
+        ``rows_per_rank``: every rank sends exactly that many rows (saves the exchange of counts)."""
         ...
 
 
@@ -57,5 +59,6 @@ class LocalComm:
     def gather_rows(self, fields: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
         return {k: v.detach().cpu() for k, v in fields.items()}
 
-    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True) -> dict[str, Tensor]:
+    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True,
+                        rows_per_rank: int | None = None) -> dict[str, Tensor]:
         return dict(fields) if include_self else {k: v[:0] for k, v in fields.items()}

@@ -257,6 +257,12 @@ class Simulation:
         int64 fixed point with :data:`METRIC_FRAC_BITS` fractional bits, so the result has
         the same bits on any number of ranks. ``derive`` then computes ratios from the sums.
         """
+        names, is_float, sums = self._local_metric_sums()
+        return self._metrics_from(names, is_float, self.comm.sum_int64(sums))
+
+    def _local_metric_sums(self) -> tuple[list[str], list[bool], Tensor]:
+        """This rank's exact metric sums: names, which are floats, and ``[k]`` int64 on CPU
+        (floats in fixed point)."""
         local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n, device=self.device) for name, pop in self.state.populations.items()}
         if self.model.metrics_fn is not None:
             local.update(self.model.metrics_fn(
@@ -268,7 +274,10 @@ class Simulation:
             else local[k].to(torch.int64).sum()
             for k, f in zip(names, is_float)
         ]).cpu()
-        sums = self.comm.sum_int64(sums)
+        return names, is_float, sums
+
+    def _metrics_from(self, names: list[str], is_float: list[bool], sums: Tensor) -> dict[str, int | float]:
+        """Metrics from the global sums ``[k]`` int64 of :meth:`_local_metric_sums`."""
         out: dict[str, int | float] = {"step": self.state.step}
         for k, f, v in zip(names, is_float, sums.tolist()):
             out[k] = v * 2.0 ** -METRIC_FRAC_BITS if f else v

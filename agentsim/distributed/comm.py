@@ -152,9 +152,15 @@ class TorchComm:
         self._timed(8, dist.all_gather_single, out, mine)
         return out.tolist()
 
-    def _all_gather_padded(self, rows: Tensor) -> tuple[list[Tensor], list[int]]:
-        """Every rank's ``rows`` (``[n_r, *trailing]``, same trailing shape and dtype everywhere)."""
-        counts = self._all_gather_counts(rows.shape[0])
+    def _all_gather_padded(self, rows: Tensor, rows_per_rank: int | None = None) -> tuple[list[Tensor], list[int]]:
+        """Every rank's ``rows`` (``[n_r, *trailing]``, same trailing shape and dtype everywhere);
+        with ``rows_per_rank``, every ``n_r`` is that (one collective instead of two)."""
+        if rows_per_rank is not None:
+            if rows.shape[0] != rows_per_rank:
+                raise ValueError(f"all_gather_rows: expected {rows_per_rank} rows on every rank (got {rows.shape[0]})")
+            counts = [rows_per_rank] * self.world_size
+        else:
+            counts = self._all_gather_counts(rows.shape[0])
         n_max = max(counts)
         trailing = tuple(rows.shape[1:])
         if n_max == 0:
@@ -201,7 +207,8 @@ class TorchComm:
         self._timed(buf.numel() * 8, dist.all_reduce, buf, op=dist.ReduceOp.SUM)
         return buf.to(values.device)
 
-    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True) -> dict[str, Tensor]:
+    def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True,
+                        rows_per_rank: int | None = None) -> dict[str, Tensor]:
         """Every rank's rows of ``fields``, concatenated in rank order (one packed exchange).
 
         Args:
@@ -209,6 +216,8 @@ class TorchComm:
                 shapes on every rank.
             include_self: Whether this rank's own rows are part of the result (a halo
                 leaves them out).
+            rows_per_rank: Every rank sends exactly this many rows: one collective instead
+                of two (no exchange of counts).
 
         Returns:
             Name to ``[n, ...]`` on the input device.
@@ -216,7 +225,7 @@ class TorchComm:
         if not fields:
             return {}
         device = next(iter(fields.values())).device
-        blocks, _ = self._all_gather_padded(pack_rows(fields))
+        blocks, _ = self._all_gather_padded(pack_rows(fields), rows_per_rank)
         keep = [b for r, b in enumerate(blocks) if include_self or r != self.rank]
         packed = torch.cat(keep) if keep else blocks[0][:0]
         return {k: v.to(device) for k, v in unpack_rows(packed, fields).items()}

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..comm import Comm
 from ..engine import DEFAULT_SORT_EVERY, Simulation
+from ..errors import SimulationError
 from ..model import Model
 from ..substep import Substep
 from .comm import CommStats
@@ -75,6 +76,9 @@ class DistributedSimulation(Simulation):
         self.state = self.partition.scatter(self.state, self.comm)
         self.comm_steps: list[CommStats] = []
         self.perf_steps: list[dict[str, float]] = []
+        self._step_flags: list[tuple[str, Tensor]] = []
+        self._in_run = False
+        self._fused_metrics: tuple[int, list[str], list[bool], Tensor] | None = None
 
     def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
         return self.partition.halo(population, substep)
@@ -97,14 +101,37 @@ class DistributedSimulation(Simulation):
     def n_local(self) -> int:
         return sum(p.n for p in self.state.populations.values())
 
-    def _gather_figures(self, values: list[float]) -> Tensor:
-        mine = torch.tensor([values], dtype=torch.float64)
-        return self.comm.all_gather_rows({"v": mine})["v"]  # [W, k], rank order
+    def _gather_figures(self, values: list[float], extra: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """One all_gather of this rank's figures ``values`` (``"v"``: ``[W, k]`` float64, rank
+        order) and of ``extra`` one-row tensors (same names and shapes on every rank)."""
+        rows = {"v": torch.tensor([values], dtype=torch.float64), **(extra or {})}
+        return self.comm.all_gather_rows(rows, rows_per_rank=1)
+
+    def _raise_flags(self, flags: list[tuple[str, Tensor]]) -> None:
+        # Deferred: step() sends the flags with the step's figures (and metric sums) in one
+        # collective, then every rank raises together.
+        self._step_flags = flags
+
+    def metrics(self) -> dict[str, int | float]:
+        fused, self._fused_metrics = self._fused_metrics, None
+        if fused is not None and fused[0] == self.state.step:  # summed in step()'s gather
+            return self._metrics_from(*fused[1:])
+        return super().metrics()
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self._in_run = True  # run() takes the metrics right after each step: fuse their sums
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self._in_run = False
+            self._fused_metrics = None
 
     def step(self) -> None:
         stats: CommStats | None = getattr(self.comm, "stats", None)
         before = stats.snapshot() if stats is not None else None
         self.partition.start_step()
+        self._step_flags = []
+        self._fused_metrics = None
         try:
             super().step()
         finally:
@@ -112,14 +139,30 @@ class DistributedSimulation(Simulation):
                 self.comm_steps.append(stats.since(before))
         part = self.partition
         last = self.comm_steps[-1] if stats is not None else CommStats()
-        figs = self._gather_figures([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
-                                     part.halo_rows, part.halo_bytes, getattr(part, "migrated", 0)])
+        # One collective for the step's figures, error flags and (inside run) metric sums.
+        extra: dict[str, Tensor] = {}
+        flags = self._step_flags
+        if flags:
+            extra["flags"] = torch.stack([f for _, f in flags]).to(device="cpu", dtype=torch.bool)[None]
+        metric_parts = self._local_metric_sums() if self._in_run else None
+        if metric_parts is not None:
+            extra["metrics"] = metric_parts[2][None]
+        got = self._gather_figures([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
+                                    part.halo_rows, part.halo_bytes, getattr(part, "migrated", 0)], extra)
+        if flags:
+            raised = got["flags"].any(0)
+            if bool(raised.any()):
+                names = [name for (name, _), v in zip(flags, raised.tolist()) if v]
+                raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
+        if metric_parts is not None:
+            self._fused_metrics = (self.state.step, metric_parts[0], metric_parts[1], got["metrics"].sum(0))
+        figs = got["v"]
         counts = [int(v) for v in figs[:, 0].tolist()]
         before_mean = sum(counts) / len(counts)
         imbalance_before = max(counts) / before_mean if before_mean > 0 else 1.0
         rebalanced = part.maybe_balance(self.state, self.comm, counts)
         if rebalanced:
-            counts = [int(v) for v in self._gather_figures([self.n_local()])[:, 0].tolist()]
+            counts = [int(v) for v in self._gather_figures([self.n_local()])["v"][:, 0].tolist()]
         mean = sum(counts) / len(counts)
         col = {name: figs[:, i] for i, name in enumerate(PERF_FIGURES)}
         self.perf_steps.append({
