@@ -243,9 +243,13 @@ class Simulation:
         if not flags:
             self.comm.any_flags(torch.zeros(0, dtype=torch.bool, device=self.device))
             return
-        values = self.comm.any_flags(torch.stack([f for _, f in flags]))
-        if bool(values.any()):
-            names = [name for (name, _), v in zip(flags, values.tolist()) if v]
+        self._raise_if_flagged(flags, self.comm.any_flags(torch.stack([f for _, f in flags])))
+
+    def _raise_if_flagged(self, flags: list[tuple[str, Tensor]], raised: Tensor) -> None:
+        """Raise a SimulationError naming the flags whose entry of ``raised`` (``[len(flags)]``
+        bool, already OR-ed over ranks) is set."""
+        if bool(raised.any()):
+            names = [name for (name, _), v in zip(flags, raised.tolist()) if v]
             raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
 
     # ---------------------------------------------------------------- metrics

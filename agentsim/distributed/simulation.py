@@ -26,7 +26,6 @@ from torch import Tensor
 
 from ..comm import Comm
 from ..engine import DEFAULT_SORT_EVERY, Simulation
-from ..errors import SimulationError
 from ..model import Model
 from ..substep import Substep
 from .comm import CommStats
@@ -150,10 +149,7 @@ class DistributedSimulation(Simulation):
         got = self._gather_figures([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
                                     part.halo_rows, part.halo_bytes, getattr(part, "migrated", 0)], extra)
         if flags:
-            raised = got["flags"].any(0)
-            if bool(raised.any()):
-                names = [name for (name, _), v in zip(flags, raised.tolist()) if v]
-                raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
+            self._raise_if_flagged(flags, got["flags"].any(0))
         if metric_parts is not None:
             self._fused_metrics = (self.state.step, metric_parts[0], metric_parts[1], got["metrics"].sum(0))
         figs = got["v"]

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -87,34 +87,32 @@ __all__ = ["Box", "CellGrid", "NeighborList", "PairChunk", "Pairs", "radius_pair
 # Accelerators want fewer, larger kernels.
 _MAX_CANDIDATES = 2**18
 _MAX_CANDIDATES_ACCELERATOR = 2**24
-# (target, leading offset, run) segments per block of targets: [segment, target]
-# int64 tables of 1 MB. On 1M boids (one thread) blocks of 2**16 to 2**18 segments
+# (target, leading offset) segments per block of targets: [segment, target] index
+# tables of at most 1 MB. On 1M boids (one thread) blocks of 2**16 to 2**18 segments
 # were within noise of each other and 2**20 was about 10% slower.
 _MAX_SEGMENTS = 2**17
 # Largest number of cells a grid may have; keeps linear cell ids in int64.
 _MAX_CELLS = 2**62
 
 
-def _min_image(d: Tensor, length: float) -> Tensor:
+def _min_image(d: Tensor, length: float, inplace: bool = False) -> Tensor:
     """Minimum image of one displacement component, ``d - L * round(d / L)``.
 
     Written once, with ``L`` a Python float, so that :meth:`Box.displacement`
     and the pair search round identically (a scalar divisor may be applied as
     a multiply by its reciprocal, which can differ from a tensor divisor).
+    ``inplace`` writes the result into ``d`` (one temporary instead of two).
     """
-    return d - length * torch.round(d / length)
-
-
-def _min_image_(d: Tensor, length: float) -> Tensor:
-    """:func:`_min_image` in place on ``d`` (same operations, same bits, one temporary)."""
     q = d / length
     q.round_()
     q *= length
-    return d.sub_(q)
+    return d.sub_(q) if inplace else d - q
 
 
-def _wrap_(r: Tensor, length: float) -> Tensor:
-    """Fix, in place, ``remainder(x, L)`` of a tiny negative ``x``, which rounds to exactly L."""
+def _wrap_dim(x: Tensor, length: float) -> Tensor:
+    """Periodic wrap of coordinates along one dim into ``[0, L)``: ``remainder(x, L)``,
+    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0."""
+    r = torch.remainder(x, length)
     return r.masked_fill_(r >= length, 0.0)
 
 
@@ -182,10 +180,10 @@ class Box:
         # One dim at a time with a scalar L: the same remainder as with a [ndim] tensor of
         # lengths (bit for bit), several times faster than the broadcast on CPU.
         if len(set(self.size)) == 1:
-            return _wrap_(torch.remainder(pos, self.size[0]), self.size[0])
+            return _wrap_dim(pos, self.size[0])
         out = torch.empty_like(pos)
         for k, length in enumerate(self.size):
-            out[..., k] = _wrap_(torch.remainder(pos[..., k], length), length)
+            out[..., k] = _wrap_dim(pos[..., k], length)
         return out
 
     def displacement(self, frm: Tensor, to: Tensor) -> Tensor:
@@ -278,23 +276,21 @@ class CellGrid:
         for k, (length, side, n_k) in enumerate(zip(self.box.size, self.side, self.shape)):
             x = pos[:, k].to(torch.float64)
             if self.box.periodic:
-                x = _wrap_(torch.remainder(x, length), length)
+                x = _wrap_dim(x, length)
             c = (x / side).floor_().clamp_(min=0, max=n_k - 1).to(dtype)  # x may be a view of pos
             out.append(c)
         return out
 
     def linear(self, coords: Tensor) -> Tensor:
         """Row-major cell id of ``[..., ndim]`` int64 coordinates, ``[...]``."""
-        cid = coords[..., 0]
-        for d in range(1, self.box.ndim):
-            cid = cid * self.shape[d] + coords[..., d]
-        return cid
+        return self._linear_columns(coords.unbind(-1))
 
     def cell_id(self, pos: Tensor) -> Tensor:
         """Row-major cell id of positions ``[n, ndim]``, ``[n]`` int64."""
         return self._linear_columns(self.coord_columns(pos))
 
-    def _linear_columns(self, cols: list[Tensor]) -> Tensor:
+    def _linear_columns(self, cols: Sequence[Tensor]) -> Tensor:
+        """Row-major cell id from one coordinate tensor per dim (all the same shape)."""
         cid = cols[0]
         for d in range(1, self.box.ndim):
             cid = cid * self.shape[d] + cols[d]
@@ -648,7 +644,7 @@ def _expand(
         d = scols[k].index_select(0, s)
         d -= cols[k].index_select(0, ti)
         if box.periodic:
-            d = _min_image_(d, length)
+            d = _min_image(d, length, inplace=True)
         if with_delta:
             deltas.append(d)
             d = d * d
@@ -864,10 +860,10 @@ class NeighborList:
             self._allocate(self._capacity, pos.device)
         assert self._i is not None and self._j is not None
         at = 0
-        for ci, cj in ((c.i, c.j) for c in chunks):
-            m = int(ci.shape[0])
-            self._i[at : at + m].copy_(ci)
-            self._j[at : at + m].copy_(cj)
+        for c in chunks:
+            m = int(c.i.shape[0])
+            self._i[at : at + m].copy_(c.i)
+            self._j[at : at + m].copy_(c.j)
             at += m
         return Pairs(
             i=self._i[:n_pairs], j=self._j[:n_pairs], n_query=n_query, n_source=pos.shape[0]
