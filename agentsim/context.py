@@ -136,9 +136,14 @@ class Context:
         device: The device of the state.
     """
 
-    def __init__(self, sim: Simulation, substep: Substep) -> None:
+    def __init__(self, sim: Simulation, substep: Substep, state: State | None = None,
+                 halo: Mapping[str, Mapping[str, Tensor]] | None = None) -> None:
         self._sim = sim
-        self._state: State = sim.state
+        # ``state`` and ``halo``: the engine runs an agentwise substep on a subset of the
+        # agents (the targets, as the rows of ``state``) with the other agents it may see
+        # as halo rows (see agentsim.distributed.overlap).
+        self._state: State = sim.state if state is None else state
+        self._part_halo = halo
         self.substep = substep
         self.step: int = sim.state.step + 1
         self.params: dict[str, Any] = sim.params
@@ -172,6 +177,9 @@ class Context:
                 f"substep '{self.substep.name}' asks for neighbors of '{population}' but declares "
                 f"neighbors={dict(self.substep.neighbors)}"
             )
+        if self._part_halo is not None:
+            return NeighborView(self._state[population], self.substep.neighbors[population], self.substep,
+                                self._part_halo.get(population))
         return self._sim.neighbor_view(population, self.substep, fresh=self.fresh)
 
     def spawn(self, population: str, parent_uid: Tensor, fields: Mapping[str, Tensor]) -> None:

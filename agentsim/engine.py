@@ -195,14 +195,7 @@ class Simulation:
             ctx.fresh = self.refresh_due(s)
             if ctx.fresh:
                 self._store_snapshot(s)
-        versions = self._read_only_versions(s)
-        s(ctx)
-        for (pop, key), (tensor_id, version) in versions.items():
-            t = self.state.env[key] if pop == ENV else self.state.populations[pop][key]
-            if id(t) == tensor_id and t._version != version:
-                raise FieldAccessError(
-                    f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes="
-                )
+        self._call_checked(s, ctx, self.state)
         for pop, dies in ctx._deaths:
             self.state.populations[pop].keep(~dies)
         for pop, parents, fields in ctx._births:
@@ -222,10 +215,21 @@ class Simulation:
                     flags.append((f"{s.name}: NaN in {ref}", torch.isnan(t).any()))
         return flags
 
-    def _read_only_versions(self, s: Substep) -> dict[tuple[str, str], tuple[int, int]]:
+    def _call_checked(self, s: Substep, ctx: Context, state: State) -> None:
+        """Call ``s(ctx)`` on ``state`` and raise if it modified a read-only tensor in place."""
+        versions = self._read_only_versions(s, state)
+        s(ctx)
+        for (pop, key), (tensor_id, version) in versions.items():
+            t = state.env[key] if pop == ENV else state.populations[pop][key]
+            if id(t) == tensor_id and t._version != version:
+                raise FieldAccessError(
+                    f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes="
+                )
+
+    def _read_only_versions(self, s: Substep, state: State) -> dict[tuple[str, str], tuple[int, int]]:
         """Version counters of the tensors ``s`` may read but not write (in-place write detection)."""
         out: dict[tuple[str, str], tuple[int, int]] = {}
-        for name, pop in self.state.populations.items():
+        for name, pop in state.populations.items():
             if not s.touches(name):
                 continue
             writable = s.writable(name)
@@ -234,8 +238,8 @@ class Simulation:
                     t = pop[key]
                     out[(name, key)] = (id(t), t._version)
         for key in s.readable(ENV) - {"uid"} - s.writable(ENV):
-            if key in self.state.env:
-                t = self.state.env[key]
+            if key in state.env:
+                t = state.env[key]
                 out[(ENV, key)] = (id(t), t._version)
         return out
 
@@ -245,12 +249,12 @@ class Simulation:
             return
         self._raise_if_flagged(flags, self.comm.any_flags(torch.stack([f for _, f in flags])))
 
-    def _raise_if_flagged(self, flags: list[tuple[str, Tensor]], raised: Tensor) -> None:
+    def _raise_if_flagged(self, flags: list[tuple[str, Tensor]], raised: Tensor, step: int | None = None) -> None:
         """Raise a SimulationError naming the flags whose entry of ``raised`` (``[len(flags)]``
-        bool, already OR-ed over ranks) is set."""
+        bool, already OR-ed over ranks) is set, and their step (default: the current one)."""
         if bool(raised.any()):
             names = [name for (name, _), v in zip(flags, raised.tolist()) if v]
-            raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
+            raise SimulationError(f"step {self.state.step if step is None else step}: " + "; ".join(names))
 
     # ---------------------------------------------------------------- metrics
     def metrics(self) -> dict[str, int | float]:

@@ -12,7 +12,14 @@ It declares, when registered:
   ``"moore:radius"`` (grid cells within a Moore radius given by a parameter or an int),
   ``"graph"`` (contacts in the model's graph) or ``"global"`` (any agent; the
   default). A spatial partitioner sizes halos from it; one process ignores it;
-- ``births`` / ``deaths``: populations it may add agents to or remove agents from.
+- ``births`` / ``deaths``: populations it may add agents to or remove agents from;
+- ``agentwise``: a promise that each agent's written values depend only on its own
+  fields and on its neighbors' declared fields within ``reach`` (random draws keyed by
+  uid, no sums over all agents, no dependence on row order), so the engine may run the
+  substep on any subset of the agents as targets and get the same values. It needs
+  ``writes`` of one population only, no env writes, births or deaths. The spatial
+  partitioner uses it to overlap the halo exchange with the work on interior agents
+  (:mod:`agentsim.distributed.overlap`).
 
 The engine enforces the declaration: reading or writing an undeclared field, or
 modifying a read-only tensor in place, raises :class:`~agentsim.errors.FieldAccessError`.
@@ -114,6 +121,7 @@ class Substep:
     deaths: tuple[str, ...] = ()
     doc: str = ""
     reach: str | float = "global"
+    agentwise: bool = False
 
     def touches(self, population: str) -> bool:
         refs = (*self.reads, *self.writes)
@@ -148,6 +156,7 @@ class Registry:
         births: Iterable[str] = (),
         deaths: Iterable[str] = (),
         reach: str | float = "global",
+        agentwise: bool = False,
     ) -> Callable[[SubstepFn], Substep]:
         """Decorator that registers ``fn`` as a substep (see the module docstring)."""
 
@@ -162,8 +171,18 @@ class Registry:
                 split_ref(ref)
             nb = {pop: tuple(fields) for pop, fields in (neighbors or {}).items()}
             check_reach(reach)
-            step = Substep(key, fn, reads_t, writes_t, nb, tuple(births), tuple(deaths),
-                           (fn.__doc__ or "").strip().split("\n")[0], reach)
+            births_t, deaths_t = tuple(births), tuple(deaths)
+            if not isinstance(agentwise, bool):
+                raise ConfigError(f"substep '{key}': agentwise: expected True or False (got {agentwise!r})")
+            if agentwise:
+                written = {split_ref(r)[0] for r in writes_t}
+                if ENV in written or len(written) > 1 or births_t or deaths_t:
+                    raise ConfigError(
+                        f"substep '{key}': agentwise=True needs writes of one population only and no env "
+                        f"writes, births or deaths (got writes={list(writes_t)}, births={list(births_t)}, "
+                        f"deaths={list(deaths_t)})")
+            step = Substep(key, fn, reads_t, writes_t, nb, births_t, deaths_t,
+                           (fn.__doc__ or "").strip().split("\n")[0], reach, agentwise)
             self._substeps[key] = step
             return step
 

@@ -93,7 +93,7 @@ def flock_headings(heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, delt
 
 
 @registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.heading"],
-                  neighbors={"boid": ["pos", "heading"]}, reach="vision")
+                  neighbors={"boid": ["pos", "heading"]}, reach="vision", agentwise=True)
 def flock(ctx):
     """Cohere, separate and match with the neighbors within ``vision``."""
     boids = ctx["boid"]

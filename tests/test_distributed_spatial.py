@@ -4,7 +4,8 @@ Every model (boids with each layout) runs with ``partition="spatial"`` on 2, 3 a
 ranks (sub-groups of ONE 4-rank gloo job, as in ``test_distributed.py``) and must give
 the same bits as a one-process run: metrics, final agents sorted by uid, and the HDF5
 ``/agents``, ``/env`` and ``/metrics``. Migration and (wolfsheep) births and deaths happen
-in these runs; a crowded random walk shows load balancing.
+in these runs; a crowded random walk shows load balancing. Boids runs with the
+overlapped exchange (agentsim.distributed.overlap; tests/test_overlap.py forces its rare paths).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def run_models(comm, out_dir: str) -> dict | None:
         agents = {pop: comm.gather_rows(p.fields()) for pop, p in sim.state.populations.items()}
         if comm.rank == 0:
             results[key] = {"metrics": result.metrics, "path": path, "perf": sim.perf_steps,
+                            "overlap": sim.overlap is not None,
                             "agents": {pop: sorted_fields(f) for pop, f in agents.items()}}
     return results if comm.rank == 0 else None
 
@@ -122,6 +124,8 @@ def test_spatial_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_
             with h5py.File(got["path"], "r") as f:
                 assert f.attrs["world_size"] == w and f.attrs["completed"]
                 assert "agents/imbalance" in f["perf"] and "halo/bytes" in f["perf"]
+        for key, name, *_ in RUNS:  # boids exchanges once per step, overlapped with its work
+            assert multi_rank[w][key]["overlap"] == (name == "boids"), (key, w)
         for key in MOVING:  # agents crossed region borders
             assert sum(p["migrated"] for p in multi_rank[w][key]["perf"]) > 0, f"{key} W={w}: no migration"
         # Halos hold only agents near borders, not every agent (as the data partitioner's would).

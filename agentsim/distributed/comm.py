@@ -276,16 +276,43 @@ class TorchComm:
             fields = {k: v.index_select(0, index) for k, v in fields.items()}
         packed = pack_rows(fields).to(self.device)
         row_bytes = packed.shape[1]
-        send_counts = torch.bincount(dest, minlength=self.world_size).to(device=self.device, dtype=torch.int64)
-        recv_counts = torch.empty_like(send_counts)
-        self._timed(8 * self.world_size, dist.all_to_all_single, recv_counts, send_counts)
-        send = [int(c) * row_bytes for c in send_counts.tolist()]
-        recv = [int(c) * row_bytes for c in recv_counts.tolist()]
+        send_counts = torch.bincount(dest, minlength=self.world_size).tolist()
+        recv_counts = self.exchange_counts(send_counts)
+        send = [int(c) * row_bytes for c in send_counts]
+        recv = [int(c) * row_bytes for c in recv_counts]
         out = packed.new_empty(sum(recv))
         self._timed(packed.numel(), dist.all_to_all_single, out, packed.reshape(-1),
                     output_split_sizes=recv, input_split_sizes=send)
         rows = out.view(sum(recv) // row_bytes if row_bytes else 0, row_bytes)
         return {k: v.to(device) for k, v in unpack_rows(rows, {k: v[:0] for k, v in fields.items()}).items()}
+
+    def exchange_counts(self, send: list[int]) -> list[int]:
+        """``send[d]``: what this rank has for rank ``d``; returns ``recv[s]``, what rank ``s`` has
+        for this one (one all_to_all_single of ``W`` int64)."""
+        mine = torch.tensor(send, dtype=torch.int64, device=self.device)
+        out = torch.empty_like(mine)
+        self._timed(8 * self.world_size, dist.all_to_all_single, out, mine)
+        return [int(c) for c in out.tolist()]
+
+    def post_all_to_all(self, send: Tensor, send_splits: list[int], recv_splits: list[int]) -> tuple[Tensor, object]:
+        """Start an ``all_to_all_single`` of a flat uint8 buffer with uneven splits, without
+        waiting; returns ``(receive buffer, work)``. Finish with :meth:`wait`; read the buffer
+        only after that. Every rank must post its part (a collective)."""
+        send = send.to(self.device)
+        out = send.new_empty(sum(recv_splits))
+        t0 = time.perf_counter()
+        work = dist.all_to_all_single(out, send, output_split_sizes=recv_splits,
+                                      input_split_sizes=send_splits, group=self.group, async_op=True)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.calls += 1
+        self.stats.bytes_sent += send.numel()
+        return out, work
+
+    def wait(self, work: object) -> None:
+        """Wait for a collective started by :meth:`post_all_to_all` (timed as communication)."""
+        t0 = time.perf_counter()
+        work.wait()  # type: ignore[attr-defined]
+        self.stats.seconds += time.perf_counter() - t0
 
     def barrier(self) -> None:
         self._timed(0, dist.barrier)

@@ -142,7 +142,7 @@ def make_partition(partition: str | DataPartition | SpatialPartition = "data",
     """A partitioner from its name (``"data"``, ``"spatial"``) or an instance (returned as is).
 
     ``options`` go to :class:`~agentsim.distributed.spatial.SpatialPartition` (``layout``,
-    ``balance_every``, ``balance_threshold``, ``bins``); None values are dropped.
+    ``balance_every``, ``balance_threshold``, ``bins``, ``overlap``); None values are dropped.
     """
     if isinstance(partition, (DataPartition, SpatialPartition)):
         return partition

@@ -25,10 +25,15 @@ import torch
 from torch import Tensor
 
 from ..comm import Comm
+from ..context import Context
 from ..engine import DEFAULT_SORT_EVERY, Simulation
+from ..errors import AgentsimError
 from ..model import Model
+from ..ops import flatnonzero
+from ..state import Population, State
 from ..substep import Substep
 from .comm import CommStats
+from .overlap import OverlapExchange, overlap_plan
 from .partition import DataPartition, check_sync_every_for, make_partition
 from .spatial import SpatialPartition
 
@@ -78,6 +83,11 @@ class DistributedSimulation(Simulation):
         self._step_flags: list[tuple[str, Tensor]] = []
         self._in_run = False
         self._fused_metrics: tuple[int, list[str], list[bool], Tensor] | None = None
+        plan = overlap_plan(model, self.partition, self.params, self.comm, sync_every)
+        self.overlap = OverlapExchange(self.partition, *plan) if plan is not None else None  # type: ignore[arg-type]
+        self._posted: tuple[list[tuple[str, Tensor]], tuple[list[str], list[bool]] | None] | None = None
+        self._deferred: tuple[Any, list[dict[str, int | float]], Any, bool] | None = None
+        self._stats_at_post: CommStats | None = None
 
     def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
         return self.partition.halo(population, substep)
@@ -86,6 +96,19 @@ class DistributedSimulation(Simulation):
         return self.partition.owned_env(self.state, name, self.comm)
 
     def _run_substep(self, s: Substep) -> list[tuple[str, Tensor]]:
+        ov = self.overlap
+        if ov is not None:  # migration waits for the end-of-step exchange
+            if s is not ov.substep:
+                return super()._run_substep(s)
+            if ov.pending is not None:
+                return self._run_split(s)
+            if ov.halo is not None:  # received with the last exchange
+                self.partition._halo[ov.name] = ov.halo
+                ov.halo = None
+                try:
+                    return super()._run_substep(s)
+                finally:
+                    self.partition.drop_halos()
         if self.refresh_due(s):  # between refreshes (sync_every > 1) the engine reads its snapshot
             self.partition.before_substep(self.state, s, self.comm)
         ok = False
@@ -94,8 +117,109 @@ class DistributedSimulation(Simulation):
             ok = True
         finally:
             # Migration is a collective: only after a substep that returned on this rank.
-            self.partition.after_substep(self.state if ok else None, s, self.comm)
+            self.partition.after_substep(self.state if ok and ov is None else None, s, self.comm)
         return flags
+
+    # ------------------------------------------------------------ overlapped exchange
+    def _run_split(self, s: Substep) -> list[tuple[str, Tensor]]:
+        """Run the agentwise substep ``s`` while the exchange is in flight: the interior agents
+        first, then (after the exchange) the border agents (see :mod:`agentsim.distributed.overlap`)."""
+        ov, part = self.overlap, self.partition
+        assert ov is not None and ov.pending is not None and isinstance(part, SpatialPartition)
+        name, limit = ov.name, part.halo_limit(ov.reach)
+        n_inner, n_stay = ov.pending.n_inner, ov.pending.n_stay  # the rows post() put first
+        out_in, flags = self._run_part(s, name, torch.arange(n_inner), torch.arange(n_inner, n_stay), None)
+        self._complete_exchange()
+        pop, dist = self.state[name], ov.dist
+        reach_in = limit + max(ov.guess, ov.depth)  # an arrival deeper than the guess: recompute near it
+        border = flatnonzero(dist <= reach_in)
+        band = flatnonzero((dist > reach_in) & (dist <= reach_in + limit))
+        assert ov.halo is not None
+        out_b, flags_b = self._run_part(s, name, border, band, ov.halo)
+        ov.halo = None
+        kept = int((dist[:n_inner] > reach_in).sum())
+        if kept + border.shape[0] != pop.n:  # every agent computed once, by the rule above
+            raise AgentsimError(f"overlap: {kept} interior and {border.shape[0]} border agents "
+                                f"for {pop.n} agents on rank {self.comm.rank} (a bug; use overlap=False)")
+        for key in s.writable(name):
+            new = out_b[key].new_empty((pop.n, *out_b[key].shape[1:]))
+            new[:n_inner] = out_in[key]
+            new.index_copy_(0, border.to(new.device), out_b[key])  # after: rows the interior part could not finish
+            pop[key] = new
+        flags += flags_b
+        if self.check_nan:
+            for key in sorted(s.writable(name)):
+                if pop[key].is_floating_point():
+                    flags.append((f"{s.name}: NaN in {name}.{key}", torch.isnan(pop[key]).any()))
+        return flags
+
+    def _run_part(self, s: Substep, name: str, rows: Tensor, others: Tensor,
+                  halo: dict[str, Tensor] | None) -> tuple[dict[str, Tensor], list[tuple[str, Tensor]]]:
+        """Run agentwise ``s`` for the agents at ``rows`` of population ``name`` (the targets),
+        with the agents at ``others`` and the ``halo`` rows as their other neighbors; return
+        the written fields of the targets (``[len(rows), ...]``) and the flags."""
+        pop = self.state[name]
+        m = rows.shape[0]
+        if m and int(rows[-1]) - int(rows[0]) + 1 == m:  # a block of rows: views, no copies
+            sub = {k: v.narrow(0, int(rows[0]), m) for k, v in pop.fields().items()}
+        else:
+            sub = {k: v.index_select(0, rows.to(v.device)) for k, v in pop.fields().items()}
+        part_pop = Population(name, pop.specs, sub, next_uid=pop.next_uid)
+        assert self.overlap is not None
+        extra = {k: pop[k].index_select(0, others.to(pop[k].device)) for k in self.overlap.nb_fields}
+        if halo is not None:
+            extra = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in extra.items()}
+        state = State({name: part_pop}, self.state.env, self.state.step)
+        ctx = Context(self, s, state=state, halo={name: extra})
+        self._call_checked(s, ctx, state)
+        return {k: part_pop[k] for k in s.writable(name)}, ctx._flags
+
+    def _post_exchange(self) -> None:
+        """Start the end-of-step exchange with this step's figures, flags and (inside run) metric sums."""
+        ov, stats = self.overlap, getattr(self.comm, "stats", None)
+        assert ov is not None
+        # Communication since the last exchange was posted, so a wait that ends a step counts in the next.
+        since = stats.since(self._stats_at_post or CommStats()) if stats is not None else CommStats()
+        part = self.partition
+        halo_rows, halo_bytes = part.halo_rows + ov.received_rows, part.halo_bytes + ov.received_bytes
+        ov.received_rows = ov.received_bytes = 0
+        header = {"figures": torch.tensor([[self.n_local(), self.step_seconds[-1], since.seconds, since.bytes_sent,
+                                            halo_rows, halo_bytes, 0.0]], dtype=torch.float64)}
+        flags = self._step_flags
+        header["flags"] = (torch.stack([f for _, f in flags]).to(device="cpu", dtype=torch.bool)[None] if flags
+                           else torch.zeros(1, 0, dtype=torch.bool))
+        metric_parts = self._local_metric_sums() if self._in_run else None
+        if metric_parts is not None:
+            header["sums"] = metric_parts[2][None]
+        self._posted = (flags, None if metric_parts is None else (metric_parts[0], metric_parts[1]))
+        wait = not self._in_run or part.balance_due(self.state.step)  # type: ignore[union-attr]
+        if stats is not None:  # the exchange's own bytes and its wait count in the next step
+            self._stats_at_post = stats.snapshot()
+        ov.post(self.state, self.comm, header, wait=wait)
+
+    def _complete_exchange(self) -> None:
+        """Finish the posted exchange; take the step's figures (raise its flags on every rank)
+        and record the step if the run loop left it for then."""
+        ov = self.overlap
+        assert ov is not None and self._posted is not None
+        at_step_end = ov.pending is not None and ov.pending.work is None
+        heads = ov.complete(self.state, self.comm)
+        flags, metric_names = self._posted
+        self._posted = None
+        figs = torch.cat([h["figures"] for h in heads])  # [W, k]
+        sent = torch.cat([h["ints"][:, 4:] for h in heads])  # [W, W] migrants from row rank to column rank
+        figs[:, 0] += sent.sum(0).to(torch.float64) - sent.sum(1).to(torch.float64)  # agents after migration
+        figs[:, 6] = sent.sum(1).to(torch.float64)
+        if flags:
+            self._raise_if_flagged(flags, torch.cat([h["flags"] for h in heads]).any(0), step=self.state.step)
+        if metric_names is not None:
+            sums = torch.cat([h["sums"] for h in heads]).sum(0)
+            self._fused_metrics = (self.state.step, metric_names[0], metric_names[1], sums)
+        self._take_figures(figs, balance=at_step_end)
+        if self._deferred is not None:
+            writer, rows, rec, gathers = self._deferred
+            self._deferred = None
+            Simulation._record(self, writer, rows, rec, False, gathers)
 
     def n_local(self) -> int:
         return sum(p.n for p in self.state.populations.values())
@@ -124,6 +248,9 @@ class DistributedSimulation(Simulation):
         finally:
             self._in_run = False
             self._fused_metrics = None
+            self._deferred = None
+            if self.overlap is not None:
+                self.overlap.halo = None  # the state may change before the next run
 
     def step(self) -> None:
         stats: CommStats | None = getattr(self.comm, "stats", None)
@@ -131,11 +258,22 @@ class DistributedSimulation(Simulation):
         self.partition.start_step()
         self._step_flags = []
         self._fused_metrics = None
+        ov = self.overlap
         try:
+            if ov is not None and ov.pending is not None and (self.locality.due(self.state.step) or self.shuffle_rows):
+                self._complete_exchange()  # rows are about to be reordered
             super().step()
+            if ov is not None:
+                self._post_exchange()
+                if ov.pending is not None and ov.pending.work is None:  # waited at once: take it now
+                    self._complete_exchange()
+                if not self._in_run:  # the state may change before the next step: no halo kept
+                    ov.halo = None
         finally:
             if stats is not None and before is not None:
                 self.comm_steps.append(stats.since(before))
+        if ov is not None:
+            return
         part = self.partition
         last = self.comm_steps[-1] if stats is not None else CommStats()
         # One collective for the step's figures, error flags and (inside run) metric sums.
@@ -152,13 +290,20 @@ class DistributedSimulation(Simulation):
             self._raise_if_flagged(flags, got["flags"].any(0))
         if metric_parts is not None:
             self._fused_metrics = (self.state.step, metric_parts[0], metric_parts[1], got["metrics"].sum(0))
-        figs = got["v"]
+        self._take_figures(got["v"], balance=True)
+
+    def _take_figures(self, figs: Tensor, balance: bool) -> None:
+        """Append the step's :attr:`perf_steps` entry from every rank's figures ``[W, k]``
+        (columns :data:`PERF_FIGURES`); with ``balance``, rebalance first if due."""
+        part = self.partition
         counts = [int(v) for v in figs[:, 0].tolist()]
         before_mean = sum(counts) / len(counts)
         imbalance_before = max(counts) / before_mean if before_mean > 0 else 1.0
-        rebalanced = part.maybe_balance(self.state, self.comm, counts)
+        rebalanced = balance and part.maybe_balance(self.state, self.comm, counts)
         if rebalanced:
             counts = [int(v) for v in self._gather_figures([self.n_local()])["v"][:, 0].tolist()]
+            if self.overlap is not None:
+                self.overlap.halo = None  # borders moved: the halo received with them is stale
         mean = sum(counts) / len(counts)
         col = {name: figs[:, i] for i, name in enumerate(PERF_FIGURES)}
         self.perf_steps.append({
@@ -182,6 +327,12 @@ class DistributedSimulation(Simulation):
 
     def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: Any, agents: bool,
                 gathers: bool = True) -> None:
+        ov = self.overlap
+        if ov is not None and ov.pending is not None:
+            if not agents and self._in_run:  # recorded when the step's figures arrive
+                self._deferred = (writer, rows, rec, gathers)
+                return
+            self._complete_exchange()  # a frame needs every agent on its owner
         if agents and (gathers or writer is not None) and rec.env:
             self.partition.sync_env(self.state, self.comm)  # a frame holds every cell's owner value
         super()._record(writer, rows, rec, agents, gathers)

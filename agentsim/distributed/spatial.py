@@ -85,6 +85,8 @@ class SpatialPartition(HaloBook):
         balance_threshold: Rebalance when max/mean agents per rank exceeds this (> 1).
         bins: Histogram bins per axis for cuts (rcb and rebalancing; a 2D histogram uses
             at most 256 per axis).
+        overlap: Overlap the step's communication with the work on interior agents when
+            the model allows it (:mod:`agentsim.distributed.overlap`); same results either way.
 
     Attributes:
         migrated: Agents this rank sent away in migrations during the current step.
@@ -105,7 +107,7 @@ class SpatialPartition(HaloBook):
     name = "spatial"
 
     def __init__(self, layout: str = "strips", balance_every: int = 0,
-                 balance_threshold: float = 1.1, bins: int = 1024) -> None:
+                 balance_threshold: float = 1.1, bins: int = 1024, overlap: bool = True) -> None:
         if not isinstance(layout, str) or layout not in LAYOUTS:
             hint = did_you_mean(layout, LAYOUTS) if isinstance(layout, str) else ""
             raise ConfigError(f"unknown layout {layout!r} (valid: {', '.join(LAYOUTS)})." + hint)
@@ -116,7 +118,10 @@ class SpatialPartition(HaloBook):
             raise ConfigError(f"balance_threshold: expected a number >= 1 (got {balance_threshold!r})")
         if isinstance(bins, bool) or not isinstance(bins, int) or bins < 2:
             raise ConfigError(f"bins: expected an int >= 2 (got {bins!r})")
+        if not isinstance(overlap, bool):
+            raise ConfigError(f"overlap: expected True or False (got {overlap!r})")
         super().__init__()
+        self.overlap = overlap
         self.layout = layout
         self.balance_every = balance_every
         self.balance_threshold = float(balance_threshold)
@@ -133,7 +138,7 @@ class SpatialPartition(HaloBook):
 
     def __repr__(self) -> str:
         return (f"SpatialPartition(layout={self.layout!r}, balance_every={self.balance_every}, "
-                f"balance_threshold={self.balance_threshold})")
+                f"balance_threshold={self.balance_threshold}, overlap={self.overlap})")
 
     # ------------------------------------------------------------------ set-up
     def bind(self, space: Any, params: Mapping[str, Any]) -> None:
@@ -406,20 +411,40 @@ class SpatialPartition(HaloBook):
         (a region spanning a whole axis is separated from the others along the other axis).
         A point outside the rectangle has a negative distance and is kept. Typically a few
         percent of the agents qualify."""
-        assert self.lo is not None and self.hi is not None
-        limit = reach + 2 * self._margin(reach)
-        near = torch.zeros(pop.n, dtype=torch.bool)
-        lo, hi = self.lo[rank].tolist(), self.hi[rank].tolist()
+        limit = self.halo_limit(reach)
         last = -1 if kind == "moore" else 0  # cells: the region's last cell is hi - 1
-        for axis in self._bordered_axes(rank):
-            v = self._axis(name, pop, axis)
-            near |= (v - lo[axis] <= limit) | (hi[axis] + last - v <= limit)
-        return flatnonzero(near)
+        return flatnonzero(self._border_distance(rank, pop.n, lambda axis: self._axis(name, pop, axis), last) <= limit)
 
-    def _near(self, c: Tensor, kind: str, reach: float, rank: int) -> tuple[Tensor, Tensor]:
+    def halo_limit(self, reach: float) -> float:
+        """Distance to a region border within which an agent may be within ``reach`` (plus the
+        safety margin) of another region."""
+        return reach + 2 * self._margin(reach)
+
+    def border_distance(self, name: str, pop: Population | None, rank: int, coords: Tensor | None = None) -> Tensor:
+        """``[n]`` float64 distance from each agent of ``pop`` (or each point of ``coords``
+        ``[n, 2]``) to the nearest border of ``rank``'s region, over the axes where it has
+        borders: ``min(v - lo, hi - v)``; negative outside the region, ``inf`` if it has none.
+        An agent at a larger distance than :meth:`halo_limit` is within reach of no other region."""
+        if coords is not None:
+            return self._border_distance(rank, coords.shape[0], lambda axis: coords[:, axis])
+        assert pop is not None
+        return self._border_distance(rank, pop.n, lambda axis: self._axis(name, pop, axis))
+
+    def _border_distance(self, r: int, n: int, column: Callable[[int], Tensor], last: int = 0) -> Tensor:
+        assert self.lo is not None and self.hi is not None
+        lo, hi = self.lo[r].tolist(), self.hi[r].tolist()
+        d = torch.full((n,), math.inf, dtype=torch.float64)
+        for axis in self._bordered_axes(r):
+            v = column(axis)
+            d = torch.minimum(d, torch.minimum(v - lo[axis], hi[axis] + last - v))
+        return d
+
+    def _near(self, c: Tensor, kind: str, reach: float, rank: int,
+              exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(row of ``c``, destination rank) for every point of ``c`` ``[n, 2]`` within ``reach`` of
         another rank's region: the distance to each region, over periodic images. Given the
-        candidates of :meth:`_near_border` in production; any points in the tests."""
+        candidates of :meth:`_near_border` in production; any points in the tests. With
+        ``exclude`` (``[n]`` int64), point ``k`` skips rank ``exclude[k]`` instead of ``rank``."""
         assert self.lo is not None and self.hi is not None
         margin = self._margin(reach)
         lo, hi = self.lo[None], self.hi[None]
@@ -437,7 +462,10 @@ class SpatialPartition(HaloBook):
         else:
             near = (d * d).sum(-1) <= (reach + margin) ** 2
         near &= (self.hi > self.lo).all(-1)[None]
-        near[:, rank] = False
+        if exclude is None:
+            near[:, rank] = False
+        else:
+            near[torch.arange(c.shape[0]), exclude] = False
         row, dest = torch.nonzero(near, as_tuple=True)
         return row, dest
 
@@ -515,11 +543,14 @@ class SpatialPartition(HaloBook):
         self.migrated = 0
         self.rebalanced = False
 
+    def balance_due(self, step: int) -> bool:
+        """Whether :meth:`maybe_balance` checks the load at the end of ``step``."""
+        return self.balance_every > 0 and self.kind != "graph" and step % self.balance_every == 0
+
     def maybe_balance(self, state: State, comm: Comm, counts: list[int]) -> bool:
         """Rebalance when due and ``max(counts) / mean(counts) > balance_threshold`` (every rank
         passes the same per-rank agent counts, so all decide alike)."""
-        if (self.balance_every == 0 or comm.world_size == 1 or self.kind == "graph"
-                or state.step % self.balance_every != 0):
+        if comm.world_size == 1 or not self.balance_due(state.step):
             return False
         mean = sum(counts) / len(counts)
         if mean == 0 or max(counts) / mean <= self.balance_threshold:

@@ -1,0 +1,292 @@
+"""One exchange per step that does not stop the ranks: migration, the next halo and the figures.
+
+Scope (:func:`overlap_plan`): the spatial partitioner on a continuous space with
+several ranks and ``sync_every=1``, and a model with one population ``P`` whose first
+substep ``S`` is ``agentwise`` (see :mod:`agentsim.substep`) and reads neighbors of ``P``
+within a length ``reach``; no other substep reads neighbors, none has births or deaths.
+``SpatialPartition(overlap=False)`` turns it off. Boids qualifies.
+
+For such a model the step's communication is one exchange at the end of the step,
+posted without waiting (an asynchronous ``all_to_all_single``), instead of a halo
+exchange before ``S``, a migration after each position write and a gather of the
+step's figures (five collectives, three points where every rank waits for the slowest).
+Each rank sends to each other rank ``d``, in one buffer:
+
+- a fixed-size header: this rank's figures of the step (agents, seconds, bytes...),
+  error flags and, inside ``run``, metric sums (exact int64 sums, the same whichever
+  rank holds an agent, so they can be taken before the agents move);
+- the agents that now belong to ``d``, with every field (migration);
+- every other agent within ``reach`` of ``d``'s region that ``d`` will not own, with the
+  fields ``S`` reads of neighbors (``d``'s halo for ``S`` of the next step). Agents this
+  rank gives away but needs as halo itself stay here as halo rows.
+
+The next step runs ``S`` in two parts. First for the *interior* agents: those farther
+than :meth:`~agentsim.distributed.spatial.SpatialPartition.halo_limit` ``+ D`` from the
+region's borders, where ``D`` is the deepest any arriving agent has been inside the
+region so far. All their neighbors within reach are agents this rank already holds, so
+the part needs nothing from the exchange. Then the rank waits for the exchange (by
+then usually long done), appends the arriving agents, and runs ``S`` for the other
+agents (the *border*), with the agents near them and the halo as neighbors. If an
+arrival lies deeper than ``D``, the border part takes the interior agents it could reach
+too, so results never depend on the guess. ``S`` being agentwise, each agent gets the
+values of one run over all agents: results keep their bits (the tests compare them
+with one process and with ``overlap=False``).
+
+A rank thus waits for the others only when it has run out of interior work, not at each
+collective. Buffers have a capacity per pair of ranks, known to both: twice the bytes
+of the pair's last exchange, at least :data:`MIN_CAPACITY`. A pair that needs more sends
+the rest in a second, waiting round, which every rank joins (each header says whether
+its sender overflowed). The first exchange agrees on sizes first.
+
+The exchange waits at once (no overlap) when the step is the last of a ``run``, outside
+``run``, on load-balancing steps, and before a trajectory frame; the run loop records a
+step's metrics when its figures arrive (during the next step), so a NaN flag raises on
+every rank at the same point, one half step later than without overlap, naming its step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from ..ops import flatnonzero
+from ..state import UID, State
+from ..substep import Substep, resolve_reach
+from .comm import pack_rows, row_counts, unpack_rows
+
+if TYPE_CHECKING:
+    from ..comm import Comm
+    from ..model import Model
+    from .spatial import SpatialPartition
+
+__all__ = ["MIN_CAPACITY", "OverlapExchange", "overlap_plan"]
+
+MIN_CAPACITY = 4096  # bytes per pair of ranks and step, at least
+
+
+def overlap_plan(model: Model, partition: Any, params: Mapping[str, Any], comm: Comm,
+                 sync_every: int) -> tuple[str, Substep, float] | None:
+    """``(population, substep S, reach)`` when the run qualifies for the overlapped exchange
+    (see the module docstring), else None."""
+    if (comm.world_size == 1 or sync_every != 1 or getattr(partition, "kind", None) != "continuous"
+            or not getattr(partition, "overlap", False) or len(partition.position) != 1):
+        return None
+    name = next(iter(partition.position))
+    first = model.substeps[0]
+    if not first.agentwise or set(first.neighbors) != {name} or first.writable(name) == set():
+        return None
+    kind, reach = resolve_reach(first, params)
+    if kind != "length":
+        return None
+    for s in model.substeps:
+        if s.births or s.deaths or (s is not first and s.neighbors):
+            return None
+    return name, first, reach
+
+
+def _capacity(payload: int) -> int:
+    return max(MIN_CAPACITY, -(-2 * payload // 64) * 64)
+
+
+@dataclass
+class _Pending:
+    out: Tensor  # receive buffer of round one (valid after the wait)
+    work: Any
+    recv_splits: list[int]
+    payload_out: list[int]  # bytes this rank has for each rank
+    rest_out: list[Tensor]  # what did not fit the capacity, per rank
+    n_inner: int  # rows [0, n_inner): interior agents; [n_inner, n_stay): other agents kept
+    n_stay: int
+    guess: float  # the depth that chose the interior
+    dist: Tensor  # [n] float64 border distance of every row (in the new row order)
+    self_halo: dict[str, Tensor]
+    header: dict[str, Tensor]  # this rank's own header
+
+
+class OverlapExchange:
+    """The end-of-step exchange of one population (see the module docstring).
+
+    Args:
+        partition: The bound, scattered spatial partitioner.
+        name: The population.
+        substep: ``S``, the first substep (agentwise, reads neighbors of ``name``).
+        reach: ``S``'s reach (length units).
+
+    Attributes:
+        pending: The posted exchange, until :meth:`complete`.
+        halo: After :meth:`complete`: the halo rows for ``S`` of the next step
+            (uid and ``S``'s neighbor fields), received and kept; None when stale.
+        depth: How deep inside this rank's region the deepest arrival lay, over all
+            exchanges so far (length units): interior agents lie farther than
+            ``halo_limit + depth`` from the borders.
+        n_inner, guess, dist: After :meth:`complete`: rows ``[0, n_inner)`` are the agents
+            that were interior with the depth ``guess`` of the last post; ``dist`` ``[n]``
+            float64 is every row's border distance.
+        migrated: Agents this rank sent away in the last exchange.
+        received_rows, received_bytes: Halo rows and bytes received since the caller last
+            reset them.
+    """
+
+    def __init__(self, partition: SpatialPartition, name: str, substep: Substep, reach: float) -> None:
+        self.partition = partition
+        self.name = name
+        self.substep = substep
+        self.reach = reach
+        self.nb_fields = (UID, *[f for f in substep.neighbors[name] if f != UID])
+        self.cap_out: list[int] | None = None
+        self.cap_in: list[int] | None = None
+        self.pending: _Pending | None = None
+        self.halo: dict[str, Tensor] | None = None
+        self.depth = 0.0
+        self.migrated = 0
+        self.n_inner, self.guess, self.dist = 0, 0.0, torch.zeros(0, dtype=torch.float64)
+        self.received_rows = self.received_bytes = 0
+
+    # ------------------------------------------------------------------ sending
+    def post(self, state: State, comm: Any, header: dict[str, Tensor], wait: bool) -> None:
+        """Start the exchange for the current state (see the module docstring).
+
+        Reorders the population's rows: the interior agents first (in their order), then
+        the other agents this rank keeps, then those it gives away (by destination); the
+        rows stay as they are until :meth:`complete`.
+
+        Args:
+            header: One-row tensors (same names, dtypes and shapes on every rank): this
+                rank's figures, flags and metric sums for the step; ``"ints"`` is added.
+            wait: Complete at once (:meth:`complete` still has to be called).
+        """
+        assert self.pending is None, "the previous exchange was not completed"
+        part, pop, rank, W = self.partition, state[self.name], comm.rank, comm.world_size
+        limit = part.halo_limit(self.reach)
+        dist = part.border_distance(self.name, pop, rank)
+        # Agents outside the region have dist <= 0 (half-open borders: = 0 may be either side).
+        edge = flatnonzero(dist <= 0)
+        edge_owner = part._owner_of(part.coords(self.name, pop, edge))
+        gone = edge_owner != rank
+        mig_dest, by_dest = torch.sort(edge_owner[gone], stable=True)
+        leave_rows = edge[gone].index_select(0, by_dest)
+        leave = torch.zeros(pop.n, dtype=torch.bool)
+        leave[leave_rows] = True
+        inner = dist > limit + self.depth
+        order = torch.cat([flatnonzero(inner), flatnonzero(~inner & ~leave), leave_rows])
+        pop.keep(order)
+        dist = dist.index_select(0, order)
+        n, n_stay = pop.n, pop.n - mig_dest.shape[0]
+        n_inner = int(inner.sum())
+        owner = torch.cat([torch.full((n_stay,), rank, dtype=torch.int64), mig_dest])
+        near = n_inner + flatnonzero(dist[n_inner:] <= limit)
+        row, dest = part._near(part.coords(self.name, pop, near), "length", self.reach, rank,
+                               exclude=owner.index_select(0, near))
+        rows = near.index_select(0, row)
+        own = dest == rank
+        self_rows = rows[own]
+        h_dest, by_dest = torch.sort(dest[~own], stable=True)
+        h_rows = rows[~own].index_select(0, by_dest)
+        fields = pop.fields()
+        mig = pack_rows({k: v[n_stay:] for k, v in fields.items()}).cpu()
+        halo = pack_rows({k: pop[k].index_select(0, h_rows.to(pop[k].device)) for k in self.nb_fields}).cpu()
+        self_halo = {k: pop[k].index_select(0, self_rows.to(pop[k].device)) for k in self.nb_fields}
+        n_mig = torch.bincount(mig_dest, minlength=W).tolist()
+        n_halo = torch.bincount(h_dest, minlength=W).tolist()
+        payload = [n_mig[d] * mig.shape[1] + n_halo[d] * halo.shape[1] for d in range(W)]
+        if self.cap_out is None:  # first exchange: agree on sizes
+            self.cap_out = [0 if d == rank else p for d, p in enumerate(payload)]
+            self.cap_in = comm.exchange_counts(self.cap_out)
+        assert self.cap_in is not None
+        overflow = any(payload[d] > self.cap_out[d] for d in range(W) if d != rank)
+        ints = torch.tensor([[0, 0, 0, int(overflow), *n_mig]], dtype=torch.int64)
+        own_header = {"ints": ints, **header}
+        pieces, rest, send_splits = [], [], []
+        mig_at = [0, *torch.cumsum(torch.tensor(n_mig), 0).tolist()]
+        halo_at = [0, *torch.cumsum(torch.tensor(n_halo), 0).tolist()]
+        for d in range(W):
+            if d == rank:
+                rest.append(mig.new_empty(0))
+                send_splits.append(0)
+                continue
+            ints_d = ints.clone()
+            ints_d[0, :3] = torch.tensor([payload[d], n_mig[d], n_halo[d]])
+            data = torch.cat([mig[mig_at[d]:mig_at[d + 1]].reshape(-1), halo[halo_at[d]:halo_at[d + 1]].reshape(-1)])
+            cap = self.cap_out[d]
+            head = pack_rows({**own_header, "ints": ints_d}).reshape(-1)
+            pieces += [head, data[:cap], data.new_zeros(max(0, cap - data.numel()))]
+            rest.append(data[cap:])
+            send_splits.append(head.numel() + cap)
+        h = pack_rows(own_header).shape[1]
+        recv_splits = [0 if s == rank else h + self.cap_in[s] for s in range(W)]
+        send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
+        out, work = comm.post_all_to_all(send, send_splits, recv_splits)
+        self.pending = _Pending(out, work, recv_splits, payload, rest, n_inner, n_stay, self.depth, dist,
+                                self_halo, own_header)
+        self.migrated = n - n_stay
+        if wait:
+            comm.wait(work)
+            self.pending.work = None
+
+    # ------------------------------------------------------------------ receiving
+    def complete(self, state: State, comm: Any) -> list[dict[str, Tensor]]:
+        """Wait for the posted exchange, move the arrivals into the population, keep the halo;
+        return every rank's header (rank order; one-row tensors; ``"ints"[0, 4:]`` is the
+        rank's migrants per destination)."""
+        p = self.pending
+        assert p is not None and self.cap_in is not None and self.cap_out is not None
+        self.pending = None
+        if p.work is not None:
+            comm.wait(p.work)
+        rank, W = comm.rank, comm.world_size
+        pop = state[self.name]
+        h = pack_rows(p.header).shape[1]
+        heads, data, offset = [], [], 0
+        for s in range(W):
+            if s == rank:
+                heads.append(p.header)
+                data.append(p.out.new_empty(0))
+                continue
+            block = p.out[offset:offset + p.recv_splits[s]]
+            offset += p.recv_splits[s]
+            head = unpack_rows(block[:h].reshape(1, h), p.header)
+            heads.append(head)
+            data.append(block[h:h + min(int(head["ints"][0, 0]), self.cap_in[s])])
+        payload_in = [0 if s == rank else int(heads[s]["ints"][0, 0]) for s in range(W)]
+        if any(bool(hd["ints"][0, 3]) for hd in heads):  # someone overflowed: a second round, all join
+            send = torch.cat(p.rest_out)
+            rest_in = [max(0, payload_in[s] - self.cap_in[s]) for s in range(W)]
+            out, work = comm.post_all_to_all(send, [t.numel() for t in p.rest_out], rest_in)
+            comm.wait(work)
+            at = [0, *torch.cumsum(torch.tensor(rest_in), 0).tolist()]
+            data = [torch.cat([data[s], out[at[s]:at[s + 1]]]) for s in range(W)]
+        self.cap_out = [0 if d == rank else _capacity(p.payload_out[d]) for d in range(W)]
+        self.cap_in = [0 if s == rank else _capacity(payload_in[s]) for s in range(W)]
+        like = {k: v[:0] for k, v in pop.fields().items()}
+        nb_like = {k: pop[k][:0] for k in self.nb_fields}
+        mig_row = pack_rows(like).shape[1]
+        nb_row = pack_rows(nb_like).shape[1]
+        mig_parts, halo_parts = [], []
+        for s in range(W):
+            if s == rank:
+                continue
+            m, n_h = int(heads[s]["ints"][0, 1]), int(heads[s]["ints"][0, 2])
+            mig_parts.append(data[s][:m * mig_row].reshape(m, mig_row))
+            halo_parts.append(data[s][m * mig_row:m * mig_row + n_h * nb_row].reshape(n_h, nb_row))
+        device = pop[UID].device
+        arrivals = {k: v.to(device) for k, v in unpack_rows(torch.cat(mig_parts), like).items()}
+        received = {k: v.to(device) for k, v in unpack_rows(torch.cat(halo_parts), nb_like).items()}
+        if arrivals[UID].shape[0]:
+            pop.extend(arrivals, keep=p.n_stay)
+            where = arrivals[self.partition.position[self.name]][:, :2].to(torch.float64).cpu()
+            depth = self.partition.border_distance(self.name, None, rank, coords=where)
+            self.depth = max(self.depth, float(depth.max()))
+            self.dist = torch.cat([p.dist[:p.n_stay], depth])
+        else:
+            pop.keep(slice(0, p.n_stay))  # type: ignore[arg-type]
+            self.dist = p.dist[:p.n_stay]
+        self.n_inner, self.guess = p.n_inner, p.guess
+        n, nbytes = row_counts(received)
+        self.received_rows += n
+        self.received_bytes += nbytes
+        self.halo = {k: torch.cat([received[k], p.self_halo[k]]) for k in self.nb_fields}
+        return heads
