@@ -47,7 +47,11 @@ Partitioners
   Grid env layers are authoritative on the owner of each cell (metrics count owned
   cells; trajectory frames gather the owners' values). ``balance_every=K`` moves the
   borders (from a global position histogram) when max/mean agents per rank exceeds
-  ``balance_threshold`` (default 1.1).
+  ``balance_threshold`` (default 1.1). For a model whose first substep is declared
+  ``agentwise=True`` and reads neighbors within a length (boids), migration, the next
+  step's halo and the step's figures travel in ONE exchange per step, posted without
+  waiting; the next step runs that substep for the interior agents while it travels
+  (:mod:`agentsim.distributed.overlap`; ``overlap=False`` turns it off).
 
 What is exact
 -------------

@@ -10,7 +10,10 @@ this subclass adds three things, all delegated to the partitioner:
 - ``halo`` and ``owned_env``: what the engine's neighbor views and metrics use;
 - after each step: per-rank figures gathered (:attr:`DistributedSimulation.perf_steps`, also
   in the file's ``/perf``) and, with the spatial partitioner, load balancing;
-- before a trajectory frame with env layers: the layers made whole from their owners.
+- before a trajectory frame with env layers: the layers made whole from their owners;
+- with the overlapped exchange (:mod:`agentsim.distributed.overlap`): the split run of
+  the first substep, and inside ``run`` the step's metrics row recorded when its figures
+  arrive (during the next step, or before a frame).
 
 Births, error flags, metrics and trajectory frames go through ``comm`` in the base
 engine. Per-step communication figures are kept in :attr:`DistributedSimulation.comm_steps`.
@@ -54,9 +57,12 @@ class DistributedSimulation(Simulation):
             :class:`~agentsim.distributed.spatial.SpatialPartition`.
         sync_every: Neighbor refresh period in steps (1: exact; K > 1: stale reads by the rule of
             :mod:`agentsim.snapshot`, with partition ``"data"`` only).
-        partition_options: For ``"spatial"``: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``.
+        partition_options: For ``"spatial"``: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``,
+            ``overlap``.
 
     Attributes:
+        overlap: The :class:`~agentsim.distributed.overlap.OverlapExchange` when the run
+            qualifies for it (see :func:`~agentsim.distributed.overlap.overlap_plan`), else None.
         comm_steps: Per step, the :class:`CommStats` of the collectives inside :meth:`step`
             (halos, migration, births, error flags, balancing); empty when ``comm`` keeps no stats.
         perf_steps: Per step, figures over all ranks (same on every rank): ``agents/max``,

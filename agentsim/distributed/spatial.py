@@ -34,6 +34,10 @@ Migration: after every substep that writes a population's position field (``pos`
 fields (one packed exchange per population). Halos are therefore built from current
 positions, and a substep with reach ``"cell"`` sees every agent of its cells.
 
+With ``overlap=True`` (the default), a model whose first substep is agentwise and
+reads neighbors within a length instead migrates once, at the end of the step, in the
+same exchange as the next step's halo (:mod:`agentsim.distributed.overlap`).
+
 Load balancing (``balance_every=K > 0``): every K steps, when the largest per-rank
 agent count exceeds ``balance_threshold`` times the mean, borders are recomputed from
 the global position histogram (strips: quantile cuts along x; blocks: quantile
