@@ -206,7 +206,11 @@ class Simulation:
             if stored:  # newborns join the neighbor snapshots with their values at birth, on every rank
                 born = {k: population[k][population.n - parents.shape[0]:] for k in stored}
                 self.snapshots.add_births(pop, self.comm.all_gather_rows(born))  # type: ignore[union-attr]
-        flags = ctx._flags
+        return ctx._flags + self._nan_flags(s)
+
+    def _nan_flags(self, s: Substep) -> list[tuple[str, Tensor]]:
+        """With ``check_nan``: a flag per floating-point field ``s`` writes, set if it holds a NaN."""
+        flags: list[tuple[str, Tensor]] = []
         if self.check_nan:
             for ref in s.writes:
                 pop, key = ref.split(".")

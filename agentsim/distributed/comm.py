@@ -139,12 +139,13 @@ class TorchComm:
         return f"TorchComm(rank={self.rank}, world_size={self.world_size}, device={self.device})"
 
     # ------------------------------------------------------------ timed primitives
-    def _timed(self, nbytes: int, fn, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def _timed(self, nbytes: int, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
-        fn(*args, group=self.group, **kwargs)
+        result = fn(*args, group=self.group, **kwargs)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.bytes_sent += nbytes
+        return result
 
     def _all_gather_counts(self, n: int) -> list[int]:
         mine = torch.tensor([n], dtype=torch.int64, device=self.device)
@@ -300,12 +301,8 @@ class TorchComm:
         only after that. Every rank must post its part (a collective)."""
         send = send.to(self.device)
         out = send.new_empty(sum(recv_splits))
-        t0 = time.perf_counter()
-        work = dist.all_to_all_single(out, send, output_split_sizes=recv_splits,
-                                      input_split_sizes=send_splits, group=self.group, async_op=True)
-        self.stats.seconds += time.perf_counter() - t0
-        self.stats.calls += 1
-        self.stats.bytes_sent += send.numel()
+        work = self._timed(send.numel(), dist.all_to_all_single, out, send, output_split_sizes=recv_splits,
+                           input_split_sizes=send_splits, async_op=True)
         return out, work
 
     def wait(self, work: object) -> None:

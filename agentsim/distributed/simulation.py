@@ -152,12 +152,7 @@ class DistributedSimulation(Simulation):
             new[:n_inner] = out_in[key]
             new.index_copy_(0, border.to(new.device), out_b[key])  # after: rows the interior part could not finish
             pop[key] = new
-        flags += flags_b
-        if self.check_nan:
-            for key in sorted(s.writable(name)):
-                if pop[key].is_floating_point():
-                    flags.append((f"{s.name}: NaN in {name}.{key}", torch.isnan(pop[key]).any()))
-        return flags
+        return flags + flags_b + self._nan_flags(s)
 
     def _run_part(self, s: Substep, name: str, rows: Tensor, others: Tensor,
                   halo: dict[str, Tensor] | None) -> tuple[dict[str, Tensor], list[tuple[str, Tensor]]]:
