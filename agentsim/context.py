@@ -18,7 +18,7 @@ from torch import Tensor
 from .errors import FieldAccessError, did_you_mean
 from .random import StepRNG
 from .state import Population, State
-from .substep import ENV, Substep
+from .substep import ENV, Substep, split_ref
 
 if TYPE_CHECKING:
     from .engine import Simulation
@@ -155,6 +155,9 @@ class Context:
         self._births: list[tuple[str, Tensor, Mapping[str, Tensor]]] = []
         self._deaths: list[tuple[str, Tensor]] = []
         self._flags: list[tuple[str, Tensor]] = []
+        # Set by the engine on an agentwise substep run for a subset of its agents: flags
+        # are kept per agent ([n] bool) instead of reduced.
+        self.rows_flagged = False
 
     def __getitem__(self, population: str) -> Any:
         if population == ENV:
@@ -209,5 +212,20 @@ class Context:
         self._deaths.append((population, dies))
 
     def flag(self, message: str, condition: Tensor) -> None:
-        """Record an error condition (a bool tensor, any shape); checked once per step on all ranks."""
-        self._flags.append((f"{self.substep.name}: {message}", condition.any()))
+        """Record an error condition (a bool tensor); checked once per step on all ranks.
+
+        Any shape, except in an ``agentwise`` substep, whose conditions are per agent: ``[n, ...]``
+        with ``n`` the agents of the population it writes (the engine may run it for a subset of
+        them and keeps the flags of the agents whose values it keeps)."""
+        name = f"{self.substep.name}: {message}"
+        written = {split_ref(r)[0] for r in self.substep.writes} if self.substep.agentwise else set()
+        if written:
+            n = self._state[next(iter(written))].n
+            if condition.dim() == 0 or condition.shape[0] != n:
+                raise FieldAccessError(
+                    f"substep '{self.substep.name}' is agentwise: ctx.flag expects a condition per agent of "
+                    f"'{next(iter(written))}' (shape [{n}, ...]; got {list(condition.shape)})")
+            if self.rows_flagged:  # the engine picks the rows it keeps
+                self._flags.append((name, condition.reshape(n, -1).any(1)))
+                return
+        self._flags.append((name, condition.any()))

@@ -43,6 +43,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -64,6 +65,7 @@ __all__ = [
     "scatter_sum_exact",
     "segment_sum",
     "set_backend",
+    "take_rows",
     "to_fixed",
 ]
 
@@ -318,6 +320,39 @@ def flatnonzero(mask: Tensor) -> Tensor:
     if mask.device.type == "cpu":
         return torch.from_numpy(np.flatnonzero(mask.numpy()))
     return mask.nonzero().squeeze(1)
+
+
+_ROW_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def take_rows(src: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor:
+    """``src.index_select(0, index)``: rows ``index`` of ``src`` ``[n, ...]``, same bits.
+
+    A contiguous ``src`` whose rows are 1, 2, 4 or 8 bytes (e.g. ``[n, 2]`` float32) is
+    gathered as one integer per row: on CPU about 4x faster than ``index_select`` on
+    ``[n, 2]`` rows, on the development machine.
+
+    Args:
+        src: ``[n, ...]``.
+        index: ``[m]`` int64 rows, on ``src``'s device.
+        out: Optional contiguous ``[m, ...]`` result buffer of ``src``'s dtype.
+
+    Returns:
+        ``[m, ...]`` (``out`` when given).
+
+    Examples:
+        >>> take_rows(torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), torch.tensor([2, 0])).tolist()
+        [[5.0, 6.0], [1.0, 2.0]]
+    """
+    per_row = math.prod(src.shape[1:])
+    row_dtype = _ROW_DTYPES.get(per_row * src.element_size()) if src.dim() > 1 else None
+    if row_dtype is None or not src.is_contiguous():
+        return src.index_select(0, index) if out is None else torch.index_select(src, 0, index, out=out)
+    rows = src.reshape(src.shape[0], per_row).view(row_dtype).reshape(-1)  # one integer per row, no copy
+    if out is None:
+        return rows.index_select(0, index).view(src.dtype).reshape(index.shape[0], *src.shape[1:])
+    torch.index_select(rows, 0, index, out=out.reshape(out.shape[0], per_row).view(row_dtype).reshape(-1))
+    return out
 
 
 # --------------------------------------------------------------------------- exact

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigError, FieldAccessError, did_you_mean
+from .ops import take_rows
 
 UID = "uid"
 
@@ -134,7 +135,7 @@ class Population:
     def keep(self, index_or_mask: Tensor) -> None:
         """Keep only the rows selected by a bool mask ``[n]`` or an index tensor (deaths)."""
         if isinstance(index_or_mask, Tensor) and index_or_mask.dtype == torch.int64:
-            self._fields = {k: v.index_select(0, index_or_mask.to(v.device)) for k, v in self._fields.items()}
+            self._fields = {k: take_rows(v, index_or_mask.to(v.device)) for k, v in self._fields.items()}
             return
         self._fields = {k: v[index_or_mask] for k, v in self._fields.items()}
 
@@ -189,13 +190,16 @@ class Population:
         out: dict[str, Tensor] = {}
         for key, v in self._fields.items():  # the kept rows go straight into the result: one pass
             buf = v.new_empty((k_rows + m, *v.shape[1:]))
-            torch.index_select(v, 0, keep, out=buf[:k_rows])
+            take_rows(v, keep, out=buf[:k_rows])
             buf[k_rows:] = new[key]
             out[key] = buf
         self._fields = out
 
     def permute(self, perm: Tensor) -> None:
         """Reorder rows (used by tests and partitioners; results never depend on row order)."""
+        if isinstance(perm, Tensor) and perm.dtype == torch.int64:
+            self._fields = {k: take_rows(v, perm.to(v.device)) for k, v in self._fields.items()}
+            return
         self._fields = {k: v[perm] for k, v in self._fields.items()}
 
     def to(self, device: torch.device | str) -> Population:

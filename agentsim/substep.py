@@ -16,8 +16,11 @@ It declares, when registered:
 - ``agentwise``: a promise that each agent's written values depend only on its own
   fields and on its neighbors' declared fields within ``reach`` (random draws keyed by
   uid, no sums over all agents, no dependence on row order), so the engine may run the
-  substep on any subset of the agents as targets and get the same values. It needs
-  ``writes`` of one population only, no env writes, births or deaths. The spatial
+  substep on any subset of the agents as targets and get the same values, or run it
+  while some agents miss neighbors and keep only the values of the others. Its
+  ``ctx.flag`` conditions are per agent (``[n, ...]``), so that the engine keeps the same
+  agents' flags. It needs ``writes`` of one population only, no env writes, births or
+  deaths, and must not raise on data (flag instead). The spatial
   partitioner uses it to overlap the halo exchange with the work on interior agents
   (:mod:`agentsim.distributed.overlap`).
 

@@ -327,3 +327,33 @@ def test_owner_from_a_ranks_view_equals_the_full_search(layout, space):
     assert len(set(full.tolist())) > 1
     for rank in range(4):
         assert torch.equal(part.owner("a", pop, rank=rank), full), rank
+
+
+@pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_near_border_finds_the_rows_of_the_full_border_distance(layout, dtype):
+    """near_border filters the raw position columns before the exact distance: the same rows
+    and distances as border_distance over every agent, also for agents exactly at, just
+    off or far outside the borders."""
+    from agentsim.space.continuous import Box
+
+    class FakeComm(LocalComm):
+        world_size = 4
+
+    part = SpatialPartition(layout)
+    part.bind(Box((50.0, 30.0), periodic=True), {})
+    g = torch.Generator().manual_seed(7)
+    pos = (torch.rand(3000, 2, generator=g, dtype=torch.float64) * torch.tensor([50.0, 30.0])).to(dtype)
+    pop = Population("a", {"pos": FieldSpec(dtype, (2,))}, {"uid": torch.arange(3000), "pos": pos})
+    part.scatter(State({"a": pop.clone()}), FakeComm())
+    cuts = torch.cat([part.lo, part.hi]).to(dtype)  # points on, and one ulp either side of, every border
+    on = torch.cat([cuts, torch.nextafter(cuts, cuts + 1), torch.nextafter(cuts, cuts - 1), cuts + 2.0])
+    pos = torch.cat([pos, on, torch.tensor([[float("nan"), 1.0], [-5.0, 60.0]], dtype=dtype)])
+    pop = Population("a", {"pos": FieldSpec(dtype, (2,))}, {"uid": torch.arange(pos.shape[0]), "pos": pos})
+    for rank in range(4):
+        full = part.border_distance("a", pop, rank)
+        for width in (0.0, 2.0, 2.0 + 1e-9, 7.5):
+            rows, dist = part.near_border("a", pop, rank, width)
+            want = torch.nonzero(full <= width).squeeze(-1)
+            assert torch.equal(rows, want), (rank, width)
+            assert torch.equal(dist, full[want])

@@ -282,3 +282,24 @@ def test_flatnonzero_matches_torch_nonzero():
         ops.flatnonzero(torch.ones(3))
     with pytest.raises(ConfigError, match="1D bool"):
         ops.flatnonzero(torch.ones(2, 2, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.rand(50, 2),  # 8-byte rows: gathered as int64
+    lambda: torch.randint(0, 9, (50, 2, 2), dtype=torch.int8),  # 4-byte rows
+    lambda: torch.rand(50, 3),  # 12-byte rows: index_select
+    lambda: torch.rand(50, 4)[:, :2],  # not contiguous: index_select
+    lambda: torch.rand(50, 1) > 0.5,
+    lambda: torch.arange(50),
+    lambda: torch.rand(0, 2),
+])
+def test_take_rows_equals_index_select(make):
+    from agentsim.ops import take_rows
+
+    src = make()
+    index = torch.randint(0, max(src.shape[0], 1), (70,)) if src.shape[0] else torch.zeros(0, dtype=torch.int64)
+    want = src.index_select(0, index)
+    got = take_rows(src, index)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    out = torch.empty_like(want)
+    assert take_rows(src, index, out=out) is out and torch.equal(out, want)

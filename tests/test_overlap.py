@@ -2,8 +2,8 @@
 
 The bitwise tests of ``test_distributed_spatial.py`` run boids with it on 2, 3 and 4
 ranks. Here: its rare paths, forced (a pair that overflows its capacity and sends the
-rest in a second round; arrivals deeper than the guessed depth, so border agents are
-recomputed), its error flags, and when it applies.
+rest in a second round; borders that move), agents that jump deep into another region
+(so many interior agents are computed again), its error flags, and when it applies.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import pytest
 import torch
 from test_distributed import assert_same_bits, sorted_fields
 
-from agentsim import ConfigError, Simulation, get_model
+from agentsim import ConfigError, FieldAccessError, Simulation, get_model
 from agentsim.comm import LocalComm
 from agentsim.distributed import DistributedSimulation, SpatialPartition, run_ranks
 from agentsim.distributed import overlap as overlap_mod
 from agentsim.distributed.comm import TorchComm
 from agentsim.model import Model
 from agentsim.params import ParamSpec
-from agentsim.space.continuous import Box
+from agentsim.space.continuous import Box, radius_pairs
 from agentsim.state import FieldSpec, Population, State
 from agentsim.substep import Registry
 
@@ -34,9 +34,9 @@ def boids_reference() -> dict:
 
 def run_boids(comm, force: str) -> dict | None:
     """Boids on this rank with one rare path forced: ``"overflow"`` (every pair's capacity is
-    64 bytes), ``"depth"`` (the guessed depth is reset to 0 before every exchange) or
-    ``"balance"`` (borders move every other step: the exchange waits, the halo is dropped)."""
-    posts = {"n": 0, "recomputed": 0}
+    64 bytes) or ``"balance"`` (borders move every other step: the exchange waits, the halo
+    is dropped)."""
+    posts = {"n": 0}
     if force == "overflow":
         overlap_mod._capacity = lambda payload: 64
     post = TorchComm.post_all_to_all
@@ -49,34 +49,16 @@ def run_boids(comm, force: str) -> dict | None:
     balance = {"balance_every": 2, "balance_threshold": 1.0} if force == "balance" else {}
     sim = DistributedSimulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm,
                                 partition="spatial", layout="rcb", **balance)
-    ov = sim.overlap
-    assert ov is not None
-    if force == "depth":
-        real_post = ov.post
-
-        def post_with_no_depth(*args, **kwargs):
-            ov.depth = 0.0
-            return real_post(*args, **kwargs)
-
-        ov.post = post_with_no_depth  # type: ignore[method-assign]
-        real_complete = ov.complete
-
-        def complete(*args, **kwargs):
-            heads = real_complete(*args, **kwargs)
-            posts["recomputed"] += ov.depth > ov.guess
-            return heads
-
-        ov.complete = complete  # type: ignore[method-assign]
+    assert sim.overlap is not None
     result = sim.run(STEPS)
     agents = comm.gather_rows(sim.state["boid"].fields())
     if comm.rank != 0:
         return None
-    return {"metrics": result.metrics, "agents": sorted_fields(agents), "posts": posts["n"],
-            "recomputed": posts["recomputed"], "perf": sim.perf_steps}
+    return {"metrics": result.metrics, "agents": sorted_fields(agents), "posts": posts["n"], "perf": sim.perf_steps}
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("force", ["overflow", "depth", "balance"])
+@pytest.mark.parametrize("force", ["overflow", "balance"])
 def test_forced_rare_paths_keep_the_one_process_bits(force):
     ref = boids_reference()
     got = run_ranks(run_boids, 2, (force,), timeout=60.0)[0]
@@ -84,11 +66,82 @@ def test_forced_rare_paths_keep_the_one_process_bits(force):
     assert_same_bits(ref["agents"], got["agents"], f"{force} agents")
     if force == "overflow":  # one post per step plus a second round for each overflow
         assert got["posts"] > STEPS + 2, got["posts"]
-    elif force == "depth":
-        assert got["recomputed"] >= STEPS // 2, got["recomputed"]  # steps with arrivals on rank 0
     else:
         assert sum(p["rebalanced"] for p in got["perf"]) >= 1
     assert sum(p["migrated"] for p in got["perf"]) > 0
+
+
+# --------------------------------------------------------------------------- deep arrivals
+def jumping_model(pairs: bool = False) -> Model:
+    """Agents in a periodic box: ``mix`` (agentwise) adds a tenth of each neighbor's ``x``
+    within 1.0 (float sums in pair order: any change of neighbors or order changes bits);
+    ``jump`` moves every agent up to 4 units along x (random), so arrivals land deep inside
+    a region and the agents near them must be computed again.
+
+    With ``pairs``: agents in pairs, 0.5 apart along x, one pair per row (rows 2 apart),
+    that jump together: each agent's only neighbor is its partner, and ``mix`` flags an
+    agent with no neighbor (never, on one process; on a rank, a pair that straddles a
+    border has none before the halo arrives)."""
+    registry = Registry()
+
+    @registry.substep(reads=["a.x", "a.pos"], writes=["a.x"], neighbors={"a": ["x", "pos"]}, reach=1.0,
+                      agentwise=True)
+    def mix(ctx):
+        a, nb = ctx["a"], ctx.neighbors("a")
+        i, j = radius_pairs(nb["pos"], ctx.space, 1.0, uid=nb["uid"], n_query=nb.n_local)
+        a["x"] = a["x"] + torch.zeros_like(a["x"]).index_add_(0, i, nb["x"][j] * 0.1)
+        if pairs:
+            ctx.flag("an agent with no neighbor", torch.bincount(i, minlength=nb.n_local) == 0)
+
+    @registry.substep(reads=["a.pos"], writes=["a.pos"])
+    def jump(ctx):
+        a = ctx["a"]
+        dx = ctx.rng.uniform(a["uid"] // 2 if pairs else a["uid"], "jump", dtype=torch.float32) * 8 - 4
+        a["pos"] = ctx.space.wrap(a["pos"] + torch.stack([dx, torch.zeros_like(dx)], -1))
+
+    def init(ic):
+        uid = torch.arange(ic.n_agents)
+        if pairs:
+            pos = torch.stack([(uid // 2) * 0.37 % 9 + uid % 2 * 0.5, (uid // 2) * 2.0], -1)
+            side = (10.0, 2.0 * ((ic.n_agents + 1) // 2))
+        else:
+            pos = torch.stack([uid * 10.0 / ic.n_agents, (uid * 7 % 13) * 4.0 / 13], -1)
+            side = (10.0, 4.0)
+        pop = Population("a", {"x": FieldSpec(torch.float64), "pos": FieldSpec(torch.float32, (2,))},
+                         {"uid": uid, "x": uid * 1.0 + 0.1, "pos": pos.to(torch.float32)})
+        return State({"a": pop}), Box(side, periodic=True)
+
+    return Model("jumping", registry, ["mix", "jump"], ParamSpec({}), init)
+
+
+def run_jumping(comm, steps: int):
+    sim = DistributedSimulation(jumping_model(), agents=400, seed=2, comm=comm, partition="spatial")
+    assert sim.overlap is not None
+    depths = []
+    complete = sim.overlap.complete
+
+    def record_depth(*args, **kwargs):
+        heads = complete(*args, **kwargs)
+        if sim.overlap.arrived_dist.numel():
+            depths.append(float(sim.overlap.arrived_dist.max()))
+        return heads
+
+    sim.overlap.complete = record_depth  # type: ignore[method-assign]
+    result = sim.run(steps)
+    agents = comm.gather_rows(sim.state["a"].fields())
+    return None if comm.rank else (result.metrics, sorted_fields(agents), max(depths))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_agents_that_jump_deep_into_a_region_keep_the_one_process_bits(world_size):
+    steps = 6
+    ref = Simulation(jumping_model(), agents=400, seed=2)
+    metrics = ref.run(steps).metrics
+    got_metrics, got_agents, depth = run_ranks(run_jumping, world_size, (steps,), timeout=60.0)[0]
+    assert depth > 1.5  # arrivals lay deeper than the halo width (1.0)
+    assert_same_bits(metrics, got_metrics, "metrics")
+    assert_same_bits(sorted_fields(ref.state["a"].fields()), got_agents, "agents")
 
 
 # --------------------------------------------------------------------------- flags
@@ -133,6 +186,54 @@ def test_a_flag_in_an_overlapped_step_is_raised_on_every_rank_naming_its_step():
     (step0, err0), (step1, err1) = run_ranks(nan_in_agentwise_substep, 2, timeout=30.0)
     assert err0 == err1 == "step 3: grow: NaN in a.x"
     assert step0 == step1 == 3
+
+
+def run_pairs(comm, steps: int):
+    """The pairs model on this rank; also how many agents had no neighbor on this rank
+    in a run before the halo arrived (flags the engine must not raise)."""
+    sim = DistributedSimulation(jumping_model(pairs=True), agents=40, seed=1, comm=comm, partition="spatial",
+                                layout="strips")
+    lonely = []
+    run_part = sim._run_part
+
+    def counted(s, name, targets, others):
+        out, flags = run_part(s, name, targets, others)
+        if others is None:
+            lonely.append(int(sum(f.sum() for _, f in flags)))
+        return out, flags
+
+    sim._run_part = counted  # type: ignore[method-assign]
+    result = sim.run(steps)
+    agents = comm.gather_rows(sim.state["a"].fields())
+    return result.metrics, None if comm.rank else sorted_fields(agents), sum(lonely)
+
+
+@pytest.mark.timeout(120)
+def test_per_agent_flags_of_an_overlapped_substep_count_only_for_agents_computed_right():
+    steps = 8
+    ref = Simulation(jumping_model(pairs=True), agents=40, seed=1)
+    metrics = ref.run(steps).metrics  # raises if any agent was ever alone
+    (m0, agents, lonely0), (_, _, lonely1) = run_ranks(run_pairs, 2, (steps,), timeout=60.0)
+    assert lonely0 + lonely1 > 0  # some pair straddled a border: alone before the halo
+    assert_same_bits(metrics, m0, "metrics")
+    assert_same_bits(sorted_fields(ref.state["a"].fields()), agents, "agents")
+
+
+def test_an_agentwise_flag_must_hold_one_condition_per_agent():
+    registry = Registry()
+
+    @registry.substep(reads=["a.x"], writes=["a.x"], agentwise=True)
+    def check(ctx):
+        ctx.flag("negative", (ctx["a"]["x"] < 0).any())
+
+    def init(ic):
+        pop = Population("a", {"x": FieldSpec(torch.float64)}, {"uid": torch.arange(4), "x": torch.ones(4)})
+        return State({"a": pop}), Box((1.0, 1.0))
+
+    sim = Simulation(Model("m", registry, ["check"], ParamSpec({}), init), agents=4)
+    with pytest.raises(FieldAccessError, match=r"agentwise: ctx.flag expects a condition per agent of 'a' "
+                                               r"\(shape \[4, \.\.\.\]; got \[\]\)"):
+        sim.step()
 
 
 # --------------------------------------------------------------------------- when it applies

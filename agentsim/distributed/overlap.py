@@ -20,17 +20,20 @@ Each rank sends to each other rank ``d``, in one buffer:
   fields ``S`` reads of neighbors (``d``'s halo for ``S`` of the next step). Agents this
   rank gives away but needs as halo itself stay here as halo rows.
 
-The next step runs ``S`` in two parts. First for the *interior* agents: those farther
-than :meth:`~agentsim.distributed.spatial.SpatialPartition.halo_limit` ``+ D`` from the
-region's borders, where ``D`` is the deepest any arriving agent has been inside the
-region so far. All their neighbors within reach are agents this rank already holds, so
-the part needs nothing from the exchange. Then the rank waits for the exchange (by
-then usually long done), appends the arriving agents, and runs ``S`` for the other
-agents (the *border*), with the agents near them and the halo as neighbors. If an
-arrival lies deeper than ``D``, the border part takes the interior agents it could reach
-too, so results never depend on the guess. ``S`` being agentwise, each agent gets the
-values of one run over all agents: results keep their bits (the tests compare them
-with one process and with ``overlap=False``).
+The next step runs ``S`` in two parts. First for every agent of the rank, with the
+agents of the rank as the only neighbors, while the exchange travels: every agent
+farther than :meth:`~agentsim.distributed.spatial.SpatialPartition.halo_limit` ``+ D``
+from the region's borders, where ``D`` is how deep inside the region the deepest arriving
+agent lies, then has all its neighbors within reach (an agent outside the region, such
+as one leaving, lies farther than reach from it). Then the rank waits for the exchange
+(by then usually long done) and runs ``S`` again for the agents within ``halo_limit + D``
+of a border and for the arrivals, with the agents near them and the halo as neighbors,
+and keeps those values. ``S`` being agentwise, each agent gets the values of one run over
+all agents: results keep their bits (the tests compare them with one process and with
+``overlap=False``). A flag of ``S`` is per agent (see :meth:`agentsim.context.Context.flag`):
+the first run's flags count for the agents whose values it keeps, the second's for the
+rest. The leaving agents leave and the arriving ones join in one copy of the population
+(the stayers keep their order), after the second run.
 
 A rank thus waits for the others only when it has run out of interior work, not at each
 collective. Buffers have a capacity per pair of ranks, known to both: twice the bytes
@@ -102,10 +105,7 @@ class _Pending:
     recv_splits: list[int]
     payload_out: list[int]  # bytes this rank has for each rank
     rest_out: list[Tensor]  # what did not fit the capacity, per rank
-    n_inner: int  # rows [0, n_inner): interior agents; [n_inner, n_stay): other agents kept
-    n_stay: int
-    guess: float  # the depth that chose the interior
-    dist: Tensor  # [n] float64 border distance of every row (in the new row order)
+    leave: Tensor  # [k] int64 rows this rank gives away (by destination)
     self_halo: dict[str, Tensor]
     header: dict[str, Tensor]  # this rank's own header
 
@@ -123,12 +123,11 @@ class OverlapExchange:
         pending: The posted exchange, until :meth:`complete`.
         halo: After :meth:`complete`: the halo rows for ``S`` of the next step
             (uid and ``S``'s neighbor fields), received and kept; None when stale.
-        depth: How deep inside this rank's region the deepest arrival lay, over all
-            exchanges so far (length units): interior agents lie farther than
-            ``halo_limit + depth`` from the borders.
-        n_inner, guess, dist: After :meth:`complete`: rows ``[0, n_inner)`` are the agents
-            that were interior with the depth ``guess`` of the last post; ``dist`` ``[n]``
-            float64 is every row's border distance.
+        arrived: After ``complete(merge=False)``, until :meth:`merge`: the arriving agents
+            (every field, ``[m, ...]``); ``arrived_dist`` ``[m]`` float64 is how deep inside
+            this rank's region each lies (length units).
+        leave: From :meth:`post` until :meth:`merge`: ``[k]`` int64 rows given away (rows
+            as at :meth:`post`).
         migrated: Agents this rank sent away in the last exchange.
         received_rows, received_bytes: Halo rows and bytes received since the caller last
             reset them.
@@ -144,53 +143,42 @@ class OverlapExchange:
         self.cap_in: list[int] | None = None
         self.pending: _Pending | None = None
         self.halo: dict[str, Tensor] | None = None
-        self.depth = 0.0
+        self.arrived: dict[str, Tensor] | None = None
+        self.arrived_dist = torch.zeros(0, dtype=torch.float64)
+        self.leave = torch.zeros(0, dtype=torch.int64)
         self.migrated = 0
-        self.n_inner, self.guess, self.dist = 0, 0.0, torch.zeros(0, dtype=torch.float64)
         self.received_rows = self.received_bytes = 0
 
     # ------------------------------------------------------------------ sending
     def post(self, state: State, comm: Any, header: dict[str, Tensor], wait: bool) -> None:
-        """Start the exchange for the current state (see the module docstring).
-
-        Reorders the population's rows: the interior agents first (in their order), then
-        the other agents this rank keeps, then those it gives away (by destination); the
-        rows stay as they are until :meth:`complete`.
+        """Start the exchange for the current state (see the module docstring). The rows stay
+        as they are until :meth:`merge`.
 
         Args:
             header: One-row tensors (same names, dtypes and shapes on every rank): this
                 rank's figures, flags and metric sums for the step; ``"ints"`` is added.
             wait: Complete at once (:meth:`complete` still has to be called).
         """
-        assert self.pending is None, "the previous exchange was not completed"
+        assert self.pending is None and self.arrived is None, "the previous exchange was not completed"
         part, pop, rank, W = self.partition, state[self.name], comm.rank, comm.world_size
-        limit = part.halo_limit(self.reach)
-        dist = part.border_distance(self.name, pop, rank)
+        # Only agents within the limit of a border may leave or be another rank's halo.
+        near, dist = part.near_border(self.name, pop, rank, part.halo_limit(self.reach))
         # Agents outside the region have dist <= 0 (half-open borders: = 0 may be either side).
-        edge = flatnonzero(dist <= 0)
+        at_edge = flatnonzero(dist <= 0)
+        edge = near.index_select(0, at_edge)
         edge_owner = part._owner_of(part.coords(self.name, pop, edge))
+        owner = torch.full((near.shape[0],), rank, dtype=torch.int64)  # of the near rows
+        owner[at_edge] = edge_owner
         gone = edge_owner != rank
         mig_dest, by_dest = torch.sort(edge_owner[gone], stable=True)
-        leave_rows = edge[gone].index_select(0, by_dest)
-        leave = torch.zeros(pop.n, dtype=torch.bool)
-        leave[leave_rows] = True
-        inner = dist > limit + self.depth
-        order = torch.cat([flatnonzero(inner), flatnonzero(~inner & ~leave), leave_rows])
-        pop.keep(order)
-        dist = dist.index_select(0, order)
-        n, n_stay = pop.n, pop.n - mig_dest.shape[0]
-        n_inner = int(inner.sum())
-        owner = torch.cat([torch.full((n_stay,), rank, dtype=torch.int64), mig_dest])
-        near = n_inner + flatnonzero(dist[n_inner:] <= limit)
-        row, dest = part._near(part.coords(self.name, pop, near), "length", self.reach, rank,
-                               exclude=owner.index_select(0, near))
+        leave = edge[gone].index_select(0, by_dest)
+        row, dest = part._near(part.coords(self.name, pop, near), "length", self.reach, rank, exclude=owner)
         rows = near.index_select(0, row)
-        own = dest == rank
+        own = dest == rank  # agents given away that this rank needs as halo itself
         self_rows = rows[own]
         h_dest, by_dest = torch.sort(dest[~own], stable=True)
         h_rows = rows[~own].index_select(0, by_dest)
-        fields = pop.fields()
-        mig = pack_rows({k: v[n_stay:] for k, v in fields.items()}).cpu()
+        mig = pack_rows({k: v.index_select(0, leave.to(v.device)) for k, v in pop.fields().items()}).cpu()
         halo = pack_rows({k: pop[k].index_select(0, h_rows.to(pop[k].device)) for k in self.nb_fields}).cpu()
         self_halo = {k: pop[k].index_select(0, self_rows.to(pop[k].device)) for k in self.nb_fields}
         n_mig = torch.bincount(mig_dest, minlength=W).tolist()
@@ -223,18 +211,22 @@ class OverlapExchange:
         recv_splits = [0 if s == rank else h + self.cap_in[s] for s in range(W)]
         send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
         out, work = comm.post_all_to_all(send, send_splits, recv_splits)
-        self.pending = _Pending(out, work, recv_splits, payload, rest, n_inner, n_stay, self.depth, dist,
-                                self_halo, own_header)
-        self.migrated = n - n_stay
+        self.pending = _Pending(out, work, recv_splits, payload, rest, leave, self_halo, own_header)
+        self.migrated = leave.shape[0]
         if wait:
             comm.wait(work)
             self.pending.work = None
 
     # ------------------------------------------------------------------ receiving
-    def complete(self, state: State, comm: Any) -> list[dict[str, Tensor]]:
-        """Wait for the posted exchange, move the arrivals into the population, keep the halo;
-        return every rank's header (rank order; one-row tensors; ``"ints"[0, 4:]`` is the
-        rank's migrants per destination)."""
+    def complete(self, state: State, comm: Any, merge: bool = True) -> list[dict[str, Tensor]]:
+        """Wait for the posted exchange and keep the halo; return every rank's header (rank
+        order; one-row tensors; ``"ints"[0, 4:]`` is the rank's migrants per destination).
+
+        Args:
+            merge: Also :meth:`merge` at once: the leaving agents out of the population,
+                the arriving ones in. Otherwise they wait in :attr:`arrived` and
+                :attr:`leave` until the caller merges.
+        """
         p = self.pending
         assert p is not None and self.cap_in is not None and self.cap_out is not None
         self.pending = None
@@ -276,20 +268,39 @@ class OverlapExchange:
             mig_parts.append(data[s][:m * mig_row].reshape(m, mig_row))
             halo_parts.append(data[s][m * mig_row:m * mig_row + n_h * nb_row].reshape(n_h, nb_row))
         device = pop[UID].device
-        arrivals = {k: v.to(device) for k, v in unpack_rows(torch.cat(mig_parts), like).items()}
+        self.arrived = {k: v.to(device) for k, v in unpack_rows(torch.cat(mig_parts), like).items()}
         received = {k: v.to(device) for k, v in unpack_rows(torch.cat(halo_parts), nb_like).items()}
-        if arrivals[UID].shape[0]:
-            pop.extend(arrivals, keep=p.n_stay)
-            where = arrivals[self.partition.position[self.name]][:, :2].to(torch.float64).cpu()
-            depth = self.partition.border_distance(self.name, None, rank, coords=where)
-            self.depth = max(self.depth, float(depth.max()))
-            self.dist = torch.cat([p.dist[:p.n_stay], depth])
-        else:
-            pop.keep(slice(0, p.n_stay))  # type: ignore[arg-type]
-            self.dist = p.dist[:p.n_stay]
-        self.n_inner, self.guess = p.n_inner, p.guess
+        where = self.arrived[self.partition.position[self.name]][:, :2].to(torch.float64).cpu()
+        self.arrived_dist = self.partition.border_distance(self.name, None, rank, coords=where)
+        self.leave = p.leave
         n, nbytes = row_counts(received)
         self.received_rows += n
         self.received_bytes += nbytes
         self.halo = {k: torch.cat([received[k], p.self_halo[k]]) for k in self.nb_fields}
+        if merge:
+            self.merge(state)
         return heads
+
+    def merge(self, state: State, written: Mapping[str, Tensor] | None = None,
+              arrived_written: Mapping[str, Tensor] | None = None) -> None:
+        """Take the leaving agents out of the population and append the arriving ones, in one
+        copy: the stayers keep their order, the arrivals follow.
+
+        Args:
+            written: New values ``[n, ...]`` of some fields for the rows as they were at
+                :meth:`post` (the split run's output), used instead of the population's.
+            arrived_written: The same fields' new values for the arrivals ``[m, ...]``.
+        """
+        assert self.arrived is not None, "nothing to merge"
+        pop, arrived = state[self.name], dict(self.arrived)
+        for key, value in (written or {}).items():
+            pop[key] = value
+        arrived.update(arrived_written or {})
+        leave = self.leave
+        self.arrived, self.leave = None, leave[:0]
+        if leave.numel():
+            stay = torch.ones(pop.n, dtype=torch.bool)
+            stay[leave] = False
+            pop.extend(arrived, keep=flatnonzero(stay))
+        elif arrived[UID].shape[0]:
+            pop.extend(arrived)

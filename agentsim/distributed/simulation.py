@@ -30,9 +30,7 @@ from torch import Tensor
 from ..comm import Comm
 from ..context import Context
 from ..engine import DEFAULT_SORT_EVERY, Simulation
-from ..errors import AgentsimError
 from ..model import Model
-from ..ops import flatnonzero
 from ..state import Population, State
 from ..substep import Substep
 from .comm import CommStats
@@ -128,50 +126,67 @@ class DistributedSimulation(Simulation):
 
     # ------------------------------------------------------------ overlapped exchange
     def _run_split(self, s: Substep) -> list[tuple[str, Tensor]]:
-        """Run the agentwise substep ``s`` while the exchange is in flight: the interior agents
-        first, then (after the exchange) the border agents (see :mod:`agentsim.distributed.overlap`)."""
+        """Run the agentwise substep ``s`` while the exchange is in flight: for every agent with
+        the agents of this rank as its only neighbors, then (after the exchange) again for the
+        agents whose neighbors that missed (see :mod:`agentsim.distributed.overlap`)."""
         ov, part = self.overlap, self.partition
         assert ov is not None and ov.pending is not None and isinstance(part, SpatialPartition)
-        name, limit = ov.name, part.halo_limit(ov.reach)
-        n_inner, n_stay = ov.pending.n_inner, ov.pending.n_stay  # the rows post() put first
-        out_in, flags = self._run_part(s, name, torch.arange(n_inner), torch.arange(n_inner, n_stay), None)
-        self._complete_exchange()
-        pop, dist = self.state[name], ov.dist
-        reach_in = limit + max(ov.guess, ov.depth)  # an arrival deeper than the guess: recompute near it
-        border = flatnonzero(dist <= reach_in)
-        band = flatnonzero((dist > reach_in) & (dist <= reach_in + limit))
-        assert ov.halo is not None
-        out_b, flags_b = self._run_part(s, name, border, band, ov.halo)
-        ov.halo = None
-        kept = int((dist[:n_inner] > reach_in).sum())
-        if kept + border.shape[0] != pop.n:  # every agent computed once, by the rule above
-            raise AgentsimError(f"overlap: {kept} interior and {border.shape[0]} border agents "
-                                f"for {pop.n} agents on rank {self.comm.rank} (a bug; use overlap=False)")
-        for key in s.writable(name):
-            new = out_b[key].new_empty((pop.n, *out_b[key].shape[1:]))
-            new[:n_inner] = out_in[key]
-            new.index_copy_(0, border.to(new.device), out_b[key])  # after: rows the interior part could not finish
-            pop[key] = new
-        return flags + flags_b + self._nan_flags(s)
-
-    def _run_part(self, s: Substep, name: str, rows: Tensor, others: Tensor,
-                  halo: dict[str, Tensor] | None) -> tuple[dict[str, Tensor], list[tuple[str, Tensor]]]:
-        """Run agentwise ``s`` for the agents at ``rows`` of population ``name`` (the targets),
-        with the agents at ``others`` and the ``halo`` rows as their other neighbors; return
-        the written fields of the targets (``[len(rows), ...]``) and the flags."""
+        name = ov.name
         pop = self.state[name]
-        m = rows.shape[0]
-        if m and int(rows[-1]) - int(rows[0]) + 1 == m:  # a block of rows: views, no copies
-            sub = {k: v.narrow(0, int(rows[0]), m) for k, v in pop.fields().items()}
-        else:
-            sub = {k: v.index_select(0, rows.to(v.device)) for k, v in pop.fields().items()}
-        part_pop = Population(name, pop.specs, sub, next_uid=pop.next_uid)
-        assert self.overlap is not None
-        extra = {k: pop[k].index_select(0, others.to(pop[k].device)) for k in self.overlap.nb_fields}
-        if halo is not None:
-            extra = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in extra.items()}
+        out_in, flags_in = self._run_part(s, name, pop.fields(), None)
+        try:
+            self._complete_exchange(merge=False)  # may raise the last step's flags
+            assert ov.arrived is not None and ov.halo is not None
+            limit = part.halo_limit(ov.reach)
+            # The agents within reach of the halo (limit) or of an arrival (its depth + limit).
+            depth = max(0.0, float(ov.arrived_dist.max())) if ov.arrived_dist.numel() else 0.0
+            redo_limit = limit + depth
+            near, dist = part.near_border(name, pop, self.comm.rank, redo_limit + limit)
+            stays = ~torch.isin(near, ov.leave)  # agents given away: in the halo if within reach
+            near, dist = near[stays], dist[stays]
+            redo_near = dist <= redo_limit
+            redo, band = near[redo_near], near[~redo_near]  # band: their other neighbors
+            targets = {k: torch.cat([v.index_select(0, redo.to(v.device)), ov.arrived[k]])
+                       for k, v in pop.fields().items()}
+            others = {k: torch.cat([pop[k].index_select(0, band.to(pop[k].device)), ov.halo[k].to(pop[k].device)])
+                      for k in ov.nb_fields}
+            out_b, flags_b = self._run_part(s, name, targets, others)
+        except BaseException:
+            if ov.arrived is not None:
+                ov.merge(self.state)  # no agent lost: the arrivals join with their old values
+            raise
+        # Per-agent flags of the first run count for the agents it got right (not redone, not
+        # given away), the others' flags come from the second run.
+        flags = []
+        if flags_in:
+            right = torch.ones(pop.n, dtype=torch.bool)
+            right[redo] = False
+            right[ov.leave] = False
+            flags = [(msg, (f & right.to(f.device)).any()) for msg, f in flags_in]
+        n_redo = redo.shape[0]
+        written, arrived_written = {}, {}
+        for key, new in out_in.items():
+            if not new.is_contiguous() or any(new.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+                                              for v in pop.fields().values()):
+                new = new.clone(memory_format=torch.contiguous_format)  # a view of the state: copy, then write
+            new.index_copy_(0, redo.to(new.device), out_b[key][:n_redo])
+            written[key] = new
+            arrived_written[key] = out_b[key][n_redo:]
+        ov.merge(self.state, written, arrived_written)
+        ov.halo = None
+        return flags + [(msg, f.any()) for msg, f in flags_b] + self._nan_flags(s)
+
+    def _run_part(self, s: Substep, name: str, targets: dict[str, Tensor],
+                  others: dict[str, Tensor] | None) -> tuple[dict[str, Tensor], list[tuple[str, Tensor]]]:
+        """Run agentwise ``s`` for the agents ``targets`` (every field of population ``name``,
+        ``[m, ...]``) with the agents ``others`` (``s``'s neighbor fields) as their other
+        neighbors; return the targets' written fields (``[m, ...]``) and the flags, one
+        ``[m]`` bool per flag (the target agents it holds for)."""
+        pop = self.state[name]
+        part_pop = Population(name, pop.specs, targets, next_uid=pop.next_uid)
         state = State({name: part_pop}, self.state.env, self.state.step)
-        ctx = Context(self, s, state=state, halo={name: extra})
+        ctx = Context(self, s, state=state, halo={name: others or {}})
+        ctx.rows_flagged = True
         self._call_checked(s, ctx, state)
         return {k: part_pop[k] for k in s.writable(name)}, ctx._flags
 
@@ -198,13 +213,14 @@ class DistributedSimulation(Simulation):
             self._stats_at_post = stats.snapshot()
         ov.post(self.state, self.comm, header, wait=wait)
 
-    def _complete_exchange(self) -> None:
+    def _complete_exchange(self, merge: bool = True) -> None:
         """Finish the posted exchange; take the step's figures (raise its flags on every rank)
-        and record the step if the run loop left it for then."""
+        and record the step if the run loop left it for then. ``merge``: see
+        :meth:`~agentsim.distributed.overlap.OverlapExchange.complete`."""
         ov = self.overlap
         assert ov is not None and self._posted is not None
         at_step_end = ov.pending is not None and ov.pending.work is None
-        heads = ov.complete(self.state, self.comm)
+        heads = ov.complete(self.state, self.comm, merge=merge)
         flags, metric_names = self._posted
         self._posted = None
         figs = torch.cat([h["figures"] for h in heads])  # [W, k]

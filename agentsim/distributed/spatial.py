@@ -416,8 +416,36 @@ class SpatialPartition(HaloBook):
         A point outside the rectangle has a negative distance and is kept. Typically a few
         percent of the agents qualify."""
         limit = self.halo_limit(reach)
+        if self.kind == "continuous":
+            return self.near_border(name, pop, rank, limit)[0]
         last = -1 if kind == "moore" else 0  # cells: the region's last cell is hi - 1
         return flatnonzero(self._border_distance(rank, pop.n, lambda axis: self._axis(name, pop, axis), last) <= limit)
+
+    def near_border(self, name: str, pop: Population, rank: int, width: float) -> tuple[Tensor, Tensor]:
+        """The agents of ``pop`` (continuous space) whose :meth:`border_distance` from ``rank``'s
+        region is at most ``width`` (those outside it included): ``(rows [m] int64 ascending,
+        distance [m] float64)``.
+
+        The same rows as ``border_distance(...) <= width``, found by comparing the raw position
+        columns with the borders, widened by a rounding tolerance, then the exact float64
+        distance of those candidates only: no float64 copy of every position."""
+        assert self.lo is not None and self.hi is not None and self.kind == "continuous"
+        lo, hi = self.lo[rank].tolist(), self.hi[rank].tolist()
+        field = pop[self.position[name]]
+        mask = None
+        for axis in self._bordered_axes(rank):
+            v = field[:, axis]
+            if v.dtype not in (torch.float32, torch.float64):
+                v = v.to(torch.float32)
+            tol = 8 * torch.finfo(v.dtype).eps * (abs(lo[axis]) + abs(hi[axis]) + abs(width)) + 1e-30
+            near = (v <= lo[axis] + width + tol) | (v >= hi[axis] - width - tol)
+            mask = near if mask is None else mask | near
+        if mask is None:  # a region with no border
+            return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.float64)
+        rows = flatnonzero(mask.cpu())
+        dist = self.border_distance(name, None, rank, coords=self.coords(name, pop, rows))
+        close = dist <= width
+        return rows[close], dist[close]
 
     def halo_limit(self, reach: float) -> float:
         """Distance to a region border within which an agent may be within ``reach`` (plus the

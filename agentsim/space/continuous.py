@@ -470,7 +470,7 @@ def _iter_pair_chunks(
 
     # below(c): number of sorted entries in padded cells < c, for c in [0, n_pcells].
     # A run of padded cells lo .. hi holds the sorted entries below(lo) .. below(hi + 1) - 1.
-    if n_pcells <= 4 * entry_row.shape[0] + 1_000_000:
+    if n_pcells <= 8 * entry_row.shape[0] + 4096:  # a table when cells are few per entry, else a search
         below_table = torch.zeros(n_pcells + 1, dtype=it, device=device)
         torch.cumsum(torch.bincount(entry_cell, minlength=n_pcells), 0, dtype=it, out=below_table[1:])
 
