@@ -60,7 +60,7 @@ import torch
 from torch import Tensor
 
 from ..ops import flatnonzero
-from ..state import UID, State
+from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
 from .comm import pack_rows, row_counts, unpack_rows
 
@@ -128,6 +128,8 @@ class OverlapExchange:
             this rank's region each lies (length units).
         leave: From :meth:`post` until :meth:`merge`: ``[k]`` int64 rows given away (rows
             as at :meth:`post`).
+        depth: How deep inside this rank's region the deepest arrival so far lay (length
+            units): :meth:`post` finds the agents the next step may run again with that guess.
         migrated: Agents this rank sent away in the last exchange.
         received_rows, received_bytes: Halo rows and bytes received since the caller last
             reset them.
@@ -146,6 +148,8 @@ class OverlapExchange:
         self.arrived: dict[str, Tensor] | None = None
         self.arrived_dist = torch.zeros(0, dtype=torch.float64)
         self.leave = torch.zeros(0, dtype=torch.int64)
+        self.depth = 0.0
+        self._near: tuple[Tensor, Tensor, float] | None = None
         self.migrated = 0
         self.received_rows = self.received_bytes = 0
 
@@ -161,8 +165,12 @@ class OverlapExchange:
         """
         assert self.pending is None and self.arrived is None, "the previous exchange was not completed"
         part, pop, rank, W = self.partition, state[self.name], comm.rank, comm.world_size
-        # Only agents within the limit of a border may leave or be another rank's halo.
-        near, dist = part.near_border(self.name, pop, rank, part.halo_limit(self.reach))
+        # Only agents within the limit of a border may leave or be another rank's halo. The
+        # next step's second run of S needs those within 2 limits + the arrivals' depth: found
+        # in the same pass (the rows stay as they are until merge).
+        limit = part.halo_limit(self.reach)
+        self._near = (*part.near_border(self.name, pop, rank, 2 * limit + self.depth), 2 * limit + self.depth)
+        near, dist = self.near_border(pop, rank, limit)
         # Agents outside the region have dist <= 0 (half-open borders: = 0 may be either side).
         at_edge = flatnonzero(dist <= 0)
         edge = near.index_select(0, at_edge)
@@ -216,6 +224,16 @@ class OverlapExchange:
         if wait:
             comm.wait(work)
             self.pending.work = None
+
+    def near_border(self, pop: Population, rank: int, width: float) -> tuple[Tensor, Tensor]:
+        """:meth:`~agentsim.distributed.spatial.SpatialPartition.near_border` of the rows as
+        they were at :meth:`post` (until :meth:`merge`), from the pass that post made when
+        ``width`` is within its width."""
+        if self._near is not None and width <= self._near[2]:
+            rows, dist, _ = self._near
+            close = dist <= width
+            return rows[close], dist[close]
+        return self.partition.near_border(self.name, pop, rank, width)
 
     # ------------------------------------------------------------------ receiving
     def complete(self, state: State, comm: Any, merge: bool = True) -> list[dict[str, Tensor]]:
@@ -272,6 +290,8 @@ class OverlapExchange:
         received = {k: v.to(device) for k, v in unpack_rows(torch.cat(halo_parts), nb_like).items()}
         where = self.arrived[self.partition.position[self.name]][:, :2].to(torch.float64).cpu()
         self.arrived_dist = self.partition.border_distance(self.name, None, rank, coords=where)
+        if self.arrived_dist.numel():
+            self.depth = max(self.depth, float(self.arrived_dist.max()))
         self.leave = p.leave
         n, nbytes = row_counts(received)
         self.received_rows += n
@@ -297,7 +317,7 @@ class OverlapExchange:
             pop[key] = value
         arrived.update(arrived_written or {})
         leave = self.leave
-        self.arrived, self.leave = None, leave[:0]
+        self.arrived, self.leave, self._near = None, leave[:0], None
         if leave.numel():
             stay = torch.ones(pop.n, dtype=torch.bool)
             stay[leave] = False

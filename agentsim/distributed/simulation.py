@@ -141,7 +141,7 @@ class DistributedSimulation(Simulation):
             # The agents within reach of the halo (limit) or of an arrival (its depth + limit).
             depth = max(0.0, float(ov.arrived_dist.max())) if ov.arrived_dist.numel() else 0.0
             redo_limit = limit + depth
-            near, dist = part.near_border(name, pop, self.comm.rank, redo_limit + limit)
+            near, dist = ov.near_border(pop, self.comm.rank, redo_limit + limit)
             stays = ~torch.isin(near, ov.leave)  # agents given away: in the halo if within reach
             near, dist = near[stays], dist[stays]
             redo_near = dist <= redo_limit
