@@ -195,6 +195,14 @@ class Population:
             out[key] = buf
         self._fields = out
 
+    def replace(self, fields: Mapping[str, Tensor]) -> None:
+        """Replace every field at once, with a new number of rows (``uid`` included; each
+        ``[m, ...]``): how a partitioner swaps in the population after agents left and came."""
+        if set(fields) != set(self.specs):
+            raise FieldAccessError(f"replace '{self.name}': expected fields {sorted(self.specs)} (got {sorted(fields)})")
+        m = fields[UID].shape[0]
+        self._fields = {k: self._checked(k, fields[k], m) for k in self._fields}
+
     def permute(self, perm: Tensor) -> None:
         """Reorder rows (used by tests and partitioners; results never depend on row order)."""
         if isinstance(perm, Tensor) and perm.dtype == torch.int64:

@@ -273,3 +273,30 @@ def test_population_extend_keeps_a_leading_block_and_keep_takes_int64_rows():
     assert pop["uid"].tolist() == [4, 0, 2]
     pop.extend({"uid": torch.tensor([9]), "x": torch.tensor([9.0])}, keep=2)
     assert pop["uid"].tolist() == [4, 0, 9] and pop["x"].tolist() == [4.0, 0.0, 9.0]
+
+
+@pytest.mark.parametrize("n_leave, n_arrive", [(0, 0), (0, 3), (3, 0), (2, 5), (5, 2), (4, 4), (9, 1)])
+def test_merge_takes_out_the_leavers_and_puts_in_the_arrivals(n_leave, n_arrive):
+    """Against a reference built with masks: the same agents with the same values, whatever
+    the row order; leavers anywhere (also among the last rows), new values of a written field."""
+    g = torch.Generator().manual_seed(n_leave * 10 + n_arrive)
+    n = 12
+    pop = Population("a", {"x": FieldSpec(torch.float32, (2,)), "k": FieldSpec(torch.int8)},
+                     {"uid": torch.arange(n), "x": torch.rand(n, 2, generator=g), "k": torch.arange(n, dtype=torch.int8)})
+    state = State({"a": pop})
+    leave = torch.randperm(n, generator=g)[:n_leave]
+    arrived = {"uid": 100 + torch.arange(n_arrive), "x": torch.rand(n_arrive, 2, generator=g),
+               "k": torch.full((n_arrive,), 7, dtype=torch.int8)}
+    new_x = torch.rand(n, 2, generator=g)
+    new_x_arrived = torch.rand(n_arrive, 2, generator=g)
+    stay = torch.ones(n, dtype=torch.bool)
+    stay[leave] = False
+    want = {"uid": torch.cat([pop["uid"][stay], arrived["uid"]]), "x": torch.cat([new_x[stay], new_x_arrived]),
+            "k": torch.cat([pop["k"][stay], arrived["k"]])}
+    ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
+    ov.name, ov.arrived, ov.leave, ov._near = "a", arrived, leave, None
+    ov.merge(state, written={"x": new_x}, arrived_written={"x": new_x_arrived})
+    assert ov.arrived is None and ov.leave.numel() == 0
+    assert_same_bits(sorted_fields(want), sorted_fields(state["a"].fields()), "merged")
+    with pytest.raises(FieldAccessError, match=r"replace 'a': expected fields \['k', 'uid', 'x'\]"):
+        state["a"].replace({"uid": torch.arange(2)})

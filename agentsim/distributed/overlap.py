@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..ops import flatnonzero
+from ..ops import flatnonzero, take_rows
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
 from .comm import pack_rows, row_counts, unpack_rows
@@ -167,9 +167,10 @@ class OverlapExchange:
         part, pop, rank, W = self.partition, state[self.name], comm.rank, comm.world_size
         # Only agents within the limit of a border may leave or be another rank's halo. The
         # next step's second run of S needs those within 2 limits + the arrivals' depth: found
-        # in the same pass (the rows stay as they are until merge).
+        # in the same pass (the rows stay as they are until merge), unless arrivals come deeper.
         limit = part.halo_limit(self.reach)
-        self._near = (*part.near_border(self.name, pop, rank, 2 * limit + self.depth), 2 * limit + self.depth)
+        width = 2 * (limit + self.depth)  # room for arrivals somewhat deeper than any so far
+        self._near = (*part.near_border(self.name, pop, rank, width), width)
         near, dist = self.near_border(pop, rank, limit)
         # Agents outside the region have dist <= 0 (half-open borders: = 0 may be either side).
         at_edge = flatnonzero(dist <= 0)
@@ -303,8 +304,10 @@ class OverlapExchange:
 
     def merge(self, state: State, written: Mapping[str, Tensor] | None = None,
               arrived_written: Mapping[str, Tensor] | None = None) -> None:
-        """Take the leaving agents out of the population and append the arriving ones, in one
-        copy: the stayers keep their order, the arrivals follow.
+        """Take the leaving agents out of the population and put the arriving ones in: each
+        arrival takes a leaver's row, further arrivals go after the last row, and rows left
+        empty past the new end are filled from the end. One copy of each field plus the
+        moved rows (the order of rows changes; results never depend on it).
 
         Args:
             written: New values ``[n, ...]`` of some fields for the rows as they were at
@@ -312,15 +315,27 @@ class OverlapExchange:
             arrived_written: The same fields' new values for the arrivals ``[m, ...]``.
         """
         assert self.arrived is not None, "nothing to merge"
-        pop, arrived = state[self.name], dict(self.arrived)
-        for key, value in (written or {}).items():
-            pop[key] = value
-        arrived.update(arrived_written or {})
-        leave = self.leave
-        self.arrived, self.leave, self._near = None, leave[:0], None
-        if leave.numel():
-            stay = torch.ones(pop.n, dtype=torch.bool)
-            stay[leave] = False
-            pop.extend(arrived, keep=flatnonzero(stay))
-        elif arrived[UID].shape[0]:
-            pop.extend(arrived)
+        pop, arrived = state[self.name], {**self.arrived, **(arrived_written or {})}
+        leave = torch.sort(self.leave).values
+        self.arrived, self.leave, self._near = None, self.leave[:0], None
+        n, n_leave, n_arrived = pop.n, leave.shape[0], arrived[UID].shape[0]
+        n_new = n - n_leave + n_arrived
+        if n_arrived >= n_leave:  # every leaver's row takes an arrival, the rest follow row n
+            holes, movers = leave, leave[:0]
+        else:  # holes past the new end vanish; the stayers there move into the other holes
+            holes = leave[leave < n_new]
+            past = torch.ones(n - n_new, dtype=torch.bool)
+            past[leave[leave >= n_new] - n_new] = False
+            movers = n_new + flatnonzero(past)
+        fields = {}
+        for key in pop.keys():
+            src = written[key] if written is not None and key in written else pop[key]
+            new = src.new_empty((n_new, *src.shape[1:]))
+            kept = min(n, n_new)
+            new[:kept] = src[:kept]
+            fill = torch.cat([arrived[key][:holes.shape[0]], take_rows(src, movers.to(src.device))])
+            new.index_copy_(0, holes.to(new.device), fill.to(new.device))
+            if n_new > n:
+                new[n:] = arrived[key][n_leave:]
+            fields[key] = new
+        pop.replace(fields)
