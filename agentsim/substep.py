@@ -20,7 +20,8 @@ It declares, when registered:
   while some agents miss neighbors and keep only the values of the others. Its
   ``ctx.flag`` conditions are per agent (``[n, ...]``), so that the engine keeps the same
   agents' flags. It needs ``writes`` of one population only, no env writes, births or
-  deaths, and must not raise on data (flag instead). The spatial
+  deaths, must not raise on data (flag instead), and writes tensors it does not keep
+  (the engine may update them in place). The spatial
   partitioner uses it to overlap the halo exchange with the work on interior agents
   (:mod:`agentsim.distributed.overlap`).
 

@@ -50,7 +50,8 @@ Partitioners
   ``balance_threshold`` (default 1.1). For a model whose first substep is declared
   ``agentwise=True`` and reads neighbors within a length (boids), migration, the next
   step's halo and the step's figures travel in ONE exchange per step, posted without
-  waiting; the next step runs that substep for the interior agents while it travels
+  waiting; the next step runs that substep with the rank's own agents while it travels,
+  then again for the agents near a border or an arrival
   (:mod:`agentsim.distributed.overlap`; ``overlap=False`` turns it off).
 
 What is exact

@@ -311,7 +311,8 @@ class OverlapExchange:
 
         Args:
             written: New values ``[n, ...]`` of some fields for the rows as they were at
-                :meth:`post` (the split run's output), used instead of the population's.
+                :meth:`post` (the split run's output, contiguous), used instead of the
+                population's; updated in place when the population does not grow.
             arrived_written: The same fields' new values for the arrivals ``[m, ...]``.
         """
         assert self.arrived is not None, "nothing to merge"
@@ -329,13 +330,16 @@ class OverlapExchange:
             movers = n_new + flatnonzero(past)
         fields = {}
         for key in pop.keys():
-            src = written[key] if written is not None and key in written else pop[key]
-            new = src.new_empty((n_new, *src.shape[1:]))
-            kept = min(n, n_new)
-            new[:kept] = src[:kept]
+            own = written is not None and key in written  # the split's output: updated in place
+            src = written[key] if own else pop[key]  # type: ignore[index]
             fill = torch.cat([arrived[key][:holes.shape[0]], take_rows(src, movers.to(src.device))])
+            if own and n_new <= n:
+                new = src
+            else:
+                new = src.new_empty((n_new, *src.shape[1:]))
+                new[:min(n, n_new)] = src[:n_new]
             new.index_copy_(0, holes.to(new.device), fill.to(new.device))
             if n_new > n:
                 new[n:] = arrived[key][n_leave:]
-            fields[key] = new
+            fields[key] = new[:n_new]
         pop.replace(fields)

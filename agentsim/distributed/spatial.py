@@ -89,7 +89,7 @@ class SpatialPartition(HaloBook):
         balance_threshold: Rebalance when max/mean agents per rank exceeds this (> 1).
         bins: Histogram bins per axis for cuts (rcb and rebalancing; a 2D histogram uses
             at most 256 per axis).
-        overlap: Overlap the step's communication with the work on interior agents when
+        overlap: Overlap the step's communication with the first substep's work when
             the model allows it (:mod:`agentsim.distributed.overlap`); same results either way.
 
     Attributes:
