@@ -404,3 +404,25 @@ def test_source_order_without_room_for_a_combined_key(monkeypatch):
     huge = radius_pairs(pos, box, 2.0, uid=uid * 2**52)  # same order of uids
     assert len(sorts) == 3
     assert torch.equal(small[0], huge[0]) and torch.equal(small[1], huge[1])
+
+
+@pytest.mark.parametrize("lookup", ["table", "rows", "search"])
+@pytest.mark.parametrize("size,periodic", [((40.0, 30.0), True), ((40.0, 30.0), False), ((12.0, 9.0, 7.0), True),
+                                           ((3000.0, 2000.0), True)])
+def test_every_cell_lookup_gives_the_same_pairs(lookup, size, periodic, monkeypatch):
+    """The three ways of counting entries per cell (a table of every cell, a table of the rows
+    that hold entries, a binary search) give the same pairs in the same order, against brute force."""
+    from agentsim.space import continuous
+
+    box = Box(size, periodic=periodic)
+    g = torch.Generator().manual_seed(len(size) + int(periodic))
+    pos = _positions(box, 150, torch.float32, seed=31)
+    if size[0] > 1000:  # a few crowded strips of a large box, across the periodic border
+        pos[:, 0] = torch.remainder(torch.rand(150, generator=g) * 8.0 - 4.0, size[0])
+    uid = torch.randperm(150, generator=g) * 3
+    want = radius_pairs(pos, box, 2.5, uid=uid, n_query=110)
+    bi, bj = _brute(pos, box, 2.5, 110)
+    assert set(zip(want[0].tolist(), want[1].tolist())) == set(zip(bi.tolist(), bj.tolist()))
+    monkeypatch.setattr(continuous, "_LOOKUP", lookup)
+    got = radius_pairs(pos, box, 2.5, uid=uid, n_query=110)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

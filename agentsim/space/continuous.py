@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -468,20 +468,7 @@ def _iter_pair_chunks(
     cols = [pos[:, k].contiguous() for k in range(box.ndim)]
     scols = [c.index_select(0, order) for c in cols]  # sorted sources
 
-    # below(c): number of sorted entries in padded cells < c, for c in [0, n_pcells].
-    # A run of padded cells lo .. hi holds the sorted entries below(lo) .. below(hi + 1) - 1.
-    if n_pcells <= 8 * entry_row.shape[0] + 4096:  # a table when cells are few per entry, else a search
-        below_table = torch.zeros(n_pcells + 1, dtype=it, device=device)
-        torch.cumsum(torch.bincount(entry_cell, minlength=n_pcells), 0, dtype=it, out=below_table[1:])
-
-        def below(c: Tensor) -> Tensor:
-            return below_table.index_select(0, c)
-    else:
-        skey = entry_cell.index_select(0, perm)
-
-        def below(c: Tensor) -> Tensor:
-            return torch.searchsorted(skey, c, out_int32=it == torch.int32)
-
+    below = _cell_counter(entry_cell, perm, n_pcells, width, it)
     lead = _leading_tables(grid, device, it)
     # Padded cell run [lo, hi) of a target's neighbors within a row, by its last coordinate.
     cy_all = torch.arange(n_last, dtype=it, device=device)
@@ -542,6 +529,58 @@ def _iter_pair_chunks(
                 cols, scols, order, box, r2, include_self, t0 + c0,
                 start[:, c0:c1], cnt[:, c0:c1], per_target[c0:c1], with_delta, it,
             ))
+
+
+_LOOKUP: str | None = None  # tests force "table", "rows" or "search"
+
+
+def _cell_counter(entry_cell: Tensor, perm: Tensor, n_pcells: int, width: int,
+                  it: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """``below(c)``: the number of entries in padded cells ``< c``, for ``c`` ``[...]`` ``it`` in
+    ``[0, n_pcells]`` (a run of padded cells ``lo .. hi`` holds the sorted entries
+    ``below(lo) .. below(hi + 1) - 1``).
+
+    Three ways, the same counts: a table over every padded cell when cells are few per
+    entry; else a table over the rows of cells (``width`` padded cells each) that hold
+    entries, plus the count of entries before each row, when those are few (a small
+    population in a large box, such as a rank's border agents); else a binary search of
+    the sorted cells.
+
+    Args:
+        entry_cell: ``[E]`` ``it`` padded cell of every entry; ``perm``: ``[E]`` the entries
+            sorted by cell.
+    """
+    device = entry_cell.device
+    budget = 8 * entry_cell.shape[0] + 4096
+    n_rows = n_pcells // width
+    kind = _LOOKUP or ("table" if n_pcells <= budget else "rows" if n_rows < budget else "search")
+    if kind == "rows":
+        row = torch.div(entry_cell, width, rounding_mode="floor")
+        per_row = torch.bincount(row, minlength=n_rows)
+        held = flatnonzero(per_row > 0)
+        k = held.shape[0]
+        if (k + 1) * (width + 1) > budget and _LOOKUP is None:
+            kind = "search"
+        else:
+            before = torch.zeros(n_rows + 1, dtype=it, device=device)  # entries in the rows before
+            torch.cumsum(per_row, 0, dtype=it, out=before[1:])
+            slot = torch.full((n_rows + 1,), k, dtype=it, device=device)  # row k: holds nothing
+            slot[held] = torch.arange(k, dtype=it, device=device)
+            key = slot.index_select(0, row) * (width + 1) + (entry_cell - row * width) + 1
+            within = torch.bincount(key, minlength=(k + 1) * (width + 1)).view(k + 1, width + 1)
+            within = within.cumsum(1, dtype=it).view(-1)  # [slot, o]: entries of the row in cells < o
+
+            def below_rows(c: Tensor) -> Tensor:
+                r = torch.div(c, width, rounding_mode="floor")
+                return before.index_select(0, r) + within.index_select(
+                    0, slot.index_select(0, r) * (width + 1) + (c - r * width))
+            return below_rows
+    if kind == "table":
+        table = torch.zeros(n_pcells + 1, dtype=it, device=device)
+        torch.cumsum(torch.bincount(entry_cell, minlength=n_pcells), 0, dtype=it, out=table[1:])
+        return lambda c: table.index_select(0, c)
+    skey = entry_cell.index_select(0, perm)
+    return lambda c: torch.searchsorted(skey, c, out_int32=it == torch.int32)
 
 
 def _stable_argsort(key: Tensor) -> Tensor:
