@@ -147,7 +147,7 @@ class Simulation:
 
     def step(self) -> None:
         """Advance the state by one step (every substep once, in order)."""
-        if self.locality.due(self.state.step):
+        if self._sort_due():
             self.locality.apply(self.state)
         if self.shuffle_rows:  # after the sort, so that the shuffle is what the step sees
             for pop in self.state.populations.values():
@@ -164,6 +164,10 @@ class Simulation:
         self.state.step += 1
         self._raise_flags(flags)
         self.step_seconds.append(time.perf_counter() - t_step)
+
+    def _sort_due(self) -> bool:
+        """Whether :meth:`step` sorts the rows by cell before computing the next step."""
+        return self.locality.due(self.state.step)
 
     def refresh_due(self, s: Substep) -> bool:
         """Whether ``s`` reads current neighbor values in the step being computed (always, unless

@@ -71,6 +71,34 @@ def test_forced_rare_paths_keep_the_one_process_bits(force):
     assert sum(p["migrated"] for p in got["perf"]) > 0
 
 
+def run_boids_sorted_often(comm):
+    """Boids with rows sorted by cell every 3 steps; counts the steps whose exchange overlapped."""
+    sim = DistributedSimulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial",
+                                sort_every=3)
+    splits = []
+    run_split = sim._run_split
+
+    def counted(s):
+        splits.append(sim.state.step)
+        return run_split(s)
+
+    sim._run_split = counted  # type: ignore[method-assign]
+    result = sim.run(STEPS)
+    agents = comm.gather_rows(sim.state["boid"].fields())
+    return None if comm.rank else (result.metrics, sorted_fields(agents), splits)
+
+
+@pytest.mark.timeout(120)
+def test_sorting_rows_by_cell_does_not_stop_the_overlap():
+    """The rows are sorted at the end of a step, before the exchange is posted, so every step
+    after the first overlaps its exchange; same bits as one process."""
+    ref = boids_reference()
+    metrics, agents, splits = run_ranks(run_boids_sorted_often, 2, timeout=60.0)[0]
+    assert splits == list(range(1, STEPS)), splits
+    assert_same_bits(ref["metrics"], metrics, "metrics")
+    assert_same_bits(ref["agents"], agents, "agents")
+
+
 # --------------------------------------------------------------------------- deep arrivals
 def jumping_model(pairs: bool = False) -> Model:
     """Agents in a periodic box: ``mix`` (agentwise) adds a tenth of each neighbor's ``x``

@@ -92,6 +92,7 @@ class DistributedSimulation(Simulation):
         self._posted: tuple[list[tuple[str, Tensor]], tuple[list[str], list[bool]] | None] | None = None
         self._deferred: tuple[Any, list[dict[str, int | float]], Any, bool] | None = None
         self._stats_at_post: CommStats | None = None
+        self._sorted_at = -1  # the step after which the rows were last sorted by cell
 
     def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
         return self.partition.halo(population, substep)
@@ -238,6 +239,9 @@ class DistributedSimulation(Simulation):
             self._deferred = None
             Simulation._record(self, writer, rows, rec, False, gathers)
 
+    def _sort_due(self) -> bool:
+        return super()._sort_due() and self._sorted_at != self.state.step
+
     def n_local(self) -> int:
         return sum(p.n for p in self.state.populations.values())
 
@@ -277,10 +281,15 @@ class DistributedSimulation(Simulation):
         self._fused_metrics = None
         ov = self.overlap
         try:
-            if ov is not None and ov.pending is not None and (self.locality.due(self.state.step) or self.shuffle_rows):
+            if ov is not None and ov.pending is not None and (self._sort_due() or self.shuffle_rows):
                 self._complete_exchange()  # rows are about to be reordered
             super().step()
             if ov is not None:
+                if self._sort_due() and not self.shuffle_rows:
+                    # Sorted now, before the exchange takes row numbers, rather than at the
+                    # start of the next step, which would have to wait for the exchange first.
+                    self.locality.apply(self.state)
+                    self._sorted_at = self.state.step
                 self._post_exchange()
                 if ov.pending is not None and ov.pending.work is None:  # waited at once: take it now
                     self._complete_exchange()
