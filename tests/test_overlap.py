@@ -100,7 +100,7 @@ def test_sorting_rows_by_cell_does_not_stop_the_overlap():
 
 
 # --------------------------------------------------------------------------- deep arrivals
-def jumping_model(pairs: bool = False) -> Model:
+def jumping_model(pairs: bool = False, shared: bool = False) -> Model:
     """Agents in a periodic box: ``mix`` (agentwise) adds a tenth of each neighbor's ``x``
     within 1.0 (float sums in pair order: any change of neighbors or order changes bits);
     ``jump`` moves every agent up to 4 units along x (random), so arrivals land deep inside
@@ -109,15 +109,17 @@ def jumping_model(pairs: bool = False) -> Model:
     With ``pairs``: agents in pairs, 0.5 apart along x, one pair per row (rows 2 apart),
     that jump together: each agent's only neighbor is its partner, and ``mix`` flags an
     agent with no neighbor (never, on one process; on a rank, a pair that straddles a
-    border has none before the halo arrives)."""
+    border has none before the halo arrives). With ``shared``, ``mix`` also writes ``y``: the
+    same tensor object as ``x``."""
     registry = Registry()
 
-    @registry.substep(reads=["a.x", "a.pos"], writes=["a.x"], neighbors={"a": ["x", "pos"]}, reach=1.0,
+    @registry.substep(reads=["a.x", "a.pos"], writes=["a.x", "a.y"], neighbors={"a": ["x", "pos"]}, reach=1.0,
                       agentwise=True)
     def mix(ctx):
         a, nb = ctx["a"], ctx.neighbors("a")
         i, j = radius_pairs(nb["pos"], ctx.space, 1.0, uid=nb["uid"], n_query=nb.n_local)
         a["x"] = a["x"] + torch.zeros_like(a["x"]).index_add_(0, i, nb["x"][j] * 0.1)
+        a["y"] = a["x"] if shared else a["x"] * 2
         if pairs:
             ctx.flag("an agent with no neighbor", torch.bincount(i, minlength=nb.n_local) == 0)
 
@@ -135,15 +137,16 @@ def jumping_model(pairs: bool = False) -> Model:
         else:
             pos = torch.stack([uid * 10.0 / ic.n_agents, (uid * 7 % 13) * 4.0 / 13], -1)
             side = (10.0, 4.0)
-        pop = Population("a", {"x": FieldSpec(torch.float64), "pos": FieldSpec(torch.float32, (2,))},
-                         {"uid": uid, "x": uid * 1.0 + 0.1, "pos": pos.to(torch.float32)})
+        pop = Population("a", {"x": FieldSpec(torch.float64), "y": FieldSpec(torch.float64),
+                               "pos": FieldSpec(torch.float32, (2,))},
+                         {"uid": uid, "x": uid * 1.0 + 0.1, "y": uid * 0.0, "pos": pos.to(torch.float32)})
         return State({"a": pop}), Box(side, periodic=True)
 
     return Model("jumping", registry, ["mix", "jump"], ParamSpec({}), init)
 
 
-def run_jumping(comm, steps: int):
-    sim = DistributedSimulation(jumping_model(), agents=400, seed=2, comm=comm, partition="spatial")
+def run_jumping(comm, steps: int, shared: bool = False):
+    sim = DistributedSimulation(jumping_model(shared=shared), agents=400, seed=2, comm=comm, partition="spatial")
     assert sim.overlap is not None
     depths = []
     complete = sim.overlap.complete
@@ -161,12 +164,13 @@ def run_jumping(comm, steps: int):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_agents_that_jump_deep_into_a_region_keep_the_one_process_bits(world_size):
+@pytest.mark.parametrize("world_size, shared", [(2, False), (3, False), (2, True)])
+def test_agents_that_jump_deep_into_a_region_keep_the_one_process_bits(world_size, shared):
+    """Also (``shared``) when the substep writes one tensor object to two fields."""
     steps = 6
-    ref = Simulation(jumping_model(), agents=400, seed=2)
+    ref = Simulation(jumping_model(shared=shared), agents=400, seed=2)
     metrics = ref.run(steps).metrics
-    got_metrics, got_agents, depth = run_ranks(run_jumping, world_size, (steps,), timeout=60.0)[0]
+    got_metrics, got_agents, depth = run_ranks(run_jumping, world_size, (steps, shared), timeout=60.0)[0]
     assert depth > 1.5  # arrivals lay deeper than the halo width (1.0)
     assert_same_bits(metrics, got_metrics, "metrics")
     assert_same_bits(sorted_fields(ref.state["a"].fields()), got_agents, "agents")

@@ -166,10 +166,12 @@ class DistributedSimulation(Simulation):
             flags = [(msg, (f & right.to(f.device)).any()) for msg, f in flags_in]
         n_redo = redo.shape[0]
         written, arrived_written = {}, {}
+        taken = {v.untyped_storage().data_ptr() for v in pop.fields().values()}
         for key, new in out_in.items():
-            if not new.is_contiguous() or any(new.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
-                                              for v in pop.fields().values()):
-                new = new.clone(memory_format=torch.contiguous_format)  # a view of the state: copy, then write
+            if not new.is_contiguous() or new.untyped_storage().data_ptr() in taken:
+                # A view of the state (or of another written field): copy, then write into it.
+                new = new.clone(memory_format=torch.contiguous_format)
+            taken.add(new.untyped_storage().data_ptr())
             new.index_copy_(0, redo.to(new.device), out_b[key][:n_redo])
             written[key] = new
             arrived_written[key] = out_b[key][n_redo:]
