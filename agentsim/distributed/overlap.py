@@ -32,10 +32,10 @@ and keeps those values. ``S`` being agentwise, each agent gets the values of one
 all agents: results keep their bits (the tests compare them with one process and with
 ``overlap=False``). A flag of ``S`` is per agent (see :meth:`agentsim.context.Context.flag`):
 the first run's flags count for the agents whose values it keeps, the second's for the
-rest. The leaving agents leave and the arriving ones join in one copy of the population
-(the stayers keep their order), after the second run.
+rest. After the second run the leaving agents leave and the arriving ones take their
+rows (:meth:`OverlapExchange.merge`; row order never changes results).
 
-A rank thus waits for the others only when it has run out of interior work, not at each
+A rank thus waits for the others only when it has finished its first run, not at each
 collective. Buffers have a capacity per pair of ranks, known to both: twice the bytes
 of the pair's last exchange, at least :data:`MIN_CAPACITY`. A pair that needs more sends
 the rest in a second, waiting round, which every rank joins (each header says whether
@@ -45,6 +45,8 @@ The exchange waits at once (no overlap) when the step is the last of a ``run``, 
 ``run``, on load-balancing steps, and before a trajectory frame; the run loop records a
 step's metrics when its figures arrive (during the next step), so a NaN flag raises on
 every rank at the same point, one half step later than without overlap, naming its step.
+Rows due for the cell sort (:mod:`agentsim.locality`) are sorted at the end of the step,
+before the exchange is posted, so that the sort does not make the next step wait.
 
 Tested with gloo on CPU (tests/test_overlap.py, tests/test_distributed_spatial.py); the
 NCCL path goes through the same calls but has not run on a GPU yet.
