@@ -257,12 +257,12 @@ class Simulation:
             return
         self._raise_if_flagged(flags, self.comm.any_flags(torch.stack([f for _, f in flags])))
 
-    def _raise_if_flagged(self, flags: list[tuple[str, Tensor]], raised: Tensor, step: int | None = None) -> None:
+    def _raise_if_flagged(self, flags: list[tuple[str, Tensor]], raised: Tensor) -> None:
         """Raise a SimulationError naming the flags whose entry of ``raised`` (``[len(flags)]``
-        bool, already OR-ed over ranks) is set, and their step (default: the current one)."""
+        bool, already OR-ed over ranks) is set, and the current step."""
         if bool(raised.any()):
             names = [name for (name, _), v in zip(flags, raised.tolist()) if v]
-            raise SimulationError(f"step {self.state.step if step is None else step}: " + "; ".join(names))
+            raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
 
     # ---------------------------------------------------------------- metrics
     def metrics(self) -> dict[str, int | float]:

@@ -41,6 +41,9 @@ from .spatial import SpatialPartition
 __all__ = ["DistributedSimulation"]
 
 
+# What a step's report leaves to read once every rank's arrives: its flags and metric names.
+_Posted = tuple[list[tuple[str, Tensor]], tuple[list[str], list[bool]] | None]
+
 PERF_FIGURES = ("agents", "step_seconds", "comm_seconds", "bytes_sent", "halo_rows", "halo_bytes", "migrated")
 
 
@@ -89,7 +92,7 @@ class DistributedSimulation(Simulation):
         self._fused_metrics: tuple[int, list[str], list[bool], Tensor] | None = None
         plan = overlap_plan(model, self.partition, self.params, self.comm, sync_every)
         self.overlap = OverlapExchange(self.partition, *plan) if plan is not None else None  # type: ignore[arg-type]
-        self._posted: tuple[list[tuple[str, Tensor]], tuple[list[str], list[bool]] | None] | None = None
+        self._posted: _Posted | None = None
         self._deferred: tuple[Any, list[dict[str, int | float]], Any, bool] | None = None
         self._stats_at_post: CommStats | None = None
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
@@ -202,15 +205,8 @@ class DistributedSimulation(Simulation):
         part = self.partition
         halo_rows, halo_bytes = part.halo_rows + ov.received_rows, part.halo_bytes + ov.received_bytes
         ov.received_rows = ov.received_bytes = 0
-        header = {"figures": torch.tensor([[self.n_local(), self.step_seconds[-1], since.seconds, since.bytes_sent,
-                                            halo_rows, halo_bytes, 0.0]], dtype=torch.float64)}
-        flags = self._step_flags
-        header["flags"] = (torch.stack([f for _, f in flags]).to(device="cpu", dtype=torch.bool)[None] if flags
-                           else torch.zeros(1, 0, dtype=torch.bool))
-        metric_parts = self._local_metric_sums() if self._in_run else None
-        if metric_parts is not None:
-            header["sums"] = metric_parts[2][None]
-        self._posted = (flags, None if metric_parts is None else (metric_parts[0], metric_parts[1]))
+        header, self._posted = self._report([self.n_local(), self.step_seconds[-1], since.seconds,
+                                             since.bytes_sent, halo_rows, halo_bytes, 0.0])
         wait = not self._in_run or part.balance_due(self.state.step)  # type: ignore[union-attr]
         if stats is not None:  # the exchange's own bytes and its wait count in the next step
             self._stats_at_post = stats.snapshot()
@@ -224,17 +220,13 @@ class DistributedSimulation(Simulation):
         assert ov is not None and self._posted is not None
         at_step_end = ov.pending is not None and ov.pending.work is None
         heads = ov.complete(self.state, self.comm, merge=merge)
-        flags, metric_names = self._posted
-        self._posted = None
-        figs = torch.cat([h["figures"] for h in heads])  # [W, k]
-        sent = torch.cat([h["ints"][:, 4:] for h in heads])  # [W, W] migrants from row rank to column rank
+        got = {k: torch.cat([h[k] for h in heads]) for k in heads[0]}  # every rank's report, rank order
+        sent = got["ints"][:, 4:]  # [W, W] migrants from row rank to column rank
+        figs = got["v"]  # [W, k]
         figs[:, 0] += sent.sum(0).to(torch.float64) - sent.sum(1).to(torch.float64)  # agents after migration
         figs[:, 6] = sent.sum(1).to(torch.float64)
-        if flags:
-            self._raise_if_flagged(flags, torch.cat([h["flags"] for h in heads]).any(0), step=self.state.step)
-        if metric_names is not None:
-            sums = torch.cat([h["sums"] for h in heads]).sum(0)
-            self._fused_metrics = (self.state.step, metric_names[0], metric_names[1], sums)
+        posted, self._posted = self._posted, None
+        self._take_report(got, *posted)
         self._take_figures(figs, balance=at_step_end)
         if self._deferred is not None:
             writer, rows, rec, gathers = self._deferred
@@ -247,11 +239,32 @@ class DistributedSimulation(Simulation):
     def n_local(self) -> int:
         return sum(p.n for p in self.state.populations.values())
 
-    def _gather_figures(self, values: list[float], extra: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
-        """One all_gather of this rank's figures ``values`` (``"v"``: ``[W, k]`` float64, rank
-        order) and of ``extra`` one-row tensors (same names and shapes on every rank)."""
-        rows = {"v": torch.tensor([values], dtype=torch.float64), **(extra or {})}
-        return self.comm.all_gather_rows(rows, rows_per_rank=1)
+    def _report(self, values: list[float]) -> tuple[dict[str, Tensor], _Posted]:
+        """This rank's report of the step, as one-row tensors with the same names and shapes on
+        every rank: the figures ``values`` (``"v"``, float64; columns :data:`PERF_FIGURES`),
+        the step's error flags (``"flags"``, if any) and, inside ``run``, the metric sums
+        (``"sums"``); and what :meth:`_take_report` needs to read every rank's reports."""
+        rows = {"v": torch.tensor([values], dtype=torch.float64)}
+        flags = self._step_flags
+        if flags:
+            rows["flags"] = torch.stack([f for _, f in flags]).to(device="cpu", dtype=torch.bool)[None]
+        metric_parts = self._local_metric_sums() if self._in_run else None
+        if metric_parts is not None:
+            rows["sums"] = metric_parts[2][None]
+        return rows, (flags, None if metric_parts is None else (metric_parts[0], metric_parts[1]))
+
+    def _take_report(self, got: Mapping[str, Tensor], flags: list[tuple[str, Tensor]],
+                     metric_names: tuple[list[str], list[bool]] | None) -> None:
+        """From every rank's reports (:meth:`_report`, rows in rank order): raise the step's
+        flags on every rank at once; keep the summed metrics for :meth:`metrics`."""
+        if flags:
+            self._raise_if_flagged(flags, got["flags"].any(0))
+        if metric_names is not None:
+            self._fused_metrics = (self.state.step, metric_names[0], metric_names[1], got["sums"].sum(0))
+
+    def _gather_figures(self, values: list[float]) -> Tensor:
+        """One all_gather of this rank's figures ``values``: ``[W, k]`` float64, rank order."""
+        return self.comm.all_gather_rows({"v": torch.tensor([values], dtype=torch.float64)}, rows_per_rank=1)["v"]
 
     def _raise_flags(self, flags: list[tuple[str, Tensor]]) -> None:
         # Deferred: step() sends the flags with the step's figures (and metric sums) in one
@@ -305,19 +318,10 @@ class DistributedSimulation(Simulation):
         part = self.partition
         last = self.comm_steps[-1] if stats is not None else CommStats()
         # One collective for the step's figures, error flags and (inside run) metric sums.
-        extra: dict[str, Tensor] = {}
-        flags = self._step_flags
-        if flags:
-            extra["flags"] = torch.stack([f for _, f in flags]).to(device="cpu", dtype=torch.bool)[None]
-        metric_parts = self._local_metric_sums() if self._in_run else None
-        if metric_parts is not None:
-            extra["metrics"] = metric_parts[2][None]
-        got = self._gather_figures([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
-                                    part.halo_rows, part.halo_bytes, getattr(part, "migrated", 0)], extra)
-        if flags:
-            self._raise_if_flagged(flags, got["flags"].any(0))
-        if metric_parts is not None:
-            self._fused_metrics = (self.state.step, metric_parts[0], metric_parts[1], got["metrics"].sum(0))
+        rows, posted = self._report([self.n_local(), self.step_seconds[-1], last.seconds, last.bytes_sent,
+                                     part.halo_rows, part.halo_bytes, getattr(part, "migrated", 0)])
+        got = self.comm.all_gather_rows(rows, rows_per_rank=1)
+        self._take_report(got, *posted)
         self._take_figures(got["v"], balance=True)
 
     def _take_figures(self, figs: Tensor, balance: bool) -> None:
@@ -329,7 +333,7 @@ class DistributedSimulation(Simulation):
         imbalance_before = max(counts) / before_mean if before_mean > 0 else 1.0
         rebalanced = balance and part.maybe_balance(self.state, self.comm, counts)
         if rebalanced:
-            counts = [int(v) for v in self._gather_figures([self.n_local()])["v"][:, 0].tolist()]
+            counts = [int(v) for v in self._gather_figures([self.n_local()])[:, 0].tolist()]
             if self.overlap is not None:
                 self.overlap.halo = None  # borders moved: the halo received with them is stale
         mean = sum(counts) / len(counts)
