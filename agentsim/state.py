@@ -169,21 +169,20 @@ class Population:
         self.next_uid += m if n_born_total is None else n_born_total
         return new[UID]
 
-    def extend(self, fields: Mapping[str, Tensor], keep: Tensor | int | None = None) -> None:
+    def extend(self, fields: Mapping[str, Tensor], keep: Tensor | None = None) -> None:
         """Append rows that already have uids (agents arriving from another rank); every field needed.
 
         Args:
             fields: Every declared field, ``uid`` included, each ``[m, ...]``.
-            keep: Optional ``[k]`` int64 rows to keep first (agents that stay), or the number
-                of leading rows to keep, in one copy instead of :meth:`keep` then :meth:`extend`.
+            keep: Optional ``[k]`` int64 rows to keep first (agents that stay), in one copy
+                instead of :meth:`keep` then :meth:`extend`.
         """
         if set(fields) != set(self.specs):
             raise FieldAccessError(f"extend '{self.name}': expected fields {sorted(self.specs)} (got {sorted(fields)})")
         m = fields[UID].shape[0]
         new = {k: self._checked(k, fields[k].to(self._fields[k].device), m) for k in self._fields}
-        if keep is None or isinstance(keep, int):
-            n = self.n if keep is None else keep
-            self._fields = {k: torch.cat([v[:n], new[k]]) for k, v in self._fields.items()}
+        if keep is None:
+            self._fields = {k: torch.cat([v, new[k]]) for k, v in self._fields.items()}
             return
         keep = keep.to(self._fields[UID].device)
         k_rows = keep.shape[0]

@@ -22,7 +22,7 @@ It declares, when registered:
   agents' flags. It needs ``writes`` of one population only, no env writes, births or
   deaths, must not raise on data (flag instead), and writes tensors it does not keep
   (the engine may update them in place). The spatial
-  partitioner uses it to overlap the halo exchange with the work on interior agents
+  partitioner uses it to overlap the halo exchange with the substep's own work
   (:mod:`agentsim.distributed.overlap`).
 
 The engine enforces the declaration: reading or writing an undeclared field, or

@@ -299,11 +299,11 @@ def test_agentwise_and_overlap_declarations_are_checked():
         SpatialPartition(overlap="yes")
 
 
-def test_population_extend_keeps_a_leading_block_and_keep_takes_int64_rows():
+def test_population_extend_keeps_rows_and_keep_takes_int64_rows():
     pop = Population("a", {"x": FieldSpec(torch.float32)}, {"uid": torch.arange(5), "x": torch.arange(5.0)})
     pop.keep(torch.tensor([4, 0, 2]))
     assert pop["uid"].tolist() == [4, 0, 2]
-    pop.extend({"uid": torch.tensor([9]), "x": torch.tensor([9.0])}, keep=2)
+    pop.extend({"uid": torch.tensor([9]), "x": torch.tensor([9.0])}, keep=torch.tensor([0, 1]))
     assert pop["uid"].tolist() == [4, 0, 9] and pop["x"].tolist() == [4.0, 0.0, 9.0]
 
 

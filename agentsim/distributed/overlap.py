@@ -177,13 +177,14 @@ class OverlapExchange:
         # Agents outside the region have dist <= 0 (half-open borders: = 0 may be either side).
         at_edge = flatnonzero(dist <= 0)
         edge = near.index_select(0, at_edge)
-        edge_owner = part._owner_of(part.coords(self.name, pop, edge))
+        coords = part.coords(self.name, pop, near)  # [m, 2] float64
+        edge_owner = part._owner_of(coords.index_select(0, at_edge))
         owner = torch.full((near.shape[0],), rank, dtype=torch.int64)  # of the near rows
         owner[at_edge] = edge_owner
         gone = edge_owner != rank
         mig_dest, by_dest = torch.sort(edge_owner[gone], stable=True)
         leave = edge[gone].index_select(0, by_dest)
-        row, dest = part._near(part.coords(self.name, pop, near), "length", self.reach, rank, exclude=owner)
+        row, dest = part._near(coords, "length", self.reach, rank, exclude=owner)
         rows = near.index_select(0, row)
         own = dest == rank  # agents given away that this rank needs as halo itself
         self_rows = rows[own]
