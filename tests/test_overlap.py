@@ -326,9 +326,62 @@ def test_merge_takes_out_the_leavers_and_puts_in_the_arrivals(n_leave, n_arrive)
     want = {"uid": torch.cat([pop["uid"][stay], arrived["uid"]]), "x": torch.cat([new_x[stay], new_x_arrived]),
             "k": torch.cat([pop["k"][stay], arrived["k"]])}
     ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
-    ov.name, ov.arrived, ov.leave, ov._near = "a", arrived, leave, None
+    ov.name, ov.arrived, ov.leave, ov._near, ov.reuse, ov._allocated = "a", arrived, leave, None, False, {}
     ov.merge(state, written={"x": new_x}, arrived_written={"x": new_x_arrived})
     assert ov.arrived is None and ov.leave.numel() == 0
     assert_same_bits(sorted_fields(want), sorted_fields(state["a"].fields()), "merged")
     with pytest.raises(FieldAccessError, match=r"replace 'a': expected fields \['k', 'uid', 'x'\]"):
         state["a"].replace({"uid": torch.arange(2)})
+
+
+def test_merge_reuses_only_the_tensors_it_allocated_itself():
+    """With ``reuse``, a merge writes into the tensors the previous merge allocated (not into
+    the caller's, nor after forget_allocated); the agents and values are those of a merge that
+    allocates every time."""
+    g = torch.Generator().manual_seed(3)
+    n = 10
+    held = {"uid": torch.arange(n), "x": torch.rand(n, generator=g)}
+    held_copy = {k: v.clone() for k, v in held.items()}
+    pop = Population("a", {"x": FieldSpec(torch.float32)}, dict(held))
+    ref = pop.clone()
+    ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
+    ov.name, ov._near, ov.reuse, ov._allocated = "a", None, True, {}
+    ref_ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
+    ref_ov.name, ref_ov._near, ref_ov.reuse, ref_ov._allocated = "a", None, False, {}
+    next_uid = 100
+    for round_, (n_leave, n_arrive) in enumerate([(3, 2), (2, 2), (3, 1), (1, 3), (2, 2)]):
+        if round_ == 4:
+            ov.forget_allocated()
+        ptr = {k: pop[k].data_ptr() for k in pop.keys()}
+        leave = torch.randperm(pop.n, generator=g)[:n_leave]
+        arrived = {"uid": next_uid + torch.arange(n_arrive), "x": torch.rand(n_arrive, generator=g)}
+        next_uid += n_arrive
+        for o, st in ((ov, pop), (ref_ov, ref)):
+            o.arrived, o.leave = {k: v.clone() for k, v in arrived.items()}, leave.clone()
+            o.merge(State({"a": st}))
+        assert_same_bits(sorted_fields(ref.fields()), sorted_fields(pop.fields()), f"round {round_}")
+        in_place = {k: pop[k].data_ptr() == ptr[k] for k in pop.keys()}
+        # Round 0 merges the caller's tensors; round 3 grows; round 4 follows forget_allocated.
+        expect = round_ in (1, 2)
+        assert in_place == {"uid": expect, "x": expect}, (round_, in_place)
+    assert_same_bits(held_copy, held, "the caller's tensors")
+
+
+def run_boids_twice_holding_the_state(comm):
+    """Two runs; between them the caller holds the state's tensors: the second run must not
+    write into them (the merges of the first reused their own tensors in place)."""
+    sim = DistributedSimulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial")
+    sim.run(STEPS // 2)
+    assert sim.overlap is not None and not sim.overlap.reuse
+    held = sim.state["boid"].fields()
+    copies = {k: v.clone() for k, v in held.items()}
+    sim.run(STEPS - STEPS // 2)
+    assert_same_bits(copies, held, f"rank {comm.rank}: tensors held between runs")
+    agents = comm.gather_rows(sim.state["boid"].fields())
+    return None if comm.rank != 0 else sorted_fields(agents)
+
+
+@pytest.mark.timeout(120)
+def test_tensors_held_between_runs_are_not_written():
+    got = run_ranks(run_boids_twice_holding_the_state, 2, (), timeout=60.0)[0]
+    assert_same_bits(boids_reference()["agents"], got, "agents after two runs")

@@ -133,6 +133,9 @@ class OverlapExchange:
         depth: How deep inside this rank's region the deepest arrival so far lay (length
             units): :meth:`post` finds the agents the next step may run again with that guess.
         migrated: Agents this rank sent away in the last exchange.
+        reuse: Let :meth:`merge` write into the field tensors that an earlier merge allocated
+            (the simulation sets it only inside ``run``, where no one else holds them, and
+            forgets them when the run ends); otherwise every merge allocates new ones.
         received_rows, received_bytes: Halo rows and bytes received since the caller last
             reset them.
     """
@@ -153,6 +156,8 @@ class OverlapExchange:
         self.depth = 0.0
         self._near: tuple[Tensor, Tensor, float] | None = None
         self.migrated = 0
+        self.reuse = False
+        self._allocated: dict[str, Tensor] = {}  # field tensors the last merge made (with reuse)
         self.received_rows = self.received_bytes = 0
 
     # ------------------------------------------------------------------ sending
@@ -310,7 +315,9 @@ class OverlapExchange:
         """Take the leaving agents out of the population and put the arriving ones in: each
         arrival takes a leaver's row, further arrivals go after the last row, and rows left
         empty past the new end are filled from the end. One copy of each field plus the
-        moved rows (the order of rows changes; results never depend on it).
+        moved rows, or only the moved rows for a field written in place (``written``, or with
+        :attr:`reuse` a tensor the last merge allocated); the order of rows changes, results
+        never depend on it.
 
         Args:
             written: New values ``[n, ...]`` of some fields for the rows as they were at
@@ -331,12 +338,14 @@ class OverlapExchange:
             past = torch.ones(n - n_new, dtype=torch.bool)
             past[leave[leave >= n_new] - n_new] = False
             movers = n_new + flatnonzero(past)
-        fields = {}
+        fields, allocated = {}, self._allocated
+        self._allocated = {}
         for key in pop.keys():
             own = written is not None and key in written  # the split's output: updated in place
             src = written[key] if own else pop[key]  # type: ignore[index]
+            mine = self.reuse and allocated.get(key) is src  # made by the last merge, still in place
             fill = torch.cat([arrived[key][:holes.shape[0]], take_rows(src, movers.to(src.device))])
-            if own and n_new <= n:
+            if (own or mine) and n_new <= n:
                 new = src
             else:
                 new = src.new_empty((n_new, *src.shape[1:]))
@@ -346,3 +355,10 @@ class OverlapExchange:
                 new[n:] = arrived[key][n_leave:]
             fields[key] = new[:n_new]
         pop.replace(fields)
+        if self.reuse:
+            self._allocated = {k: pop[k] for k in fields if not (written is not None and k in written)}
+
+    def forget_allocated(self) -> None:
+        """From now on, :meth:`merge` writes into no tensor it allocated before (the
+        population's tensors may be held elsewhere)."""
+        self._allocated = {}

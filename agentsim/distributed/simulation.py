@@ -279,6 +279,8 @@ class DistributedSimulation(Simulation):
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         self._in_run = True  # run() takes the metrics right after each step: fuse their sums
+        if self.overlap is not None:  # no one else holds the state's tensors until run returns
+            self.overlap.reuse = True
         try:
             return super().run(*args, **kwargs)
         finally:
@@ -287,6 +289,8 @@ class DistributedSimulation(Simulation):
             self._deferred = None
             if self.overlap is not None:
                 self.overlap.halo = None  # the state may change before the next run
+                self.overlap.reuse = False
+                self.overlap.forget_allocated()  # the caller may now hold the state's tensors
 
     def step(self) -> None:
         stats: CommStats | None = getattr(self.comm, "stats", None)
