@@ -134,10 +134,14 @@ class Population:
 
     def keep(self, index_or_mask: Tensor) -> None:
         """Keep only the rows selected by a bool mask ``[n]`` or an index tensor (deaths)."""
+        self._fields = self._rows(index_or_mask)
+
+    def _rows(self, index_or_mask: Tensor) -> dict[str, Tensor]:
+        """Every field's rows selected by a bool mask ``[n]`` or an index tensor (int64 index
+        rows gathered by :func:`~agentsim.ops.take_rows`)."""
         if isinstance(index_or_mask, Tensor) and index_or_mask.dtype == torch.int64:
-            self._fields = {k: take_rows(v, index_or_mask.to(v.device)) for k, v in self._fields.items()}
-            return
-        self._fields = {k: v[index_or_mask] for k, v in self._fields.items()}
+            return {k: take_rows(v, index_or_mask.to(v.device)) for k, v in self._fields.items()}
+        return {k: v[index_or_mask] for k, v in self._fields.items()}
 
     def spawn(self, parent_uid: Tensor, fields: Mapping[str, Tensor], uid_offset: int | Tensor = 0,
               n_born_total: int | None = None) -> Tensor:
@@ -204,10 +208,7 @@ class Population:
 
     def permute(self, perm: Tensor) -> None:
         """Reorder rows (used by tests and partitioners; results never depend on row order)."""
-        if isinstance(perm, Tensor) and perm.dtype == torch.int64:
-            self._fields = {k: take_rows(v, perm.to(v.device)) for k, v in self._fields.items()}
-            return
-        self._fields = {k: v[perm] for k, v in self._fields.items()}
+        self._fields = self._rows(perm)
 
     def to(self, device: torch.device | str) -> Population:
         self._fields = {k: v.to(device) for k, v in self._fields.items()}

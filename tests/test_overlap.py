@@ -307,6 +307,14 @@ def test_population_extend_keeps_rows_and_keep_takes_int64_rows():
     assert pop["uid"].tolist() == [4, 0, 9] and pop["x"].tolist() == [4.0, 0.0, 9.0]
 
 
+def bare_exchange(name: str, reuse: bool = False) -> overlap_mod.OverlapExchange:
+    """An exchange of population ``name`` with only what :meth:`OverlapExchange.merge` reads
+    (the caller sets ``arrived`` and ``leave``)."""
+    ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
+    ov.name, ov._near, ov.reuse, ov._allocated = name, None, reuse, {}
+    return ov
+
+
 @pytest.mark.parametrize("n_leave, n_arrive", [(0, 0), (0, 3), (3, 0), (2, 5), (5, 2), (4, 4), (9, 1)])
 def test_merge_takes_out_the_leavers_and_puts_in_the_arrivals(n_leave, n_arrive):
     """Against a reference built with masks: the same agents with the same values, whatever
@@ -325,8 +333,8 @@ def test_merge_takes_out_the_leavers_and_puts_in_the_arrivals(n_leave, n_arrive)
     stay[leave] = False
     want = {"uid": torch.cat([pop["uid"][stay], arrived["uid"]]), "x": torch.cat([new_x[stay], new_x_arrived]),
             "k": torch.cat([pop["k"][stay], arrived["k"]])}
-    ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
-    ov.name, ov.arrived, ov.leave, ov._near, ov.reuse, ov._allocated = "a", arrived, leave, None, False, {}
+    ov = bare_exchange("a")
+    ov.arrived, ov.leave = arrived, leave
     ov.merge(state, written={"x": new_x}, arrived_written={"x": new_x_arrived})
     assert ov.arrived is None and ov.leave.numel() == 0
     assert_same_bits(sorted_fields(want), sorted_fields(state["a"].fields()), "merged")
@@ -344,10 +352,7 @@ def test_merge_reuses_only_the_tensors_it_allocated_itself():
     held_copy = {k: v.clone() for k, v in held.items()}
     pop = Population("a", {"x": FieldSpec(torch.float32)}, dict(held))
     ref = pop.clone()
-    ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
-    ov.name, ov._near, ov.reuse, ov._allocated = "a", None, True, {}
-    ref_ov = overlap_mod.OverlapExchange.__new__(overlap_mod.OverlapExchange)
-    ref_ov.name, ref_ov._near, ref_ov.reuse, ref_ov._allocated = "a", None, False, {}
+    ov, ref_ov = bare_exchange("a", reuse=True), bare_exchange("a")
     next_uid = 100
     for round_, (n_leave, n_arrive) in enumerate([(3, 2), (2, 2), (3, 1), (1, 3), (2, 2)]):
         if round_ == 4:

@@ -110,6 +110,7 @@ class _Pending:
     leave: Tensor  # [k] int64 rows this rank gives away (by destination)
     self_halo: dict[str, Tensor]
     header: dict[str, Tensor]  # this rank's own header
+    header_bytes: int  # packed size of a header (the same on every rank)
 
 
 class OverlapExchange:
@@ -228,7 +229,7 @@ class OverlapExchange:
         recv_splits = [0 if s == rank else h + self.cap_in[s] for s in range(W)]
         send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
         out, work = comm.post_all_to_all(send, send_splits, recv_splits)
-        self.pending = _Pending(out, work, recv_splits, payload, rest, leave, self_halo, own_header)
+        self.pending = _Pending(out, work, recv_splits, payload, rest, leave, self_halo, own_header, h)
         self.migrated = leave.shape[0]
         if wait:
             comm.wait(work)
@@ -261,7 +262,7 @@ class OverlapExchange:
             comm.wait(p.work)
         rank, W = comm.rank, comm.world_size
         pop = state[self.name]
-        h = pack_rows(p.header).shape[1]
+        h = p.header_bytes
         heads, data, offset = [], [], 0
         for s in range(W):
             if s == rank:
@@ -340,9 +341,10 @@ class OverlapExchange:
             movers = n_new + flatnonzero(past)
         fields, allocated = {}, self._allocated
         self._allocated = {}
+        written = written or {}
         for key in pop.keys():
-            own = written is not None and key in written  # the split's output: updated in place
-            src = written[key] if own else pop[key]  # type: ignore[index]
+            own = key in written  # the split's output: updated in place
+            src = written[key] if own else pop[key]
             mine = self.reuse and allocated.get(key) is src  # made by the last merge, still in place
             fill = torch.cat([arrived[key][:holes.shape[0]], take_rows(src, movers.to(src.device))])
             if (own or mine) and n_new <= n:
@@ -356,7 +358,7 @@ class OverlapExchange:
             fields[key] = new[:n_new]
         pop.replace(fields)
         if self.reuse:
-            self._allocated = {k: pop[k] for k in fields if not (written is not None and k in written)}
+            self._allocated = {k: pop[k] for k in fields if k not in written}
 
     def forget_allocated(self) -> None:
         """From now on, :meth:`merge` writes into no tensor it allocated before (the
