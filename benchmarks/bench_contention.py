@@ -31,7 +31,6 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,16 +38,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_models import git_commit  # noqa: E402
 
 KERNELS = ("compute", "python", "stream", "boids")
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _prepare(kernel: str, agents: int, steps: int):
@@ -114,7 +108,7 @@ def contention(kernels: list[str], procs: int = 2, repeats: int = 5, agents: int
                steps: int = 3) -> dict:
     out: dict = {"procs": procs, "repeats": repeats, "agents": agents, "steps": steps,
                  "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                 "python": platform.python_version(), "git_commit": _git_commit(), "kernels": {}}
+                 "python": platform.python_version(), "git_commit": git_commit(), "kernels": {}}
     for kernel in kernels:
         alone, together = [], []
         for _ in range(repeats):
