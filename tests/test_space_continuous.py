@@ -364,6 +364,36 @@ def test_pair_chunks_with_delta_give_displacement_bits(size, periodic, dtype):
     assert all(c.delta is None and c.dist2 is None for c in radius_pair_chunks(pos, box, 1.9))
 
 
+@pytest.mark.parametrize("size,periodic", BOXES)
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_pair_chunks_with_int32_rows_give_the_same_chunks(size, periodic, with_delta, monkeypatch):
+    # index_dtype=torch.int32 changes the dtype of i and j only: the same chunks, rows and
+    # displacement bits as the int64 default (small chunks, so that there are many).
+    from agentsim.space import continuous
+
+    monkeypatch.setattr(continuous, "_MAX_CANDIDATES", 64)
+    box = Box(size, periodic=periodic)
+    pos = _positions(box, 400, torch.float32, seed=5)
+    wide = list(radius_pair_chunks(pos, box, 1.9, n_query=300, with_delta=with_delta))
+    narrow = list(radius_pair_chunks(pos, box, 1.9, n_query=300, with_delta=with_delta, index_dtype=torch.int32))
+    assert len(wide) == len(narrow) > 3
+    for a, b in zip(wide, narrow):
+        assert (a.start, a.stop) == (b.start, b.stop)
+        assert a.i.dtype == a.j.dtype == torch.int64 and b.i.dtype == b.j.dtype == torch.int32
+        assert torch.equal(a.i, b.i.long()) and torch.equal(a.j, b.j.long())
+        if with_delta:
+            assert torch.equal(a.delta, b.delta) and torch.equal(a.dist2, b.dist2)
+    ri, rj = radius_pairs(pos, box, 1.9, n_query=300)
+    assert torch.equal(torch.cat([c.i for c in narrow]).long(), ri)
+    assert torch.equal(torch.cat([c.j for c in narrow]).long(), rj)
+
+
+def test_pair_chunks_reject_other_index_dtypes():
+    pos = torch.rand(10, 2)
+    with pytest.raises(ConfigError, match=r"index_dtype: expected torch.int64 or torch.int32 \(got torch.int16\)"):
+        list(radius_pair_chunks(pos, Box((1.0, 1.0)), 0.1, index_dtype=torch.int16))
+
+
 @pytest.mark.parametrize("size", [(10.0, 10.0), (10.0, 7.0, 12.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_wrap_and_cell_coords_match_the_broadcast_formulas(size, dtype):

@@ -382,8 +382,9 @@ class PairChunk(NamedTuple):
 
     Attributes:
         start, stop: Target rows ``[start, stop)``.
-        i: ``[m]`` int64 target rows (each in ``[start, stop)``), ascending.
-        j: ``[m]`` int64 source rows.
+        i: ``[m]`` target rows (each in ``[start, stop)``), ascending; int64, or int32
+            when asked for (``index_dtype``) and every row fits.
+        j: ``[m]`` source rows, the dtype of ``i``.
         delta: ``[d, m]`` displacement ``pos[j] - pos[i]`` (minimum image when periodic),
             one contiguous row per dim, in the dtype of ``pos`` (length units): the bits
             :meth:`Box.displacement` gives. None unless asked for (``with_delta=True``).
@@ -408,6 +409,7 @@ def _iter_pair_chunks(
     include_self: bool,
     max_candidates: int | None = None,
     with_delta: bool = False,
+    index_dtype: torch.dtype = torch.int64,
 ) -> Iterator[PairChunk]:
     """Yield chunks of consecutive targets whose pairs, concatenated, are in canonical order.
 
@@ -442,6 +444,7 @@ def _iter_pair_chunks(
     # Index dtype of rows, cells and candidates: int32 where they fit (half the memory
     # traffic of int64, and faster gathers).
     it = torch.int32 if max(3 * n, n_pcells) < 2**31 - 1 else torch.int64
+    out_it = it if index_dtype == torch.int32 else torch.int64  # of the pairs' rows
     ccols = grid.coord_columns(pos, it)  # d x [n] cell coordinates
     lead_row = ccols[0]
     for k in range(1, box.ndim - 1):
@@ -527,7 +530,7 @@ def _iter_pair_chunks(
                 continue
             yield PairChunk(t0 + c0, t0 + c1, *_expand(
                 cols, scols, order, box, r2, include_self, t0 + c0,
-                start[:, c0:c1], cnt[:, c0:c1], per_target[c0:c1], with_delta, it,
+                start[:, c0:c1], cnt[:, c0:c1], per_target[c0:c1], with_delta, it, out_it,
             ))
 
 
@@ -639,6 +642,7 @@ def _expand(
     per_target: Tensor,
     with_delta: bool = False,
     it: torch.dtype = torch.int64,
+    out_it: torch.dtype = torch.int64,
 ) -> tuple[Tensor, ...]:
     """Candidates of targets ``t0 .. t0 + T - 1`` filtered by radius.
 
@@ -647,13 +651,15 @@ def _expand(
     segments (starts and lengths in the sorted sources) in canonical order, and
     ``per_target`` ``[T]`` their sums: laying the segments end to end, target by target,
     gives the candidates already in canonical order. ``it`` is the dtype of the
-    candidate indices (int32 when rows fit: half the memory traffic).
+    candidate indices (int32 when rows fit: half the memory traffic), ``out_it`` that of
+    the returned rows. Temporaries are dropped as soon as they are used, so that later
+    ones reuse their (cached) memory.
     Returns ``(i, j)``, or ``(i, j, delta [d, m], dist2 [m])`` when ``with_delta``.
     """
     device = cols[0].device
     total = int(per_target.sum())
     if total == 0:
-        empty = torch.empty(0, dtype=torch.int64, device=device)
+        empty = torch.empty(0, dtype=out_it, device=device)
         if with_delta:
             return (empty, empty, cols[0].new_empty((len(cols), 0)), cols[0].new_empty(0))
         return empty, empty
@@ -671,11 +677,13 @@ def _expand(
     step = torch.ones(total + 1, dtype=it, device=device)
     step.index_add_(0, seg_begin.reshape(-1), (start - prev_end).reshape(-1))
     s = torch.cumsum(step[:total], 0, dtype=it)
+    del step
     # Target row of each candidate: t0, plus one at the end of each target's run.
     tstep = torch.zeros(total + 1, dtype=it, device=device)
     tstep.index_add_(0, t_end, torch.ones_like(per_target, dtype=it))
     tstep[0] += t0
     ti = torch.cumsum(tstep[:total], 0, dtype=it)
+    del tstep
     # Same arithmetic as Box.displacement(pos[i], pos[j]), one dim at a time.
     d2: Tensor | None = None
     deltas = []
@@ -693,14 +701,20 @@ def _expand(
     assert d2 is not None
     keep = d2 <= r2
     j = order.index_select(0, s)
+    del s
     if not include_self:
         keep &= j != ti
     idx = flatnonzero(keep)
-    i = ti.index_select(0, idx).to(torch.int64)
-    j = j.index_select(0, idx).to(torch.int64)
+    del keep
+    i = ti.index_select(0, idx).to(out_it)
+    del ti
+    j = j.index_select(0, idx).to(out_it)
     if not with_delta:
         return i, j
-    delta = torch.stack([d.index_select(0, idx) for d in deltas])
+    delta = deltas[0].new_empty((len(deltas), idx.shape[0]))
+    for k, d in enumerate(deltas):
+        torch.index_select(d, 0, idx, out=delta[k])
+    del deltas
     return i, j, delta, d2.index_select(0, idx)
 
 
@@ -712,6 +726,7 @@ def radius_pair_chunks(
     n_query: int | None = None,
     include_self: bool = False,
     with_delta: bool = False,
+    index_dtype: torch.dtype = torch.int64,
 ) -> Iterator[PairChunk]:
     """:func:`radius_pairs` in pieces that a per-target reduction can consume one at a time.
 
@@ -728,9 +743,13 @@ def radius_pair_chunks(
         with_delta: Also return each pair's displacement and squared distance (the
             search computes them anyway; a model that needs them saves two gathers
             and the minimum image per dim).
+        index_dtype: ``torch.int64`` (default) or ``torch.int32``, the dtype of ``i`` and
+            ``j``. int32 halves the memory traffic of the rows where a model reads them
+            several times (``index_select``, ``index_add_`` and ``bincount`` take it; int64
+            all the same when the rows do not fit int32). Same rows either way.
 
     Raises:
-        ConfigError: if shapes, dtypes, ``radius`` or ``n_query`` are invalid.
+        ConfigError: if shapes, dtypes, ``radius``, ``n_query`` or ``index_dtype`` are invalid.
 
     Examples:
         >>> import torch
@@ -741,7 +760,10 @@ def radius_pair_chunks(
     """
     radius = _check_radius(radius)
     uid, n_query = _check_inputs(pos, box, uid, n_query)
-    yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self, with_delta=with_delta)
+    if index_dtype not in (torch.int64, torch.int32):
+        raise ConfigError(f"index_dtype: expected torch.int64 or torch.int32 (got {index_dtype!r}).")
+    yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self, with_delta=with_delta,
+                                 index_dtype=index_dtype)
 
 
 def radius_pairs(
