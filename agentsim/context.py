@@ -18,7 +18,7 @@ from torch import Tensor
 from .errors import FieldAccessError, did_you_mean
 from .random import StepRNG
 from .state import Population, State
-from .substep import ENV, Substep, split_ref
+from .substep import ENV, Substep
 
 if TYPE_CHECKING:
     from .engine import Simulation
@@ -218,7 +218,7 @@ class Context:
         with ``n`` the agents of the population it writes (the engine may run it for a subset of
         them and keeps the flags of the agents whose values it keeps)."""
         name = f"{self.substep.name}: {message}"
-        written = {split_ref(r)[0] for r in self.substep.writes} if self.substep.agentwise else set()
+        written = self.substep.written_populations() if self.substep.agentwise else set()
         if written:
             n = self._state[next(iter(written))].n
             if condition.dim() == 0 or condition.shape[0] != n:

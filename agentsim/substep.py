@@ -140,6 +140,10 @@ class Substep:
     def writable(self, population: str) -> set[str]:
         return {split_ref(r)[1] for r in self.writes if split_ref(r)[0] == population}
 
+    def written_populations(self) -> set[str]:
+        """The populations (or ``ENV``) whose fields this substep writes."""
+        return {split_ref(r)[0] for r in self.writes}
+
     def __call__(self, ctx: Context) -> None:
         self.fn(ctx)
 
@@ -178,15 +182,15 @@ class Registry:
             births_t, deaths_t = tuple(births), tuple(deaths)
             if not isinstance(agentwise, bool):
                 raise ConfigError(f"substep '{key}': agentwise: expected True or False (got {agentwise!r})")
+            step = Substep(key, fn, reads_t, writes_t, nb, births_t, deaths_t,
+                           (fn.__doc__ or "").strip().split("\n")[0], reach, agentwise)
             if agentwise:
-                written = {split_ref(r)[0] for r in writes_t}
+                written = step.written_populations()
                 if ENV in written or len(written) > 1 or births_t or deaths_t:
                     raise ConfigError(
                         f"substep '{key}': agentwise=True needs writes of one population only and no env "
                         f"writes, births or deaths (got writes={list(writes_t)}, births={list(births_t)}, "
                         f"deaths={list(deaths_t)})")
-            step = Substep(key, fn, reads_t, writes_t, nb, births_t, deaths_t,
-                           (fn.__doc__ or "").strip().split("\n")[0], reach, agentwise)
             self._substeps[key] = step
             return step
 
