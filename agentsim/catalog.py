@@ -15,11 +15,11 @@ from .errors import ConfigError, did_you_mean
 from .model import Model
 
 BUILTIN: dict[str, str] = {
-    "sir": "models.sir:MODEL",
-    "boids": "models.boids:MODEL",
-    "schelling": "models.schelling:MODEL",
-    "wolfsheep": "models.wolfsheep:MODEL",
-    "randomwalk": "models.randomwalk:MODEL",
+    "sir": "agentsim.models.sir:MODEL",
+    "boids": "agentsim.models.boids:MODEL",
+    "schelling": "agentsim.models.schelling:MODEL",
+    "wolfsheep": "agentsim.models.wolfsheep:MODEL",
+    "randomwalk": "agentsim.models.randomwalk:MODEL",
 }
 
 

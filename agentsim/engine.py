@@ -6,7 +6,7 @@ step is step 0. Metrics are computed at step 0 and after every step; agent field
 at step 0, at the last step and every ``every`` steps.
 
 Examples:
-    >>> from models.randomwalk import MODEL
+    >>> from agentsim.models.randomwalk import MODEL
     >>> sim = Simulation(MODEL, agents=100, seed=1)
     >>> result = sim.run(steps=3)
     >>> result.metrics["step"].tolist()

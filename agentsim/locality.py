@@ -25,7 +25,7 @@ only, never a result.
 
 Examples:
     >>> from agentsim.engine import Simulation
-    >>> from models.boids import MODEL
+    >>> from agentsim.models.boids import MODEL
     >>> sim = Simulation(MODEL, agents=500, seed=0)
     >>> order = LocalityOrder(sim.space, MODEL.substeps, sim.params, every=1)
     >>> order.keys

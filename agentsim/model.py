@@ -6,7 +6,7 @@ Python (``model.configure(substeps=[...])``) or from a config file, and override
 parameters; both are validated when the model is configured.
 
 Examples:
-    >>> from models.randomwalk import MODEL
+    >>> from agentsim.models.randomwalk import MODEL
     >>> m = MODEL.configure(params={"step_size": 0.5})
     >>> m.params["step_size"]
     0.5

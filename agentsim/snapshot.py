@@ -32,7 +32,7 @@ positions, so a snapshot would miss agents that move into reach; it accepts only
 
 Examples:
     >>> from agentsim.engine import Simulation
-    >>> from models.boids import MODEL
+    >>> from agentsim.models.boids import MODEL
     >>> fresh = Simulation(MODEL, agents=200, seed=1).run(6).metrics["polarization"]
     >>> stale = Simulation(MODEL, agents=200, seed=1, sync_every=3).run(6).metrics["polarization"]
     >>> bool((fresh[:2] == stale[:2]).all()), bool((fresh != stale).any())  # step 1 refreshes

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from agentsim import Simulation, get_model  # noqa: E402
 from agentsim.io.hdf5 import read_trajectory  # noqa: E402
-from models.sir import edge_based_reference  # noqa: E402
+from agentsim.models.sir import edge_based_reference  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Every docstring example in agentsim/ and models/ runs and prints what it shows."""
+"""Every docstring example in agentsim/ and models/ (installed as agentsim.models) runs and prints what it shows."""
 
 import doctest
 import importlib
@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 import agentsim
-import models
+import agentsim.models
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def module_names():
-    for pkg in (agentsim, models):
+    for pkg in (agentsim, agentsim.models):  # agentsim.models is mapped from models/, not under agentsim/
         yield pkg.__name__
         for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg.__name__ + "."):
             if info.name.endswith("__main__"):

@@ -8,8 +8,8 @@ import torch
 
 from agentsim import Simulation, get_model
 from agentsim.catalog import BUILTIN
-from models.boids import flock_headings
-from models.sir import edge_based_reference
+from agentsim.models.boids import flock_headings
+from agentsim.models.sir import edge_based_reference
 
 
 def sorted_agents(sim, pop):

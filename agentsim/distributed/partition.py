@@ -80,7 +80,7 @@ class DataPartition(HaloBook):
     Examples:
         >>> from agentsim.comm import LocalComm
         >>> from agentsim.engine import Simulation
-        >>> from models.randomwalk import MODEL
+        >>> from agentsim.models.randomwalk import MODEL
         >>> sim = Simulation(MODEL, agents=10, seed=0)
         >>> state = DataPartition().scatter(sim.state, LocalComm())  # one rank keeps everything
         >>> state["walker"].n

@@ -100,7 +100,7 @@ class SpatialPartition(HaloBook):
     Examples:
         >>> from agentsim.comm import LocalComm
         >>> from agentsim.engine import Simulation
-        >>> from models.boids import MODEL
+        >>> from agentsim.models.boids import MODEL
         >>> sim = Simulation(MODEL, agents=10, seed=0)
         >>> part = SpatialPartition("rcb")
         >>> part.bind(sim.space, sim.params)
