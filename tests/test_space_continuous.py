@@ -216,7 +216,7 @@ def test_order_is_unchanged_when_out_of_range_agents_are_dropped(periodic):
 
 @pytest.mark.parametrize("periodic", [True, False])
 def test_chunked_search_gives_same_order(periodic, monkeypatch):
-    from agentsim.space import continuous
+    from agentsim.space.continuous import search as continuous
 
     box = Box((10.0, 10.0, 10.0), periodic=periodic)
     pos = _positions(box, 300, torch.float32, seed=13)
@@ -369,7 +369,7 @@ def test_pair_chunks_with_delta_give_displacement_bits(size, periodic, dtype):
 def test_pair_chunks_with_int32_rows_give_the_same_chunks(size, periodic, with_delta, monkeypatch):
     # index_dtype=torch.int32 changes the dtype of i and j only: the same chunks, rows and
     # displacement bits as the int64 default (small chunks, so that there are many).
-    from agentsim.space import continuous
+    from agentsim.space.continuous import search as continuous
 
     monkeypatch.setattr(continuous, "_MAX_CANDIDATES", 64)
     box = Box(size, periodic=periodic)
@@ -421,7 +421,7 @@ def test_wrap_and_cell_coords_match_the_broadcast_formulas(size, dtype):
 
 def test_source_order_without_room_for_a_combined_key(monkeypatch):
     # uids too large for the one-sort key (cell * uid span) fall back to two stable sorts.
-    from agentsim.space import continuous
+    from agentsim.space.continuous import search as continuous
 
     sorts = []
     real = continuous._stable_argsort
@@ -442,7 +442,7 @@ def test_source_order_without_room_for_a_combined_key(monkeypatch):
 def test_every_cell_lookup_gives_the_same_pairs(lookup, size, periodic, monkeypatch):
     """The three ways of counting entries per cell (a table of every cell, a table of the rows
     that hold entries, a binary search) give the same pairs in the same order, against brute force."""
-    from agentsim.space import continuous
+    from agentsim.space.continuous import search as continuous
 
     box = Box(size, periodic=periodic)
     g = torch.Generator().manual_seed(len(size) + int(periodic))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import agentsim.space.graph as graph_module
+import agentsim.space.graph.network as network_module
 from agentsim.errors import ConfigError, OutputError
 from agentsim.space.graph import (
     Graph,
@@ -108,11 +109,11 @@ def test_from_edges_matches_bruteforce(trial):
     keep = u != v
     for with_layer in (False, True):
         ll = lay[keep] if with_layer else None
-        p1, i1, l1 = graph_module._csr_by_lexsort(u[keep], v[keep], ll, n)
+        p1, i1, l1 = network_module.csr_by_lexsort(u[keep], v[keep], ll, n)
         node_bits = max(1, (n - 1).bit_length())
         ll = lay if with_layer else None  # the packed-key path drops self-loops itself
         pairs = np.stack([u, v])  # overwritten by the keys
-        p2, i2, l2 = graph_module._csr_by_key(pairs, ll, node_bits, 2 if with_layer else 0, n)
+        p2, i2, l2 = network_module.csr_by_key(pairs, ll, node_bits, 2 if with_layer else 0, n)
         assert np.array_equal(p1, p2) and np.array_equal(i1, i2)
         if with_layer:
             assert np.array_equal(l1, l2)

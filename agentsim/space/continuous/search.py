@@ -1,70 +1,10 @@
-"""Continuous 2D/3D boxes and radius neighbor search with a cell list.
-
-A :class:`Box` is the domain ``[0, L_0) x ... x [0, L_{d-1})`` with ``d`` in
-``{2, 3}``, either periodic (positions wrap, distances use the minimum image) or
-bounded (positions are clamped into ``[0, L]``, distances are Euclidean).
-
-:func:`radius_pairs` returns every pair ``(i, j)`` of rows with
-``|displacement(pos[i], pos[j])| <= radius``, where the targets ``i`` are the
-first ``n_query`` rows and the sources ``j`` are all rows. :class:`NeighborList`
-wraps it in fixed-capacity buffers, allocated apart from the update, in the
-manner of ``jax_md.partition``: an update that needs more room records
-``did_overflow``, grows, and never truncates.
-
-Canonical order (the contract that makes results identical on any number of
-ranks): the pairs are grouped by target in ascending ``i``; the sources of one
-target come in an order that depends only on the sources' positions and uids,
-not on the row order of ``pos`` and not on which other agents are present.
-It is built from a global cell grid aligned to the box (see :class:`CellGrid`):
-
-1. sources are sorted by ``(cell id, uid)``;
-2. for each target the neighbor-cell offsets are visited in one fixed order,
-   lexicographic over ``{-1, 0, 1}^d``; a periodic dim with fewer than 3 cells
-   maps several offsets to one cell, and only the first such offset is kept,
-   so no pair appears twice;
-3. within a cell the sources come in ascending uid; those within ``radius``
-   are kept.
-
-The search is fully vectorized (no Python loop over agents or cells). Cell ids
-are row-major, so the neighbor cells of one target that differ only in the
-last dim hold one contiguous run of sorted sources. In a periodic box each
-row of cells gets ghost cells at both ends holding copies of the sources of
-the row's last and first cell, so the run stays contiguous, and in canonical
-order, across the wrap (cell ``n-1`` before cell ``0``). Run bounds are looked up per
-(target, leading offset) in a dense per-cell table built with ``bincount``,
-or by ``searchsorted`` when the grid has many more cells than agents, and a
-cumulative sum lays the candidates out directly in canonical order, so the
-output needs no sort. Targets are processed in blocks of at most ``2**17``
-segments and chunks of at most about ``2**18`` candidates on CPU (``2**24`` on
-accelerators), which keeps the temporaries in cache; candidate indices are
-int32 where the rows allow it.
-
-Distances are compared as ``(d * d).sum(-1) <= radius * radius`` with ``d`` the
-(minimum-image) displacement in the dtype of ``pos``, the same arithmetic as
-:meth:`Box.displacement`. Cell coordinates are computed in float64. The one
-pair the cell list can miss is one the test accepts only through rounding
-(true distance above ``radius`` by an ulp) when the cell side equals the
-radius exactly and the two agents sit two cells apart.
-
-Examples:
-    >>> import torch
-    >>> box = Box((10.0, 10.0), periodic=True)
-    >>> pos = torch.tensor([[0.1, 5.0], [9.9, 5.0], [5.0, 5.0]])
-    >>> i, j = radius_pairs(pos, box, radius=1.0)
-    >>> i.tolist(), j.tolist()
-    ([0, 1], [1, 0])
-    >>> nl = NeighborList(box, radius=1.0)
-    >>> pairs = nl.update(pos)
-    >>> pairs.n_pairs, nl.capacity >= 2
-    (2, True)
-"""
+"""Radius neighbor search in canonical order (see :mod:`agentsim.space.continuous`)."""
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -74,7 +14,10 @@ from torch import Tensor
 from agentsim.errors import ConfigError
 from agentsim.ops import flatnonzero
 
-__all__ = ["Box", "CellGrid", "NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_pairs"]
+from .box import Box, min_image
+from .cells import CellGrid, check_radius
+
+__all__ = ["NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_pairs"]
 
 # Candidate pairs materialized at once. On CPU, small enough that the ~20
 # elementwise passes over them stay in cache and reuse allocator blocks: 2**20
@@ -91,231 +34,6 @@ _MAX_CANDIDATES_ACCELERATOR = 2**24
 # tables of at most 1 MB. On 1M boids (one thread) blocks of 2**16 to 2**18 segments
 # were within noise of each other and 2**20 was about 10% slower.
 _MAX_SEGMENTS = 2**17
-# Largest number of cells a grid may have; keeps linear cell ids in int64.
-_MAX_CELLS = 2**62
-
-
-def _min_image(d: Tensor, length: float, inplace: bool = False) -> Tensor:
-    """Minimum image of one displacement component, ``d - L * round(d / L)``.
-
-    Written once, with ``L`` a Python float, so that :meth:`Box.displacement`
-    and the pair search round identically (a scalar divisor may be applied as
-    a multiply by its reciprocal, which can differ from a tensor divisor).
-    ``inplace`` writes the result into ``d`` (one temporary instead of two).
-    """
-    q = d / length
-    q.round_()
-    q *= length
-    return d.sub_(q) if inplace else d - q
-
-
-def _wrap_dim(x: Tensor, length: float) -> Tensor:
-    """Periodic wrap of coordinates along one dim into ``[0, L)``: ``remainder(x, L)``,
-    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0."""
-    r = torch.remainder(x, length)
-    return r.masked_fill_(r >= length, 0.0)
-
-
-@dataclass(frozen=True)
-class Box:
-    """A 2D or 3D box ``[0, size_d)`` per dim, periodic or bounded.
-
-    Attributes:
-        size: Side lengths, 2 or 3 positive finite floats (length units).
-        periodic: If True positions wrap and distances use the minimum
-            image; if False positions are clamped into ``[0, size_d]``.
-
-    Examples:
-        >>> import torch
-        >>> box = Box((10.0, 10.0))
-        >>> box.wrap(torch.tensor([[10.5, -0.5]])).tolist()
-        [[0.5, 9.5]]
-        >>> round(float(box.distance(torch.tensor([9.9, 0.0]), torch.tensor([0.1, 0.0]))), 4)
-        0.2
-    """
-
-    size: tuple[float, ...]
-    periodic: bool = True
-
-    def __post_init__(self) -> None:
-        try:
-            size = tuple(float(s) for s in self.size)
-        except (TypeError, ValueError):
-            raise ConfigError(
-                f"Expected Box size to be a tuple of 2 or 3 numbers (got {self.size!r})."
-            ) from None
-        if len(size) not in (2, 3):
-            raise ConfigError(
-                f"Expected Box size with 2 or 3 side lengths (got {len(size)}: {self.size!r})."
-            )
-        bad = [s for s in size if not (math.isfinite(s) and s > 0)]
-        if bad:
-            raise ConfigError(
-                f"Expected positive finite Box side lengths (got {self.size!r})."
-            )
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "periodic", bool(self.periodic))
-
-    @property
-    def ndim(self) -> int:
-        """Number of spatial dimensions, 2 or 3."""
-        return len(self.size)
-
-    def _lengths(self, like: Tensor) -> Tensor:
-        return torch.tensor(self.size, dtype=like.dtype, device=like.device)
-
-    def wrap(self, pos: Tensor) -> Tensor:
-        """Map positions into the box.
-
-        Args:
-            pos: Positions, ``[..., ndim]`` float (length units).
-
-        Returns:
-            ``[..., ndim]``: periodic boxes give ``pos mod L`` in ``[0, L)``;
-            bounded boxes clamp into ``[0, L]``.
-        """
-        if not self.periodic:
-            length = self._lengths(pos)
-            return torch.clamp(pos, min=torch.zeros_like(length), max=length)
-        # One dim at a time with a scalar L: the same remainder as with a [ndim] tensor of
-        # lengths (bit for bit), several times faster than the broadcast on CPU.
-        if len(set(self.size)) == 1:
-            return _wrap_dim(pos, self.size[0])
-        out = torch.empty_like(pos)
-        for k, length in enumerate(self.size):
-            out[..., k] = _wrap_dim(pos[..., k], length)
-        return out
-
-    def displacement(self, frm: Tensor, to: Tensor) -> Tensor:
-        """Displacement ``to - frm``, minimum image when periodic.
-
-        Args:
-            frm: Start positions, ``[..., ndim]`` float (length units).
-            to: End positions, broadcastable with ``frm``.
-
-        Returns:
-            ``[..., ndim]`` displacement in the dtype of the inputs; when
-            periodic each component is in ``[-L/2, L/2]``.
-        """
-        d = to - frm
-        if not self.periodic:
-            return d
-        return torch.stack(
-            [_min_image(d[..., k], length) for k, length in enumerate(self.size)], dim=-1
-        )
-
-    def distance(self, frm: Tensor, to: Tensor) -> Tensor:
-        """Euclidean (minimum-image when periodic) distance, ``[...]``."""
-        return torch.linalg.vector_norm(self.displacement(frm, to), dim=-1)
-
-
-@dataclass(frozen=True)
-class CellGrid:
-    """The global cell grid of a box for a search radius.
-
-    Periodic dims have ``n_d = max(1, floor(L_d / radius))`` cells of side
-    ``L_d / n_d >= radius``; bounded dims have ``n_d = max(1, ceil(L_d /
-    radius))`` cells of side ``radius`` (the last may stick out of the box) and
-    positions outside the box are clamped into the first / last cell, which
-    keeps agents within ``radius`` of each other in adjacent cells. Cell ids are
-    row-major over ``(c_0, ..., c_{d-1})``.
-
-    Attributes:
-        box: The box.
-        radius: Search radius (length units).
-        shape: Number of cells per dim.
-        side: Cell side per dim (length units).
-    """
-
-    box: Box
-    radius: float
-    shape: tuple[int, ...] = field(init=False)
-    side: tuple[float, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        radius = _check_radius(self.radius)
-        object.__setattr__(self, "radius", radius)
-        if self.box.periodic:
-            shape = tuple(max(1, math.floor(n / radius)) for n in self.box.size)
-            side = tuple(n / c for n, c in zip(self.box.size, shape))
-        else:
-            shape = tuple(max(1, math.ceil(n / radius)) for n in self.box.size)
-            side = (radius,) * self.box.ndim
-        if math.prod(shape) > _MAX_CELLS:
-            raise ConfigError(
-                f"Expected at most 2**62 cells (got {math.prod(shape)} for box "
-                f"{self.box.size} and radius {radius}); use a larger radius."
-            )
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "side", side)
-
-    @property
-    def n_cells(self) -> int:
-        """Total number of cells."""
-        return math.prod(self.shape)
-
-    def coords(self, pos: Tensor) -> Tensor:
-        """Integer cell coordinates of positions.
-
-        Args:
-            pos: Positions, ``[n, ndim]`` float (length units).
-
-        Returns:
-            ``[n, ndim]`` int64 in ``[0, shape_d)``, computed in float64.
-        """
-        return torch.stack(self.coord_columns(pos), dim=1)
-
-    def coord_columns(self, pos: Tensor, dtype: torch.dtype = torch.int64) -> list[Tensor]:
-        """:meth:`coords` one dim at a time: ``ndim`` contiguous ``[n]`` tensors of ``dtype``.
-
-        Each is ``floor(x / side_d)`` clamped into ``[0, shape_d)``, with ``x`` the
-        position in float64, wrapped first when periodic. ``dtype`` (int64, or int32 for
-        less memory) must hold ``shape_d``.
-        """
-        out = []
-        for k, (length, side, n_k) in enumerate(zip(self.box.size, self.side, self.shape)):
-            x = pos[:, k].to(torch.float64)
-            if self.box.periodic:
-                x = _wrap_dim(x, length)
-            c = (x / side).floor_().clamp_(min=0, max=n_k - 1).to(dtype)  # x may be a view of pos
-            out.append(c)
-        return out
-
-    def linear(self, coords: Tensor) -> Tensor:
-        """Row-major cell id of ``[..., ndim]`` int64 coordinates, ``[...]``."""
-        return self._linear_columns(coords.unbind(-1))
-
-    def cell_id(self, pos: Tensor) -> Tensor:
-        """Row-major cell id of positions ``[n, ndim]``, ``[n]`` int64."""
-        return self._linear_columns(self.coord_columns(pos))
-
-    def _linear_columns(self, cols: Sequence[Tensor]) -> Tensor:
-        """Row-major cell id from one coordinate tensor per dim (all the same shape)."""
-        cid = cols[0]
-        for d in range(1, self.box.ndim):
-            cid = cid * self.shape[d] + cols[d]
-        return cid
-
-    def dim_offsets(self) -> list[tuple[int, ...]]:
-        """Per-dim neighbor-cell offsets, ascending and consecutive.
-
-        A periodic dim with 2 cells keeps ``(-1, 0)`` and one with 1 cell keeps
-        ``(-1,)``: the first offset of each group landing on the same cell.
-        A bounded dim with 1 cell keeps ``(0,)`` since the others leave it.
-        """
-        per_dim = []
-        for n in self.shape:
-            if n >= 3:
-                per_dim.append((-1, 0, 1))
-            elif self.box.periodic:
-                per_dim.append((-1, 0) if n == 2 else (-1,))
-            else:
-                per_dim.append((-1, 0, 1) if n == 2 else (0,))
-        return per_dim
-
-    def offsets(self) -> list[tuple[int, ...]]:
-        """Neighbor-cell offsets in the fixed (lexicographic) visiting order."""
-        return list(itertools.product(*self.dim_offsets()))
 
 
 @dataclass
@@ -338,16 +56,6 @@ class Pairs:
     def n_pairs(self) -> int:
         """Number of pairs."""
         return int(self.i.shape[0])
-
-
-def _check_radius(radius: float) -> float:
-    try:
-        r = float(radius)
-    except (TypeError, ValueError):
-        raise ConfigError(f"Expected a positive finite radius (got {radius!r}).") from None
-    if not (math.isfinite(r) and r > 0):
-        raise ConfigError(f"Expected a positive finite radius (got {radius!r}).")
-    return r
 
 
 def _check_inputs(
@@ -691,7 +399,7 @@ def _expand(
         d = scols[k].index_select(0, s)
         d -= cols[k].index_select(0, ti)
         if box.periodic:
-            d = _min_image(d, length, inplace=True)
+            d = min_image(d, length, inplace=True)
         if with_delta:
             deltas.append(d)
             d = d * d
@@ -758,7 +466,7 @@ def radius_pair_chunks(
         >>> [(c.start, c.stop, c.i.tolist(), c.j.tolist()) for c in radius_pair_chunks(pos, box, 1.0)]
         [(0, 3, [0, 1], [1, 0])]
     """
-    radius = _check_radius(radius)
+    radius = check_radius(radius)
     uid, n_query = _check_inputs(pos, box, uid, n_query)
     if index_dtype not in (torch.int64, torch.int32):
         raise ConfigError(f"index_dtype: expected torch.int64 or torch.int32 (got {index_dtype!r}).")
@@ -861,7 +569,7 @@ class NeighborList:
         if not isinstance(box, Box):
             raise ConfigError(f"Expected a Box (got {type(box).__name__}).")
         self.box = box
-        self.radius = _check_radius(radius)
+        self.radius = check_radius(radius)
         CellGrid(box, self.radius)  # validates the grid size once, up front
         if capacity is not None and (
             isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1

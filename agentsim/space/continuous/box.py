@@ -1,0 +1,127 @@
+"""The continuous domain: a 2D or 3D :class:`Box`, periodic or bounded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentsim.errors import ConfigError
+
+__all__ = ["Box", "min_image", "wrap_dim"]
+
+
+def min_image(d: Tensor, length: float, inplace: bool = False) -> Tensor:
+    """Minimum image of one displacement component, ``d - L * round(d / L)``.
+
+    Written once, with ``L`` a Python float, so that :meth:`Box.displacement`
+    and the pair search round identically (a scalar divisor may be applied as
+    a multiply by its reciprocal, which can differ from a tensor divisor).
+    ``inplace`` writes the result into ``d`` (one temporary instead of two).
+    """
+    q = d / length
+    q.round_()
+    q *= length
+    return d.sub_(q) if inplace else d - q
+
+
+def wrap_dim(x: Tensor, length: float) -> Tensor:
+    """Periodic wrap of coordinates along one dim into ``[0, L)``: ``remainder(x, L)``,
+    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0."""
+    r = torch.remainder(x, length)
+    return r.masked_fill_(r >= length, 0.0)
+
+
+@dataclass(frozen=True)
+class Box:
+    """A 2D or 3D box ``[0, size_d)`` per dim, periodic or bounded.
+
+    Attributes:
+        size: Side lengths, 2 or 3 positive finite floats (length units).
+        periodic: If True positions wrap and distances use the minimum
+            image; if False positions are clamped into ``[0, size_d]``.
+
+    Examples:
+        >>> import torch
+        >>> box = Box((10.0, 10.0))
+        >>> box.wrap(torch.tensor([[10.5, -0.5]])).tolist()
+        [[0.5, 9.5]]
+        >>> round(float(box.distance(torch.tensor([9.9, 0.0]), torch.tensor([0.1, 0.0]))), 4)
+        0.2
+    """
+
+    size: tuple[float, ...]
+    periodic: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            size = tuple(float(s) for s in self.size)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"Expected Box size to be a tuple of 2 or 3 numbers (got {self.size!r})."
+            ) from None
+        if len(size) not in (2, 3):
+            raise ConfigError(
+                f"Expected Box size with 2 or 3 side lengths (got {len(size)}: {self.size!r})."
+            )
+        bad = [s for s in size if not (math.isfinite(s) and s > 0)]
+        if bad:
+            raise ConfigError(
+                f"Expected positive finite Box side lengths (got {self.size!r})."
+            )
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "periodic", bool(self.periodic))
+
+    @property
+    def ndim(self) -> int:
+        """Number of spatial dimensions, 2 or 3."""
+        return len(self.size)
+
+    def _lengths(self, like: Tensor) -> Tensor:
+        return torch.tensor(self.size, dtype=like.dtype, device=like.device)
+
+    def wrap(self, pos: Tensor) -> Tensor:
+        """Map positions into the box.
+
+        Args:
+            pos: Positions, ``[..., ndim]`` float (length units).
+
+        Returns:
+            ``[..., ndim]``: periodic boxes give ``pos mod L`` in ``[0, L)``;
+            bounded boxes clamp into ``[0, L]``.
+        """
+        if not self.periodic:
+            length = self._lengths(pos)
+            return torch.clamp(pos, min=torch.zeros_like(length), max=length)
+        # One dim at a time with a scalar L: the same remainder as with a [ndim] tensor of
+        # lengths (bit for bit), several times faster than the broadcast on CPU.
+        if len(set(self.size)) == 1:
+            return wrap_dim(pos, self.size[0])
+        out = torch.empty_like(pos)
+        for k, length in enumerate(self.size):
+            out[..., k] = wrap_dim(pos[..., k], length)
+        return out
+
+    def displacement(self, frm: Tensor, to: Tensor) -> Tensor:
+        """Displacement ``to - frm``, minimum image when periodic.
+
+        Args:
+            frm: Start positions, ``[..., ndim]`` float (length units).
+            to: End positions, broadcastable with ``frm``.
+
+        Returns:
+            ``[..., ndim]`` displacement in the dtype of the inputs; when
+            periodic each component is in ``[-L/2, L/2]``.
+        """
+        d = to - frm
+        if not self.periodic:
+            return d
+        return torch.stack(
+            [min_image(d[..., k], length) for k, length in enumerate(self.size)], dim=-1
+        )
+
+    def distance(self, frm: Tensor, to: Tensor) -> Tensor:
+        """Euclidean (minimum-image when periodic) distance, ``[...]``."""
+        return torch.linalg.vector_norm(self.displacement(frm, to), dim=-1)
