@@ -47,17 +47,24 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from agentsim.errors import ConfigError, did_you_mean
+from agentsim.space.base import SortKey
 
 __all__ = ["Grid", "NEIGHBORHOODS"]
 
 NEIGHBORHOODS: tuple[str, ...] = ("moore", "von_neumann")
+
+
+def _cell_key(cells: Tensor) -> Tensor:
+    return cells
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -92,6 +99,12 @@ class Grid:
     shape: tuple[int, int]
     periodic: bool = True
 
+    # The Space protocol (agentsim.space.base): agents sit in a ``cell``; regions are
+    # blocks of (row, column); neighbors are read in the same cell or a Moore radius.
+    position_field: ClassVar[str] = "cell"
+    discrete: ClassVar[bool] = True
+    reaches: ClassVar[tuple[str, ...]] = ("cell", "moore")
+
     def __post_init__(self) -> None:
         shape = self.shape
         if not isinstance(shape, (tuple, list)) or len(shape) != 2:
@@ -116,6 +129,29 @@ class Grid:
     def n_cells(self) -> int:
         """Number of cells, ``height * width``."""
         return self.shape[0] * self.shape[1]
+
+    @property
+    def region_extent(self) -> tuple[float, float]:
+        """``(height, width)``: region coordinates are (row, column)."""
+        return float(self.shape[0]), float(self.shape[1])
+
+    @property
+    def layer_shape(self) -> tuple[int, ...]:
+        """Environment layers of this shape hold one value per cell."""
+        return self.shape
+
+    def region_coords(self, position: Tensor, axis: int | None = None) -> Tensor:
+        """(row, column) of cells ``[n]`` as float64, ``[n, 2]`` (or ``[n]`` for one ``axis``)."""
+        width = self.shape[1]
+        if axis is not None:
+            return (torch.div(position, width, rounding_mode="floor") if axis == 0 else position % width
+                    ).to(torch.float64)
+        return torch.stack([torch.div(position, width, rounding_mode="floor"), position % width],
+                           -1).to(torch.float64)
+
+    def sort_key(self, reaches: Sequence[tuple[str, float]]) -> SortKey | None:
+        """The cell itself: agents of one cell, then of the next, row-major."""
+        return _cell_key
 
     # ------------------------------------------------------------------ indexing
     def cell_index(self, row: Tensor | int, col: Tensor | int) -> Tensor:

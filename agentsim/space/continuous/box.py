@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from agentsim.errors import ConfigError
+from agentsim.space.base import SortKey
 
 __all__ = ["Box", "min_image", "wrap_dim"]
 
@@ -54,6 +57,13 @@ class Box:
 
     size: tuple[float, ...]
     periodic: bool = True
+
+    # The Space protocol (agentsim.space.base): agents sit at ``pos``; regions are cut in
+    # the first two coordinates; neighbors are read within a length.
+    position_field: ClassVar[str] = "pos"
+    discrete: ClassVar[bool] = False
+    reaches: ClassVar[tuple[str, ...]] = ("length",)
+    layer_shape: ClassVar[tuple[int, ...] | None] = None
 
     def __post_init__(self) -> None:
         try:
@@ -125,3 +135,21 @@ class Box:
     def distance(self, frm: Tensor, to: Tensor) -> Tensor:
         """Euclidean (minimum-image when periodic) distance, ``[...]``."""
         return torch.linalg.vector_norm(self.displacement(frm, to), dim=-1)
+
+    @property
+    def region_extent(self) -> tuple[float, float]:
+        """Side lengths of the first two dims: the region coordinates of a spatial partition."""
+        return self.size[0], self.size[1]
+
+    def region_coords(self, position: Tensor, axis: int | None = None) -> Tensor:
+        """The first two coordinates of ``position`` ``[n, ndim]`` as float64, ``[n, 2]`` (or
+        ``[n]`` for one ``axis``); a 3D box is cut in x and y only."""
+        return (position[:, :2] if axis is None else position[:, axis]).to(torch.float64)
+
+    def sort_key(self, reaches: Sequence[tuple[str, float]]) -> SortKey | None:
+        """Row-major cell ids in the :class:`~agentsim.space.continuous.cells.CellGrid` of the
+        largest length reach (the cells the radius search visits); None without one."""
+        from .cells import CellGrid  # cells.py builds on Box
+
+        lengths = [value for kind, value in reaches if kind == "length" and value > 0]
+        return CellGrid(self, max(lengths)).cell_id if lengths else None

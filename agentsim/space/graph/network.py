@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from agentsim.errors import ConfigError, did_you_mean
+from agentsim.space.base import SortKey
 
 __all__ = ["CHUNK", "MAX_LAYER", "Graph", "build_csr", "check_float", "check_int", "csr_by_key", "csr_by_lexsort",
            "index_tensor", "numpy_int64"]
@@ -84,6 +86,15 @@ class Graph:
     layer: Tensor | None = None
     layer_names: tuple[str, ...] = ()
 
+    # The Space protocol (agentsim.space.base): the agents are the nodes (an agent's uid is
+    # its node id; nodes never move); regions are blocks of node ids; neighbors are the
+    # nodes across edges.
+    position_field: ClassVar[str] = "uid"
+    periodic: ClassVar[bool] = False
+    discrete: ClassVar[bool] = True
+    reaches: ClassVar[tuple[str, ...]] = ("graph",)
+    layer_shape: ClassVar[tuple[int, ...] | None] = None
+
     def __post_init__(self) -> None:
         self.n_nodes = check_int("n_nodes", self.n_nodes, 1)
         if self.indptr.dtype != torch.int64 or tuple(self.indptr.shape) != (self.n_nodes + 1,):
@@ -119,6 +130,22 @@ class Graph:
     def n_edges(self) -> int:
         """Number of undirected edges (half the CSR entries)."""
         return self.indices.numel() // 2
+
+    @property
+    def region_extent(self) -> tuple[float, float]:
+        """``(n_nodes, 1)``: a node's region coordinates are ``(id, 0)``."""
+        return float(self.n_nodes), 1.0
+
+    def region_coords(self, position: Tensor, axis: int | None = None) -> Tensor:
+        """``(id, 0)`` of node ids ``[n]`` as float64, ``[n, 2]`` (or ``[n]`` for one ``axis``)."""
+        ids = position.to(torch.float64)
+        if axis is not None:
+            return ids if axis == 0 else torch.zeros_like(ids)
+        return torch.stack([ids, torch.zeros_like(ids)], -1)
+
+    def sort_key(self, reaches: Sequence[tuple[str, float]]) -> SortKey | None:
+        """None: rows of node agents are best kept in node order, as they are built."""
+        return None
 
     @property
     def device(self) -> torch.device:
