@@ -32,7 +32,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .errors import AgentsimError, ConfigError
 
@@ -96,7 +97,7 @@ def cmd_models() -> int:
         m = get_model(name)
         print(f"{name}: {m.description}")
         print(f"  substeps: {', '.join(s.name for s in m.substeps)}; default agents: {m.default_agents}")
-        print(m.param_spec.table())
+        print(m.param_table.table())
         print()
     return 0
 
@@ -113,7 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = dict(cfg.get("params", {}))
     params.update(_parse_sets(args.sets))
     model = get_model(model_name).configure(params=params, substeps=cfg.get("substeps"))
-    pick = lambda key, default: getattr(args, key) if getattr(args, key) is not None else cfg.get(key, default)  # noqa: E731
+
+    def pick(key: str, default: Any) -> Any:
+        value = getattr(args, key)
+        return value if value is not None else cfg.get(key, default)
+
     agents = pick("agents", model.default_agents)
     steps = pick("steps", 100)
     seed = pick("seed", 0)
@@ -122,35 +127,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     record = args.record.split(",") if args.record else cfg.get("record")
     nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
     device = pick("device", "cpu")
-    t0 = time.perf_counter()
+    t0 = t_built = time.perf_counter()
     quiet = args.quiet
-    perf: list[dict[str, float]] = []
     if nprocs > 1:
         from .distributed.launch import launch
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
                         every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
                         **options)
-        model.timings = result.timings
-        perf = result.perf
-        t_init = time.perf_counter() - t0 - result.seconds  # process start-up, init and recording
-    elif world_size_from_env() > 1:
+    elif world_size_from_env() > 1:  # under torchrun: this process is one rank
         from .distributed.process_group import process_group
-        from .distributed.simulation import DistributedSimulation
 
         with process_group(timeout=timeout, device=device) as comm:
-            sim = DistributedSimulation(model, agents=agents, seed=seed, device=device, comm=comm,
-                                        partition=partition, sync_every=sync_every, **options)
+            sim = Simulation(model, agents=agents, seed=seed, device=device, comm=comm, partition=partition,
+                             sync_every=sync_every, **options)
             result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0)
-            perf = sim.perf_steps
             quiet = quiet or comm.rank != 0
         nprocs = comm.world_size
-        t_init = time.perf_counter() - t0 - result.seconds
     else:
         sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every)
-        t_init = time.perf_counter() - t0
+        t_built = time.perf_counter()
         result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet)
         device = str(sim.device)
+    # One process: the initialization; several: process start-up, initialization and recording.
+    t_init = t_built - t0 if nprocs == 1 else time.perf_counter() - t0 - result.seconds
     if not quiet:
         last = {k: v[-1] for k, v in result.metrics.items()}
         rate = steps / result.seconds if result.seconds > 0 else float("inf")
@@ -159,22 +159,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
               f"{rate * agents:.3g} agent-updates/s)")
         print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
-        print(model.plan())
-        if nprocs > 1 and perf:
-            from .distributed.simulation import summarize_perf
+        print(model.plan(result.timings))
+        if nprocs > 1 and result.perf:
+            from .perf import summarize_perf
 
-            print(summarize_perf(perf))
+            print(summarize_perf(result.perf))
         if out:
             print(f"wrote {out}")
     return 0
 
 
-def _distributed_options(  # type: ignore[no-untyped-def]
-        args: argparse.Namespace, pick) -> tuple[int, str, float, int, dict[str, object]]:
+def _distributed_options(args: argparse.Namespace,
+                         pick: Callable[[str, Any], Any]) -> tuple[int, str, float, int, dict[str, object]]:
     """--nprocs, --partition, --timeout, --sync-every and the spatial options, checked (before any
     process starts)."""
-    from .distributed.partition import check_partition, check_sync_every_for, make_partition
-    from .distributed.process_group import DEFAULT_TIMEOUT, _check_timeout
+    from .distributed.process_group import DEFAULT_TIMEOUT, check_timeout
+    from .partition import check_partition, check_sync_every_for, make_partition
 
     nprocs = pick("nprocs", 1)
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
@@ -185,8 +185,8 @@ def _distributed_options(  # type: ignore[no-untyped-def]
     partition = check_partition(pick("partition", "data"))
     options = {k: pick(k, None) for k in ("layout", "balance_every", "balance_threshold")}
     options = {k: v for k, v in options.items() if v is not None}
-    sync_every = check_sync_every_for(make_partition(partition, **options), pick("sync_every", 1))
-    return nprocs, partition, _check_timeout(pick("timeout", DEFAULT_TIMEOUT)), sync_every, options
+    sync_every = check_sync_every_for(make_partition(partition, 2, **options), pick("sync_every", 1))
+    return nprocs, partition, check_timeout(pick("timeout", DEFAULT_TIMEOUT)), sync_every, options
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -1,27 +1,89 @@
-"""What a substep sees: checked views of populations and environment, RNG, space, neighbors.
+"""What model code sees: the :class:`Context` of a substep, the :class:`InitContext` of ``init``
+and the :class:`MetricsContext` of a metric.
 
-A :class:`Context` is built by the engine for one substep call. Its views enforce
-the substep's declaration: a read of an undeclared field or a write of a field not
-in ``writes`` raises :class:`~agentsim.errors.FieldAccessError` naming the substep.
-Births and deaths requested through :meth:`Context.spawn` and :meth:`Context.kill`
-are applied when the substep returns, so all tensors keep one length during a call.
+A :class:`Context` is built by the engine for one substep call from explicit parts: the
+state the substep runs on, the step, read-only parameters, a random generator bound to
+the step (default stream: the substep's name), the space, the device and a function that
+gives the neighbor view of a population. It holds no reference to the engine. Its views
+enforce the substep's declaration: a read of an undeclared field or a write of a field
+not in ``writes`` raises :class:`~agentsim.errors.FieldAccessError` naming the substep.
+Births, deaths and error flags requested with :meth:`Context.spawn`, :meth:`Context.kill`
+and :meth:`Context.flag` are collected in :attr:`Context.effects`, a public value that the
+engine applies when the substep returns (so all tensors keep one length during a call).
+
+Examples:
+    >>> import torch
+    >>> from agentsim.params import Params
+    >>> from agentsim.random import CounterRNG
+    >>> from agentsim.state import FieldSpec, Population, State
+    >>> from agentsim.substep import Substep
+    >>> def cull(ctx): ctx.kill("cell", ctx["cell"]["size"] > 1.0)
+    >>> step = Substep(cull, reads=["cell.size"], deaths=["cell"])
+    >>> cells = Population("cell", {"size": FieldSpec(torch.float32)},
+    ...                    {"uid": torch.arange(3), "size": torch.tensor([0.5, 2.0, 1.5])})
+    >>> ctx = Context(step, State({"cell": cells}), step=1, params=Params({}), rng=CounterRNG(0).at(1, "cull"),
+    ...               space=None, device=torch.device("cpu"), neighbors=None)
+    >>> step(ctx)
+    >>> [(d.population, d.dies.tolist()) for d in ctx.effects.deaths]
+    [('cell', [False, True, True])]
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .errors import FieldAccessError, did_you_mean
+from .errors import ConfigError, FieldAccessError, did_you_mean
+from .params import Params
 from .random import StepRNG
-from .state import Population, State
+from .state import UID, FieldSpec, Population, State
 from .substep import ENV, Substep
 
-if TYPE_CHECKING:
-    from .engine import Simulation
+__all__ = ["Birth", "Context", "Death", "Effects", "EnvView", "Flag", "InitContext", "MetricsContext",
+           "NeighborView", "PopulationView"]
+
+Halos = Mapping[str, Mapping[str, Tensor]]  # population -> field -> rows of other ranks' agents
+
+
+class Flag(NamedTuple):
+    """An error condition recorded by a substep (raised once per step, on every rank).
+
+    Attributes:
+        message: ``"substep: what"``.
+        condition: Bool tensor: ``[]`` (set anywhere), or ``[n]`` per agent when the engine runs
+            an agentwise substep for a subset of its agents.
+    """
+
+    message: str
+    condition: Tensor
+
+
+class Birth(NamedTuple):
+    """Children to add: one per parent uid ``[m]``, with every field but ``uid`` ``[m, ...]``."""
+
+    population: str
+    parent_uid: Tensor
+    fields: Mapping[str, Tensor]
+
+
+class Death(NamedTuple):
+    """Agents to remove: ``dies`` is a bool mask ``[n]`` over the population's rows."""
+
+    population: str
+    dies: Tensor
+
+
+@dataclass
+class Effects:
+    """What a substep asked for besides its writes: births, deaths and error flags."""
+
+    births: list[Birth] = field(default_factory=list)
+    deaths: list[Death] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
 
 
 class PopulationView:
@@ -35,7 +97,7 @@ class PopulationView:
 
     @property
     def n(self) -> int:
-        """Number of local agents."""
+        """Number of agents (rows) this substep runs for."""
         return self._pop.n
 
     def __len__(self) -> int:
@@ -64,7 +126,7 @@ class EnvView:
     def __init__(self, env: dict[str, Tensor], substep: Substep) -> None:
         self._env = env
         self._substep = substep
-        self._readable = substep.readable(ENV) - {"uid"}
+        self._readable = substep.readable(ENV) - {UID}
         self._writable = substep.writable(ENV)
 
     def __getitem__(self, key: str) -> Tensor:
@@ -90,18 +152,18 @@ class EnvView:
 class NeighborView:
     """Fields of the agents a substep may interact with: local rows first, then halo rows.
 
-    Row ``k < n_local`` is agent ``k`` of the population (the rows of ``ctx[pop]``).
-    On one process there are no halo rows. On several ranks the engine appends the
-    agents of other ranks that are within reach (only the fields the substep
-    declared in ``neighbors``), so ``n_local <= n``. With ``sync_every > 1`` the values
-    come from the last refresh (``local`` overrides the local rows' values; the halo holds
-    every other stored agent; see :mod:`agentsim.snapshot`).
+    Row ``k < n_local`` is agent ``k`` of the population (the rows of ``ctx[pop]``). On one
+    process there are no halo rows. On several ranks the engine appends the agents of other
+    ranks that are within reach (only the fields the substep declared in ``neighbors``), so
+    ``n_local <= n``. With ``sync_every > 1`` the values come from the last refresh
+    (``local`` overrides the local rows' values; the halo holds every other stored agent;
+    see :mod:`agentsim.snapshot`).
     """
 
     def __init__(self, pop: Population, fields: tuple[str, ...], substep: Substep,
                  halo: Mapping[str, Tensor] | None = None, local: Mapping[str, Tensor] | None = None) -> None:
         self._pop = pop
-        self._fields = set(fields) | {"uid"}
+        self._fields = set(fields) | {UID}
         self._substep = substep
         self._halo = halo or {}
         self._local = local
@@ -110,14 +172,14 @@ class NeighborView:
     @property
     def n(self) -> int:
         """Local plus halo rows."""
-        uid = self._halo.get("uid")
+        uid = self._halo.get(UID)
         return self.n_local + (0 if uid is None else uid.shape[0])
 
     def __getitem__(self, key: str) -> Tensor:
         if key not in self._fields:
             raise FieldAccessError(
                 f"substep '{self._substep.name}' reads neighbor field '{self._pop.name}.{key}' but declares "
-                f"only neighbors={{'{self._pop.name}': {sorted(self._fields - {'uid'})}}}"
+                f"only neighbors={{'{self._pop.name}': {sorted(self._fields - {UID})}}}"
             )
         local = self._pop[key] if self._local is None else self._local[key]
         if key in self._halo:
@@ -125,43 +187,43 @@ class NeighborView:
         return local
 
 
+NeighborsFn = Callable[[str], NeighborView]
+
+
 class Context:
     """The argument of every substep.
 
-    Attributes:
-        step: The step being computed (the first step is 1; state at step 0 is the initial state).
-        params: Resolved model parameters (a dict).
-        rng: Counter-based random numbers bound to this step (:class:`~agentsim.random.StepRNG`).
-        space: The model's space (a Box, Grid or Graph), or None.
+    Args:
+        substep: The substep being run.
+        state: The state it runs on (this rank's agents, or a subset of them).
+        step: The step being computed (the first step is 1; the state at step 0 is the initial state).
+        params: Read-only resolved parameters.
+        rng: Counter-based random numbers bound to ``step``, default stream the substep's name.
+        space: The model's space (Box, Grid, Graph) or None.
         device: The device of the state.
+        neighbors: ``neighbors(population) -> NeighborView`` (None: the substep reads no neighbors).
+        per_agent_flags: Keep the conditions of an agentwise substep's flags per agent (``[n]``)
+            instead of reducing them: the engine runs it for a subset of its agents and keeps
+            the flags of the agents whose values it keeps.
+
+    Attributes:
+        effects: The births, deaths and flags requested so far (:class:`Effects`).
     """
 
-    def __init__(self, sim: Simulation, substep: Substep, state: State | None = None,
-                 halo: Mapping[str, Mapping[str, Tensor]] | None = None) -> None:
-        self._sim = sim
-        # ``state`` and ``halo``: the engine runs an agentwise substep on a subset of the
-        # agents (the targets, as the rows of ``state``) with the other agents it may see
-        # as halo rows (see agentsim.distributed.overlap).
-        self._state: State = sim.state if state is None else state
-        self._part_halo = halo
+    def __init__(self, substep: Substep, state: State, *, step: int, params: Params, rng: StepRNG, space: Any,
+                 device: torch.device, neighbors: NeighborsFn | None, per_agent_flags: bool = False) -> None:
         self.substep = substep
-        self.step: int = sim.state.step + 1
-        self.params: dict[str, Any] = sim.params
-        self.rng: StepRNG = sim.rng.at(self.step)
-        self.space = sim.space
-        self.device = sim.device
-        self.comm = sim.comm
-        self.fresh = True  # neighbor reads are current (False between refreshes with sync_every > 1)
-        self._births: list[tuple[str, Tensor, Mapping[str, Tensor]]] = []
-        self._deaths: list[tuple[str, Tensor]] = []
-        self._flags: list[tuple[str, Tensor]] = []
-        # Set by the engine on an agentwise substep run for a subset of its agents: flags
-        # are kept per agent ([n] bool) instead of reduced.
-        self.rows_flagged = False
+        self.step = step
+        self.params = params
+        self.rng = rng
+        self.space = space
+        self.device = device
+        self.effects = Effects()
+        self._state = state
+        self._neighbors = neighbors
+        self._per_agent_flags = per_agent_flags
 
-    def __getitem__(self, population: str) -> Any:
-        if population == ENV:
-            return EnvView(self._state.env, self.substep)
+    def __getitem__(self, population: str) -> PopulationView:
         pop = self._state[population]
         if not self.substep.touches(population):
             raise FieldAccessError(
@@ -171,19 +233,17 @@ class Context:
 
     @property
     def env(self) -> EnvView:
+        """Checked access to the environment tensors."""
         return EnvView(self._state.env, self.substep)
 
     def neighbors(self, population: str) -> NeighborView:
         """The declared neighbor fields of ``population``: local rows then halo rows."""
-        if population not in self.substep.neighbors:
+        if population not in self.substep.neighbors or self._neighbors is None:
             raise FieldAccessError(
                 f"substep '{self.substep.name}' asks for neighbors of '{population}' but declares "
                 f"neighbors={dict(self.substep.neighbors)}"
             )
-        if self._part_halo is not None:
-            return NeighborView(self._state[population], self.substep.neighbors[population], self.substep,
-                                self._part_halo.get(population))
-        return self._sim.neighbor_view(population, self.substep, fresh=self.fresh)
+        return self._neighbors(population)
 
     def spawn(self, population: str, parent_uid: Tensor, fields: Mapping[str, Tensor]) -> None:
         """Add one child per parent uid (applied when the substep returns).
@@ -195,9 +255,9 @@ class Context:
         """
         if population not in self.substep.births:
             raise FieldAccessError(
-                f"substep '{self.substep.name}' spawns into '{population}' but declares births={list(self.substep.births)}"
-            )
-        self._births.append((population, parent_uid, fields))
+                f"substep '{self.substep.name}' spawns into '{population}' but declares "
+                f"births={list(self.substep.births)}")
+        self.effects.births.append(Birth(population, parent_uid, fields))
 
     def kill(self, population: str, dies: Tensor) -> None:
         """Remove the agents where the bool mask ``dies`` ``[n]`` is True (applied when the substep returns)."""
@@ -209,7 +269,7 @@ class Context:
         if dies.dtype != torch.bool or tuple(dies.shape) != (n,):
             raise FieldAccessError(f"kill('{population}'): expected a bool mask of shape [{n}] "
                                    f"(got {dies.dtype} {list(dies.shape)})")
-        self._deaths.append((population, dies))
+        self.effects.deaths.append(Death(population, dies))
 
     def flag(self, message: str, condition: Tensor) -> None:
         """Record an error condition (a bool tensor); checked once per step on all ranks.
@@ -220,12 +280,115 @@ class Context:
         name = f"{self.substep.name}: {message}"
         written = self.substep.written_populations() if self.substep.agentwise else set()
         if written:
-            n = self._state[next(iter(written))].n
+            pop = next(iter(written))
+            n = self._state[pop].n
             if condition.dim() == 0 or condition.shape[0] != n:
                 raise FieldAccessError(
                     f"substep '{self.substep.name}' is agentwise: ctx.flag expects a condition per agent of "
-                    f"'{next(iter(written))}' (shape [{n}, ...]; got {list(condition.shape)})")
-            if self.rows_flagged:  # the engine picks the rows it keeps
-                self._flags.append((name, condition.reshape(n, -1).any(1)))
+                    f"'{pop}' (shape [{n}, ...]; got {list(condition.shape)})")
+            if self._per_agent_flags:  # the engine picks the rows it keeps
+                self.effects.flags.append(Flag(name, condition.reshape(n, -1).any(1)))
                 return
-        self._flags.append((name, condition.any()))
+        self.effects.flags.append(Flag(name, condition.any()))
+
+
+class InitContext:
+    """What a model's ``init`` receives: it adds populations and environment layers and returns
+    the space.
+
+    Attributes:
+        n_agents: The number of agents asked for (the model splits them over its populations).
+        params: Read-only resolved parameters.
+        rng: Random numbers at step 0; default stream ``"init"`` (name a stream per use).
+        device: Where the state lives.
+        seed: The run seed.
+
+    Examples:
+        >>> import torch
+        >>> from agentsim.random import CounterRNG
+        >>> ic = InitContext(Params({}), 3, CounterRNG(1).at(0, "init"), torch.device("cpu"))
+        >>> uid = ic.uids("walker", 3)
+        >>> ic.add("walker", uid=uid, pos=ic.rng.uniform(uid, "pos", draws=2))
+        >>> ic.state()["walker"]
+        Population('walker', n=3, fields=[uid:int64, pos:float64[2]])
+    """
+
+    def __init__(self, params: Params, n_agents: int, rng: Any, device: torch.device) -> None:
+        self.params = params
+        self.n_agents = n_agents
+        self.rng = rng  # a StepRNG (a CounterRNG for models of the deprecated positional form)
+        self.device = device
+        self._populations: dict[str, Population] = {}
+        self._env: dict[str, Tensor] = {}
+        self._next_uid: dict[str, int] = {}
+
+    @property
+    def seed(self) -> int:
+        """The run seed."""
+        return int(self.rng.seed)
+
+    def uids(self, population: str, n: int) -> Tensor:
+        """``n`` new uids of ``population`` (``[n]`` int64 on the device): the next ``n`` of its
+        counter, which starts at 0. Births continue from the last one reserved."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"uids({population!r}, n): expected an int n >= 0 (got {n!r})")
+        first = self._next_uid.get(population, 0)
+        self._next_uid[population] = first + n
+        return torch.arange(first, first + n, device=self.device)
+
+    def add(self, population: str, *, uid: Tensor, **fields: Tensor) -> None:
+        """Add a population: ``uid`` ``[n]`` int64 and its fields, each ``[n, ...]``; dtype and
+        per-agent shape of every field are taken from the tensors given."""
+        if population in self._populations:
+            raise ConfigError(f"population '{population}' was already added")
+        if population == ENV:
+            raise ConfigError("'env' names the environment: use add_env() for environment layers")
+        if not isinstance(uid, Tensor) or uid.dim() != 1 or uid.dtype not in (torch.int64, torch.int32):
+            got = f"{uid.dtype} {list(uid.shape)}" if isinstance(uid, Tensor) else type(uid).__name__
+            raise ConfigError(f"add({population!r}): uid must be a [n] int64 tensor (got {got})")
+        for key, value in fields.items():
+            if not isinstance(value, Tensor):
+                raise ConfigError(f"add({population!r}): field '{key}' must be a tensor (got {type(value).__name__})")
+        specs = {UID: FieldSpec(torch.int64), **{k: FieldSpec(v.dtype, tuple(v.shape[1:])) for k, v in fields.items()}}
+        reserved = self._next_uid.get(population, 0)
+        top = int(uid.max()) + 1 if uid.numel() else 0
+        self._populations[population] = Population(population, specs, {UID: uid, **fields},
+                                                   next_uid=max(reserved, top))
+
+    def add_env(self, **layers: Tensor) -> None:
+        """Add environment tensors (grid layers ``[H, W]``, scalars ``[]``, ...)."""
+        for key, value in layers.items():
+            if not isinstance(value, Tensor):
+                raise ConfigError(f"add_env: '{key}' must be a tensor (got {type(value).__name__})")
+            if key in self._env:
+                raise ConfigError(f"environment layer '{key}' was already added")
+            self._env[key] = value
+
+    def state(self) -> State:
+        """The state built by :meth:`add` and :meth:`add_env` (step 0)."""
+        return State(self._populations, self._env)
+
+
+@dataclass
+class MetricsContext:
+    """What a metric function receives: the state (read it as ``state["walker"]["disp"]``),
+    parameters, space and step, and the environment cells this rank owns.
+
+    Environment layers may be replicated or overlap (halo cells) across ranks; use
+    :meth:`owned_env` for metrics so every cell is counted once over all ranks.
+    """
+
+    state: State
+    params: Mapping[str, Any]
+    space: Any
+    step: int
+    owned_env_fn: Callable[[str], Tensor] | None = None
+
+    def __getitem__(self, population: str) -> Population:
+        return self.state[population]
+
+    def owned_env(self, name: str) -> Tensor:
+        """The cells of env layer ``name`` this rank owns, flattened (all of them on one process)."""
+        if self.owned_env_fn is not None:
+            return self.owned_env_fn(name)
+        return self.state.env[name].reshape(-1)

@@ -1,16 +1,24 @@
-"""The step loop: runs a model's substeps in order, checks their declarations, times them,
-raises error flags once per step, and records metrics and agents to HDF5.
+"""The one step loop: runs a model's substeps in order on this rank's agents, through a
+partitioner (:mod:`agentsim.partition`), on one process or many.
 
-One step applies every substep in order to the state; the state before the first
-step is step 0. Metrics are computed at step 0 and after every step; agent fields
-at step 0, at the last step and every ``every`` steps.
+One step applies every substep in order to the state; the state before the first step is
+step 0. For each substep the partitioner supplies the halo (the other ranks' agents the
+substep may read), the engine calls the substep through a checked
+:class:`~agentsim.context.Context`, applies the births and deaths it asked for, and the
+partitioner migrates the agents whose owner changed. At the end of the step every rank
+sends its report (error flags, metric sums, figures) through the partitioner; when the
+summary arrives every rank raises the same flags at the same point, and a run records the
+step's metrics (and, on frame steps, the agents) with :mod:`agentsim.io.recording`.
 
 Examples:
     >>> from agentsim.models.randomwalk import MODEL
-    >>> sim = Simulation(MODEL, agents=100, seed=1)
-    >>> result = sim.run(steps=3)
+    >>> result = Simulation(MODEL, agents=100, seed=1).run(steps=3)
     >>> result.metrics["step"].tolist()
     [0, 1, 2, 3]
+    >>> print(result.plan())  # doctest: +ELLIPSIS
+    model randomwalk: ...
+    #  substep  reads ...  ms/step  share
+    ...
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,18 +35,21 @@ import torch
 from torch import Tensor
 
 from . import ops
-from .comm import Comm, LocalComm
-from .context import Context, NeighborView
-from .errors import ConfigError, FieldAccessError, SimulationError, did_you_mean
+from .comm import Comm, CommStats, LocalComm
+from .context import Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
+from .errors import ConfigError, FieldAccessError, SimulationError
+from .io.recording import Recorder, check_every, recording
 from .locality import LocalityOrder
-from .model import InitContext, MetricsContext, Model
+from .model import Model
+from .params import Params
+from .partition import PERF_FIGURES, Partitioner, StepReport, StepSummary, check_sync_every_for, make_partition
 from .random import CounterRNG
-from .snapshot import NeighborSnapshots, check_sync_every
+from .snapshot import NeighborSnapshots
 from .state import UID, State
-from .substep import ENV, Substep
+from .substep import ENV, Substep, resolve_reach
 
+__all__ = ["DEFAULT_SORT_EVERY", "RunResult", "Simulation", "check_agents", "resolve_device"]
 
-METRIC_FRAC_BITS = 24
 # Positions change by a fraction of a cell per step in the built-in models: sorting rows
 # every 10 steps keeps most of the locality for a tenth of the sorting cost.
 DEFAULT_SORT_EVERY = 10
@@ -59,6 +71,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def check_agents(agents: Any) -> int:
+    """Validate an agent count (a positive int)."""
     if isinstance(agents, bool) or not isinstance(agents, (int, np.integer)):
         raise ConfigError(f"agents: expected a positive int (got {agents!r})")
     if agents < 1:
@@ -66,39 +79,68 @@ def check_agents(agents: Any) -> int:
     return int(agents)
 
 
+def check_steps(steps: Any) -> int:
+    """Validate a number of steps (an int >= 0)."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ConfigError(f"steps: expected an int >= 0 (got {steps!r})")
+    return int(steps)
+
+
+def check_seed(seed: Any) -> int:
+    """Validate a seed (an int)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ConfigError(f"seed: expected an int (got {seed!r})")
+    return int(seed)
+
+
 @dataclass
 class RunResult:
-    """What :meth:`Simulation.run` returns.
+    """What :meth:`Simulation.run` (and :func:`agentsim.run`, :func:`agentsim.launch`) return.
 
     Attributes:
         metrics: Name to numpy array ``[steps + 1]`` (index = step), including ``"step"``.
-        state: The final state.
-        timings: Substep name to mean seconds per step.
+        state: This rank's final state (None from :func:`agentsim.launch`: it stays on the ranks).
+        timings: Substep name to mean seconds per step of this run (rank 0's).
         seconds: Wall time of the stepping loop (excludes initialization and step-0 recording).
         path: The HDF5 file written, or None.
+        model: The model that ran (:meth:`plan` shows it with the timings).
+        world_size: Number of ranks.
+        perf: Per step, figures over all ranks (see :mod:`agentsim.perf`).
+        comm_seconds, comm_bytes: Per step, seconds this rank spent in collectives and bytes it sent.
     """
 
     metrics: dict[str, np.ndarray]
-    state: State
+    state: State | None
     timings: dict[str, float]
     seconds: float
     path: str | None = None
+    model: Model | None = None
+    world_size: int = 1
+    perf: list[dict[str, float]] = field(default_factory=list)
+    comm_seconds: list[float] = field(default_factory=list)
+    comm_bytes: list[int] = field(default_factory=list)
 
-
-@dataclass
-class _Recording:
-    fields: dict[str, list[str]]      # population -> recorded fields (uid first)
-    env: list[str] = field(default_factory=list)
+    def plan(self) -> str:
+        """The model's execution order with this run's milliseconds per substep and share."""
+        if self.model is None:
+            raise ConfigError("this result holds no model to show")
+        return self.model.plan(self.timings)
 
 
 class Simulation:
-    """One run of a model: state, RNG, space and the step loop.
+    """One run of a model: state, RNG, space, partitioner and the step loop.
 
     Args:
         model: A :class:`~agentsim.model.Model` (configured or default).
         agents: Number of agents at step 0 (models split it across their populations).
         seed: The run seed; all randomness is a function of (seed, uid, step, stream).
         device: ``"cpu"``, ``"cuda"`` or a torch.device.
+        params: Parameter overrides (as ``model.configure(params=...)``).
+        partition: ``"data"``, ``"spatial"``, a partitioner, or None (one process: the identity;
+            several: ``"data"``); see :mod:`agentsim.partition`.
+        comm: This rank's communication (default: one process,
+            :class:`~agentsim.comm.LocalComm`; several ranks:
+            :class:`~agentsim.distributed.comm.TorchComm`).
         check_nan: Flag NaN in written floating-point fields at every step.
         shuffle_rows: Debug aid: permute every population's rows before each step. Results
             must not change (they never depend on row order); the tests use this.
@@ -108,316 +150,305 @@ class Simulation:
         sync_every: Refresh what substeps read through ``ctx.neighbors`` every this many
             steps (1: always current, exact; K > 1: stale between refreshes by the rule of
             :mod:`agentsim.snapshot`, the same on any number of ranks).
-        comm: Communication for multi-rank runs (default: one process, no collectives).
+        partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
+            ``balance_threshold``, ``bins``, ``overlap``.
+
+    Attributes:
+        perf_steps: Per step, figures over all ranks (see :mod:`agentsim.perf`), the same on
+            every rank; a run writes them to the file's ``/perf``.
+        comm_steps: Per step, the :class:`~agentsim.comm.CommStats` of this rank's collectives.
     """
 
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
-                 device: str | torch.device | None = "cpu", *, check_nan: bool = True,
+                 device: str | torch.device | None = "cpu", *, params: Mapping[str, Any] | None = None,
+                 partition: str | Partitioner | None = None, comm: Comm | None = None, check_nan: bool = True,
                  shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY, sync_every: int = 1,
-                 comm: Comm | None = None) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ConfigError(f"seed: expected an int (got {seed!r})")
-        self.model = model
-        self.n_agents = check_agents(model.default_agents if agents is None else agents)
-        self.seed = int(seed)
+                 **partition_options: Any) -> None:
+        if not isinstance(model, Model):
+            raise ConfigError(f"model: expected an agentsim.Model (got {type(model).__name__}); "
+                              "agentsim.get_model(name) loads one by name")
+        self.model = model.configure(params=params) if params else model
+        self.seed = check_seed(seed)
+        self.n_agents = check_agents(self.model.default_agents if agents is None else agents)
         self.device = resolve_device(device)
-        self.params = dict(model.params)
-        self.rng = CounterRNG(self.seed)
-        self.comm: Comm = comm or LocalComm()
-        self.sync_every = check_sync_every(sync_every)
+        self.comm: Comm = comm if comm is not None else LocalComm()
+        self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
+        self.sync_every = check_sync_every_for(self.partition, sync_every)
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan = check_nan
         self.shuffle_rows = shuffle_rows
-        state, space = model.init(InitContext(self.params, self.n_agents, self.rng, self.device))
-        self.state: State = state.to(self.device)
+        self.params: Params = self.model.params
+        self.rng = CounterRNG(self.seed)
+        rng: Any = self.rng if self.model.legacy else self.rng.at(0, "init")
+        state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
+        state = state.to(self.device)
+        self.model.validate_state(state)
         self.space = space
-        model.validate_state(self.state)
-        self.locality = LocalityOrder(space, model.substeps, self.params, sort_every)
-        self.step_seconds: list[float] = []
-        self.substep_seconds: dict[str, list[float]] = {s.name: [] for s in model.substeps}
+        self._check_reaches()
+        self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm)
+        self.locality = LocalityOrder(space, self.model.substeps, self.params, sort_every)
+        self.perf_steps: list[dict[str, float]] = []
+        self.comm_steps: list[CommStats] = []
+        self._seconds: list[dict[str, float]] = []  # per step taken, this rank's seconds per substep
+        self._rows: list[tuple[dict[str, Any], dict[str, float]]] = []  # metric rows arrived, not yet recorded
+        self._in_run = False
+        self._sorted_at = -1  # the step after which the rows were last sorted by cell
+        self._mark_report()
+
+    def _mark_report(self) -> None:
+        """Start the window of the next step's figures: its seconds and collectives count from here."""
+        self._t_report = time.perf_counter()
+        self._stats_at_report = self.comm.stats.snapshot()
+
+    def _check_reaches(self) -> None:
+        """Every reach a substep declares makes sense in the model's space."""
+        kinds = ("global", *getattr(self.space, "reaches", ()))
+        for s in self.model.substeps:
+            if s.neighbors:
+                kind, _ = resolve_reach(s, self.params)
+                if kind not in kinds:
+                    raise ConfigError(f"substep '{s.name}': reach {s.reach!r} is a '{kind}' reach, which a "
+                                      f"{type(self.space).__name__} space does not have (valid: {', '.join(kinds)})")
 
     # ---------------------------------------------------------------- stepping
-    def halo(self, population: str, substep: Substep) -> Mapping[str, Tensor] | None:
-        """Halo rows of ``population`` for ``substep`` (none on one process)."""
-        return None
-
-    def owned_env(self, name: str) -> Tensor:
-        """The env cells this rank owns, flattened (all on one process)."""
-        return self.state.env[name].reshape(-1)
-
     def step(self) -> None:
         """Advance the state by one step (every substep once, in order)."""
-        if self._sort_due():
-            self.locality.apply(self.state)
-        if self.shuffle_rows:  # after the sort, so that the shuffle is what the step sees
-            for pop in self.state.populations.values():
-                pop.permute(torch.randperm(pop.n, device=self.device))
-        flags: list[tuple[str, Tensor]] = []
+        state, part = self.state, self.partition
+        sort_now = self.locality.due(state.step) and self._sorted_at != state.step
+        if sort_now or self.shuffle_rows:  # nothing in flight may hold row numbers now
+            part.settle(state, self.comm)
+            self._take_reports()
+            if sort_now:
+                self.locality.apply(state)
+            if self.shuffle_rows:  # after the sort, so that the shuffle is what the step sees
+                for pop in state.populations.values():
+                    pop.permute(torch.randperm(pop.n, device=self.device))
+        flags: list[Flag] = []
+        seconds: dict[str, float] = {}
         sync = self.device.type == "cuda"
-        t_step = time.perf_counter()
         for s in self.model.substeps:
             t0 = time.perf_counter()
             flags += self._run_substep(s)
             if sync:
                 torch.cuda.synchronize(self.device)
-            self.substep_seconds[s.name].append(time.perf_counter() - t0)
-        self.state.step += 1
-        self._raise_flags(flags)
-        self.step_seconds.append(time.perf_counter() - t_step)
+            seconds[s.name] = time.perf_counter() - t0
+            self._take_reports()  # the last step's summary may arrive with this step's exchange
+        state.step += 1
+        if not self.shuffle_rows and self.locality.due(state.step):
+            # Sorted now, before the report: an exchange that travels into the next step holds
+            # row numbers, so the next step could not sort without waiting for it.
+            self.locality.apply(state)
+            self._sorted_at = state.step
+        sums = self.model.metric_sums(self._metrics_context()) if self._in_run else None
+        # The step's figures cover one window, from the last report to this one: the substeps
+        # and the collectives in between (the last report's exchange, waiting for slower ranks).
+        stats = self.comm.stats.since(self._stats_at_report)
+        self.comm_steps.append(stats)
+        figures = [float(sum(p.n for p in state.populations.values())), time.perf_counter() - self._t_report,
+                   stats.seconds, float(stats.bytes_sent), 0.0, 0.0, 0.0]
+        self._mark_report()
+        part.end_step(state, StepReport(state.step, flags, figures, sums, seconds), self.comm, hold=self._in_run)
+        self._take_reports()
 
-    def _sort_due(self) -> bool:
-        """Whether :meth:`step` sorts the rows by cell before computing the next step."""
-        return self.locality.due(self.state.step)
+    def _run_substep(self, s: Substep) -> list[Flag]:
+        state, part = self.state, self.partition
+        split = part.split_run(s)
+        if split is not None:  # the step's exchange is in flight: the partitioner runs s around it
+            return split(state, partial(self._call, s, per_agent_flags=True), self.comm) + self._nan_flags(s)
+        fresh = self.snapshots is None or not s.neighbors or self.snapshots.due(s, state.step + 1)
+        halos = part.halos(state, s, self.comm) if fresh and s.neighbors else {}
+        if self.snapshots is not None and s.neighbors and fresh:
+            self._store_snapshot(s, halos)
+        effects = self._call(s, state, halos, fresh=fresh)
+        flags = self._apply(s, effects)
+        part.migrate(state, s, self.comm)
+        return flags
 
-    def refresh_due(self, s: Substep) -> bool:
-        """Whether ``s`` reads current neighbor values in the step being computed (always, unless
-        ``sync_every > 1``: then on refresh steps only)."""
-        return self.snapshots is None or self.snapshots.due(s, self.state.step + 1)
+    def _call(self, s: Substep, state: State, halos: Halos, *, per_agent_flags: bool = False,
+              fresh: bool = True) -> Effects:
+        """Call ``s`` on ``state`` with ``halos`` as the other agents it may read (or, not
+        ``fresh``, the neighbor snapshots); raise if it modified a read-only tensor in place."""
 
-    def neighbor_view(self, population: str, substep: Substep, fresh: bool = True) -> NeighborView:
-        """What ``ctx.neighbors(population)`` returns: current rows and halo, or (``fresh=False``)
-        the stored rows of the last refresh."""
-        pop = self.state[population]
-        fields = substep.neighbors[population]
-        if fresh or self.snapshots is None:
-            return NeighborView(pop, fields, substep, self.halo(population, substep))
-        local, others = self.snapshots.view(substep, population, pop[UID])
-        return NeighborView(pop, fields, substep, others, local=local)
+        def neighbors(population: str) -> NeighborView:
+            pop = state[population]
+            fields = s.neighbors[population]
+            if fresh or self.snapshots is None:
+                return NeighborView(pop, fields, s, halos.get(population))
+            local, others = self.snapshots.view(s, population, pop[UID])
+            return NeighborView(pop, fields, s, others, local=local)
 
-    def _store_snapshot(self, s: Substep) -> None:
-        assert self.snapshots is not None
-        for name, fields in s.neighbors.items():
-            rows = self.state[name].select(fields)
-            halo = self.halo(name, s)
-            if halo is not None:
-                rows = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in rows.items()}
-            self.snapshots.store(s, name, rows)
+        step = state.step + 1
+        ctx = Context(s, state, step=step, params=self.params, rng=self.rng.at(step, s.name), space=self.space,
+                      device=self.device, neighbors=neighbors if s.neighbors else None,
+                      per_agent_flags=per_agent_flags)
+        versions = _read_only_versions(s, state)
+        s(ctx)
+        for (pop, key), (tensor_id, version) in versions.items():
+            t = state.env[key] if pop == ENV else state.populations[pop][key]
+            if id(t) == tensor_id and ops.tensor_version(t) != version:
+                raise FieldAccessError(
+                    f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes=")
+        return ctx.effects
 
-    def _run_substep(self, s: Substep) -> list[tuple[str, Tensor]]:
-        ctx = Context(self, s)
-        if self.snapshots is not None and s.neighbors:
-            ctx.fresh = self.refresh_due(s)
-            if ctx.fresh:
-                self._store_snapshot(s)
-        self._call_checked(s, ctx, self.state)
-        for pop, dies in ctx._deaths:
-            self.state.populations[pop].keep(~dies)
-        for pop, parents, fields in ctx._births:
-            offset, total = self.comm.birth_offset(parents)
-            population = self.state.populations[pop]
-            population.spawn(parents, fields, uid_offset=offset, n_born_total=total)
-            stored = self.snapshots.fields(pop) if self.snapshots is not None else []
-            if stored:  # newborns join the neighbor snapshots with their values at birth, on every rank
-                born = {k: population[k][population.n - parents.shape[0]:] for k in stored}
-                self.snapshots.add_births(pop, self.comm.all_gather_rows(born))  # type: ignore[union-attr]
-        return ctx._flags + self._nan_flags(s)
+    def _apply(self, s: Substep, effects: Effects) -> list[Flag]:
+        """Apply the deaths and births a substep asked for; its flags and NaN flags."""
+        for death in effects.deaths:
+            self.state.populations[death.population].keep(~death.dies)
+        for birth in effects.births:
+            offset, total = self.comm.birth_offset(birth.parent_uid)
+            population = self.state.populations[birth.population]
+            population.spawn(birth.parent_uid, birth.fields, uid_offset=offset, n_born_total=total)
+            stored = self.snapshots.fields(birth.population) if self.snapshots is not None else []
+            if stored and self.snapshots is not None:  # newborns join the snapshots with their values at birth
+                m = birth.parent_uid.shape[0]
+                born = {k: population[k][population.n - m:] for k in stored}
+                self.snapshots.add_births(birth.population, self.comm.all_gather_rows(born))
+        return effects.flags + self._nan_flags(s)
 
-    def _nan_flags(self, s: Substep) -> list[tuple[str, Tensor]]:
+    def _nan_flags(self, s: Substep) -> list[Flag]:
         """With ``check_nan``: a flag per floating-point field ``s`` writes, set if it holds a NaN."""
-        flags: list[tuple[str, Tensor]] = []
+        flags: list[Flag] = []
         if self.check_nan:
             for ref in s.writes:
                 pop, key = ref.split(".")
                 t = self.state.env[key] if pop == ENV else self.state.populations[pop][key]
                 if t.is_floating_point():
-                    flags.append((f"{s.name}: NaN in {ref}", torch.isnan(t).any()))
+                    flags.append(Flag(f"{s.name}: NaN in {ref}", torch.isnan(t).any()))
         return flags
 
-    def _call_checked(self, s: Substep, ctx: Context, state: State) -> None:
-        """Call ``s(ctx)`` on ``state`` and raise if it modified a read-only tensor in place."""
-        versions = self._read_only_versions(s, state)
-        s(ctx)
-        for (pop, key), (tensor_id, version) in versions.items():
-            t = state.env[key] if pop == ENV else state.populations[pop][key]
-            if id(t) == tensor_id and t._version != version:
-                raise FieldAccessError(
-                    f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes="
-                )
+    def _store_snapshot(self, s: Substep, halos: Halos) -> None:
+        assert self.snapshots is not None
+        for name, fields in s.neighbors.items():
+            rows = self.state[name].select(fields)
+            halo = halos.get(name)
+            if halo is not None:
+                rows = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in rows.items()}
+            self.snapshots.store(s, name, rows)
 
-    def _read_only_versions(self, s: Substep, state: State) -> dict[tuple[str, str], tuple[int, int]]:
-        """Version counters of the tensors ``s`` may read but not write (in-place write detection)."""
-        out: dict[tuple[str, str], tuple[int, int]] = {}
-        for name, pop in state.populations.items():
-            if not s.touches(name):
-                continue
-            writable = s.writable(name)
-            for key in s.readable(name):
-                if key not in writable and key in pop:
-                    t = pop[key]
-                    out[(name, key)] = (id(t), t._version)
-        for key in s.readable(ENV) - {"uid"} - s.writable(ENV):
-            if key in state.env:
-                t = state.env[key]
-                out[(ENV, key)] = (id(t), t._version)
-        return out
+    def _take_reports(self) -> None:
+        for summary in self.partition.reports():
+            self._take(summary)
 
-    def _raise_flags(self, flags: list[tuple[str, Tensor]]) -> None:
-        if not flags:
-            self.comm.any_flags(torch.zeros(0, dtype=torch.bool, device=self.device))
-            return
-        self._raise_if_flagged(flags, self.comm.any_flags(torch.stack([f for _, f in flags])))
-
-    def _raise_if_flagged(self, flags: list[tuple[str, Tensor]], raised: Tensor) -> None:
-        """Raise a SimulationError naming the flags whose entry of ``raised`` (``[len(flags)]``
-        bool, already OR-ed over ranks) is set, and the current step."""
-        if bool(raised.any()):
-            names = [name for (name, _), v in zip(flags, raised.tolist()) if v]
-            raise SimulationError(f"step {self.state.step}: " + "; ".join(names))
+    def _take(self, summary: StepSummary) -> None:
+        """A step's summary: raise its flags (every rank at once), balance the load, keep the
+        figures and the metrics row."""
+        if summary.raised:
+            raise SimulationError(f"step {summary.step}: " + "; ".join(summary.raised))
+        figures = summary.figures
+        counts = [int(v) for v in figures[:, 0].tolist()]
+        moved = self.partition.rebalance(self.state, self.comm, counts) if summary.at_step_end else None
+        perf = _perf(figures, counts, moved)
+        self.perf_steps.append(perf)
+        self._seconds.append(summary.seconds)
+        if summary.sums is not None:
+            row = {"step_seconds": float(figures[self.comm.rank, PERF_FIGURES.index("step_seconds")]),
+                   **{f"substep_seconds/{k}": v for k, v in summary.seconds.items()}, **perf}
+            self._rows.append((self.model.metric_row(summary.step, summary.sums), row))
 
     # ---------------------------------------------------------------- metrics
-    def metrics(self) -> dict[str, int | float]:
-        """Global metrics of the current state.
+    def _metrics_context(self) -> MetricsContext:
+        return MetricsContext(self.state, self.params, self.space, self.state.step,
+                              partial(self.partition.owned_env, self.state, comm=self.comm))
 
-        The model's ``metrics`` function returns per-agent values (any shape); each is
-        summed here over agents and ranks exactly: integers and bools in int64, floats in
-        int64 fixed point with :data:`METRIC_FRAC_BITS` fractional bits, so the result has
-        the same bits on any number of ranks. ``derive`` then computes ratios from the sums.
-        """
-        names, is_float, sums = self._local_metric_sums()
-        return self._metrics_from(names, is_float, self.comm.sum_int64(sums))
+    def metrics(self) -> dict[str, Any]:
+        """Global metrics of the current state (a collective on several ranks).
 
-    def _local_metric_sums(self) -> tuple[list[str], list[bool], Tensor]:
-        """This rank's exact metric sums: names, which are floats, and ``[k]`` int64 on CPU
-        (floats in fixed point)."""
-        local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n, device=self.device) for name, pop in self.state.populations.items()}
-        if self.model.metrics_fn is not None:
-            local.update(self.model.metrics_fn(
-                MetricsContext(self.state, self.params, self.space, self.state.step, self.owned_env)))
-        names = list(local)
-        is_float = [local[k].is_floating_point() for k in names]
-        sums = torch.stack([
-            ops.to_fixed(local[k].to(torch.float64), METRIC_FRAC_BITS).sum() if f
-            else local[k].to(torch.int64).sum()
-            for k, f in zip(names, is_float)
-        ]).cpu()
-        return names, is_float, sums
-
-    def _metrics_from(self, names: list[str], is_float: list[bool], sums: Tensor) -> dict[str, int | float]:
-        """Metrics from the global sums ``[k]`` int64 of :meth:`_local_metric_sums`."""
-        out: dict[str, int | float] = {"step": self.state.step}
-        for k, f, v in zip(names, is_float, sums.tolist()):
-            out[k] = v * 2.0 ** -METRIC_FRAC_BITS if f else v
-        if self.model.derive_fn is not None:
-            out.update(self.model.derive_fn(dict(out)))
-        return out
+        Per-agent values are summed over agents and ranks exactly (:mod:`agentsim.metrics`), so
+        the result has the same bits on any number of ranks."""
+        self.partition.settle(self.state, self.comm)
+        self._take_reports()
+        sums = self.model.metric_sums(self._metrics_context())
+        total = self.comm.sum_int64(sums.values)
+        return self.model.metric_row(self.state.step, sums._replace(values=total))
 
     # ---------------------------------------------------------------- running
-    def record_spec(self, record: Iterable[str] | None) -> _Recording:
-        """Resolve ``record`` (``"pop"``, ``"pop.field"``, ``"field"``, ``"env.name"``; None = all)."""
-        pops = self.state.populations
-        if record is None:
-            return _Recording({p: list(pops[p].specs) for p in pops}, list(self.state.env))
-        rec = _Recording({})
-        for item in record:
-            item = item.strip()
-            if not item:
-                continue
-            if item in pops:
-                rec.fields[item] = list(pops[item].specs)
-            elif item == ENV:
-                rec.env = list(self.state.env)
-            elif "." in item:
-                p, f = item.split(".", 1)
-                if p == ENV:
-                    if f not in self.state.env:
-                        raise ConfigError(f"record: unknown env field '{f}' (valid: {sorted(self.state.env)})")
-                    rec.env.append(f)
-                    continue
-                if p not in pops or f not in pops[p].specs:
-                    valid = [f"{q}.{g}" for q in pops for g in pops[q].specs]
-                    raise ConfigError(f"record: unknown field '{item}' (valid: {', '.join(valid)})."
-                                      + did_you_mean(item, valid))
-                rec.fields.setdefault(p, []).append(f)
-            else:
-                owners = [p for p in pops if item in pops[p].specs]
-                if not owners:
-                    valid = sorted({g for q in pops for g in pops[q].specs} | set(pops))
-                    raise ConfigError(f"record: unknown field or population '{item}' (valid: {', '.join(valid)})."
-                                      + did_you_mean(item, valid))
-                for p in owners:
-                    rec.fields.setdefault(p, []).append(item)
-        for p, fs in rec.fields.items():
-            rec.fields[p] = [UID] + [f for f in dict.fromkeys(fs) if f != UID]
-        return rec
-
-    def run(self, steps: int, out: str | os.PathLike | None = None, *, record: Iterable[str] | None = None,
+    def run(self, steps: int, out: str | os.PathLike[str] | None = None, *, record: Iterable[str] | None = None,
             every: int | None = None, progress: bool = False) -> RunResult:
         """Run ``steps`` steps; optionally stream a trajectory to the HDF5 file ``out``.
 
         Args:
             steps: Number of steps (>= 0).
             out: HDF5 path, or None to keep metrics in memory only.
-            record: Agent/env fields to record (default all).
+            record: Agent/env fields to record (default all; see :mod:`agentsim.io.recording`).
             every: Also record agents every ``every`` steps (default: first and last only).
             progress: Show a progress bar (only when stderr is a terminal).
         """
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-            raise ConfigError(f"steps: expected an int >= 0 (got {steps!r})")
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
-        rec = self.record_spec(record)
-        writer = None
-        # With several ranks, rank 0 writes the file; the others take part in its gathers.
-        gathers = out is not None
-        if out is not None and self.comm.rank == 0:
-            from .io.hdf5 import TrajectoryWriter
-
-            writer = TrajectoryWriter(out, model=self.model.name, params=self.params, seed=self.seed,
-                                      steps=int(steps), world_size=self.comm.world_size)
-        rows: list[dict[str, int | float]] = []
+        steps = check_steps(steps)
+        check_every(every)
+        recorder = Recorder(out, recording(self.state, record), self.comm.rank, every, model=self.model.name,
+                            params=dict(self.params), seed=self.seed, steps=steps,
+                            world_size=self.comm.world_size)
+        rows: list[dict[str, Any]] = []
+        first_perf, first_comm = len(self.perf_steps), len(self.comm_steps)
         start = self.state.step
         t_run = 0.0
+        self._in_run = True
         try:
-            self._record(writer, rows, rec, agents=True, gathers=gathers)
+            row = self.metrics()
+            rows.append(row)
+            recorder.write_row(self.state.step, row, None)
+            if recorder.frame_due(0, steps):
+                recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
             bar = _progress(steps, progress)
             t0 = time.perf_counter()
+            self._mark_report()  # the first step's figures count from here
             for _ in range(steps):
                 self.step()
-                done = self.state.step - start
-                self._record(writer, rows, rec,
-                             agents=done == steps or (every is not None and done % every == 0), gathers=gathers)
+                frame = recorder.frame_due(self.state.step - start, steps)
+                if frame or self.state.step - start == steps:  # the last step's summary, at the latest now
+                    self.partition.settle(self.state, self.comm)
+                    self._take_reports()
+                for row, perf in self._rows:
+                    rows.append(row)
+                    recorder.write_row(row["step"], row, perf)
+                self._rows = []
+                if frame:
+                    recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
                 if bar is not None:
                     bar.update(1)
             t_run = time.perf_counter() - t0
             if bar is not None:
                 bar.close()
         except BaseException:
-            if writer is not None:
-                writer.close(completed=False)
+            recorder.close(completed=False)
             raise
-        timings = {k: float(np.mean(v)) if v else 0.0 for k, v in self.substep_seconds.items()}
-        self.model.timings = timings
-        if writer is not None:
-            writer.close(completed=True)
+        finally:
+            self._in_run = False
+            self._rows = []
+            self.partition.release()
+        recorder.close(completed=True)
+        taken = self._seconds[len(self._seconds) - steps:] if steps else []
+        timings = {s.name: float(np.mean([t.get(s.name, 0.0) for t in taken])) if taken else 0.0
+                   for s in self.model.substeps}
         metrics = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
-        return RunResult(metrics, self.state, timings, t_run, None if out is None else os.fspath(out))
+        comm = self.comm_steps[first_comm:]
+        return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
+                         self.perf_steps[first_perf:], [c.seconds for c in comm], [c.bytes_sent for c in comm])
 
-    def perf_row(self) -> dict[str, float]:
-        """The ``/perf`` row of the last step (machine-dependent figures: seconds, bytes)."""
-        perf = {"step_seconds": self.step_seconds[-1]}
-        perf.update({f"substep_seconds/{k}": v[-1] for k, v in self.substep_seconds.items() if v})
-        return perf
 
-    def _record(self, writer: Any, rows: list[dict[str, int | float]], rec: _Recording, agents: bool,
-                gathers: bool = True) -> None:
-        """Metrics (every rank), then, when recording, the file rows. ``gathers``: a file is
-        being written by some rank, so every rank takes part in the agent gathers."""
-        m = self.metrics()
-        rows.append(m)
-        if writer is None and not gathers:
-            return
-        step = self.state.step
-        if writer is not None:
-            writer.write_metrics(step, {k: v for k, v in m.items() if k != "step"})
-            if self.step_seconds and step > 0:
-                writer.write_perf(step, self.perf_row())
-        if agents:
-            for p, fs in rec.fields.items():
-                gathered = self.comm.gather_rows({f: self.state.populations[p][f] for f in fs})
-                if gathered is not None and writer is not None:
-                    writer.write_agents(step, p, gathered)
-            if rec.env and writer is not None:
-                writer.write_env(step, {k: self.state.env[k] for k in rec.env})
+def _read_only_versions(s: Substep, state: State) -> dict[tuple[str, str], tuple[int, int]]:
+    """Version counters of the tensors ``s`` may read but not write (in-place write detection)."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for name, pop in state.populations.items():
+        if not s.touches(name):
+            continue
+        writable = s.writable(name)
+        for key in s.readable(name):
+            if key not in writable and key in pop:
+                t = pop[key]
+                out[(name, key)] = (id(t), ops.tensor_version(t))
+    for key in s.readable(ENV) - {UID} - s.writable(ENV):
+        if key in state.env:
+            t = state.env[key]
+            out[(ENV, key)] = (id(t), ops.tensor_version(t))
+    return out
+
+
+def _perf(figures: Tensor, counts: list[int], moved: list[int] | None) -> dict[str, float]:
+    """A step's figures over ranks (see :mod:`agentsim.perf`) from every rank's ``[W, k]``."""
+    from .perf import step_figures
+
+    return step_figures({name: figures[:, i] for i, name in enumerate(PERF_FIGURES)}, counts, moved)
 
 
 def _progress(total: int, enabled: bool) -> Any:

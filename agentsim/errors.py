@@ -36,3 +36,11 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ``" Perhaps you meant 'x'?"`` for the closest choice, or ``""``."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" Perhaps you meant '{close[0]}'?" if close else ""
+
+
+class UnknownParameterError(ConfigError, KeyError):
+    """A parameter name that the model does not declare (also a KeyError, so ``Mapping.get``
+    and ``in`` keep working on read-only parameters)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its message
+        return str(self.args[0]) if self.args else ""

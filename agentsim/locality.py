@@ -11,11 +11,13 @@ less contention for the memory both cores share).
 :class:`LocalityOrder` sorts, every ``every`` steps, the rows of each population that
 some substep reads through ``neighbors``:
 
-- in a :class:`~agentsim.space.continuous.Box`, by the row-major id of the cell of
+by the key the space gives (:meth:`Space.sort_key <agentsim.space.base.Space.sort_key>`):
+
+- in a :class:`~agentsim.space.continuous.Box`, the row-major id of the cell of
   ``pos`` in a :class:`~agentsim.space.continuous.CellGrid` whose side is the largest
   length ``reach`` declared for that population (the cells that
   :func:`~agentsim.space.continuous.radius_pairs` uses);
-- on a :class:`~agentsim.space.grid.Grid`, by ``cell``.
+- on a :class:`~agentsim.space.grid.Grid`, the ``cell``.
 
 Other populations and spaces (graphs, whose rows are already in node order; ``global``
 reach in a box) are left alone. The sort is stable, so ties keep their order. Results
@@ -45,6 +47,7 @@ import torch
 from torch import Tensor
 
 from .errors import ConfigError
+from .space.base import SortKey
 from .state import Population, State
 from .substep import Substep, resolve_reach
 
@@ -62,43 +65,37 @@ class LocalityOrder:
     """Sorts the rows of neighbor-read populations by cell (see the module docstring).
 
     Args:
-        space: The model's space (Box, Grid, Graph or None).
+        space: The model's space (see :class:`~agentsim.space.base.Space`), or None.
         substeps: The model's substeps (their ``neighbors`` and ``reach`` pick the populations
             and the cell side).
         params: Resolved model parameters (for reaches that name a parameter).
         every: Sort every this many steps (0: never).
 
     Attributes:
-        keys: Population name to the field its rows are sorted by (``pos`` or ``cell``).
+        keys: Population name to the field its rows are sorted by (the space's position field).
     """
 
     def __init__(self, space: Any, substeps: Iterable[Substep], params: Mapping[str, Any], every: int) -> None:
-        from .space.continuous import Box, CellGrid
-        from .space.grid import Grid
-
         self.every = check_sort_every(every)
         self.keys: dict[str, str] = {}
-        self._grids: dict[str, Any] = {}
-        if self.every == 0:
+        self._sort_keys: dict[str, SortKey] = {}
+        if self.every == 0 or space is None:
             return
-        lengths: dict[str, list[float]] = {}
+        reaches: dict[str, list[tuple[str, float]]] = {}
         for s in substeps:
-            kind, value = resolve_reach(s, params) if s.neighbors else ("global", 0.0)
-            for pop in s.neighbors:
-                if isinstance(space, Grid):
-                    self.keys[pop] = "cell"
-                elif isinstance(space, Box) and kind == "length" and value > 0:
-                    lengths.setdefault(pop, []).append(value)
-        for pop, values in lengths.items():
-            self.keys[pop] = "pos"
-            self._grids[pop] = CellGrid(space, max(values))
+            if s.neighbors:
+                reach = resolve_reach(s, params)
+                for pop in s.neighbors:
+                    reaches.setdefault(pop, []).append(reach)
+        for pop, declared in reaches.items():
+            key = space.sort_key(declared)
+            if key is not None:
+                self.keys[pop] = space.position_field
+                self._sort_keys[pop] = key
 
     def cell_id(self, name: str, pop: Population) -> Tensor:
         """``[n]`` int64 sort key of the rows of population ``name``."""
-        field = self.keys[name]
-        if field == "pos":
-            return self._grids[name].cell_id(pop["pos"])
-        return pop["cell"]
+        return self._sort_keys[name](pop[self.keys[name]])
 
     def due(self, step: int) -> bool:
         """Whether the rows are sorted before computing step ``step + 1`` (``step`` completed)."""

@@ -1,69 +1,63 @@
-"""Model: an ordered list of registered substeps, declared parameters, an initializer and metrics.
-
-A model module (see ``models/sir.py``) builds a :class:`Model` from its own
-:class:`~agentsim.substep.Registry`. Users compose models by substep name, from
-Python (``model.configure(substeps=[...])``) or from a config file, and override
-parameters; both are validated when the model is configured.
+"""Model: parameters, an ``init`` that builds the populations and returns the space, substeps run
+in definition order every step, and metrics.
 
 Examples:
-    >>> from agentsim.models.randomwalk import MODEL
-    >>> m = MODEL.configure(params={"step_size": 0.5})
-    >>> m.params["step_size"]
-    0.5
-    >>> print(m.plan())  # doctest: +ELLIPSIS
-    model randomwalk...
+    >>> import torch
+    >>> import agentsim as asim
+    >>> walk = asim.Model("walk", params={"sigma": asim.Param(1.0, "step std (length units)", ge=0.0)})
+    >>> @walk.substep(writes=["walker.pos"])
+    ... def move(ctx: asim.Context) -> None:
+    ...     w = ctx["walker"]
+    ...     w["pos"] = ctx.space.wrap(w["pos"] + ctx.params["sigma"] * ctx.rng.normal(w["uid"], draws=2))
+    >>> @walk.init
+    ... def init(ic: asim.InitContext) -> asim.Box:
+    ...     uid = ic.uids("walker", ic.n_agents)
+    ...     ic.add("walker", uid=uid, pos=ic.rng.uniform(uid, "pos", draws=2) * 100)
+    ...     return asim.Box((100.0, 100.0))
+    >>> @walk.metric(reduce="mean")
+    ... def x(state) -> torch.Tensor:
+    ...     return state["walker"]["pos"][:, 0]
+    >>> print(walk.configure(params={"sigma": 0.5}).plan())
+    model walk
+    #  substep  reads  writes      neighbors  births/deaths
+    -  -------  -----  ----------  ---------  -------------
+    1  move     -      walker.pos  -          -
+    >>> walk.configure(params={"sigam": 0.5})
+    Traceback (most recent call last):
+    ...
+    agentsim.errors.UnknownParameterError: unknown parameter 'sigam' for model 'walk' (valid: sigma). Perhaps you meant 'sigma'?
+
+The same model without decorators::
+
+    walk = asim.Model("walk", params={...}, init=init, substeps=[asim.Substep(move, writes=["walker.pos"])],
+                      metrics=[asim.Metric(x, reduce="mean")])
+
+Users compose a model by substep name, from Python (``model.configure(substeps=[...])``)
+or from a config file, and override parameters; both are validated when the model is
+configured. A run never changes a model: timings live on the run's result.
+
+The positional form of earlier releases, ``Model(name, registry, substep_names, ParamSpec,
+init, metrics, derive)``, still works for this release (with a ``DeprecationWarning``) and
+gives the same results.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import Tensor
-
+from .context import InitContext, MetricsContext
 from .errors import ConfigError, did_you_mean
-from .params import ParamSpec
-from .random import CounterRNG
+from .metrics import Derived, LegacyMetrics, Metric, MetricSums, check_metric_name, local_sums, metric_row
+from .params import Param, Params, ParamTable
 from .state import State
-from .substep import ENV, Registry, Substep, split_ref
+from .substep import ENV, Registry, Substep, split_ref, substep_decorator
 
+__all__ = ["InitFn", "Model"]
 
-@dataclass
-class InitContext:
-    """What a model's ``init`` function receives."""
-
-    params: dict[str, Any]
-    n_agents: int
-    rng: CounterRNG
-    device: torch.device
-
-
-@dataclass
-class MetricsContext:
-    """What a model's ``metrics`` function receives: read-only state, params and space.
-
-    Environment layers may be replicated or overlap (halo cells) across ranks; use
-    :meth:`owned_env` for metrics so every cell is counted once over all ranks.
-    """
-
-    state: State
-    params: dict[str, Any]
-    space: Any
-    step: int
-    owned_env_fn: Callable[[str], Tensor] | None = None
-
-    def owned_env(self, name: str) -> Tensor:
-        """The cells of env layer ``name`` this rank owns, flattened (all of them on one process)."""
-        if self.owned_env_fn is not None:
-            return self.owned_env_fn(name)
-        return self.state.env[name].reshape(-1)
-
-
-InitFn = Callable[[InitContext], "tuple[State, Any]"]
-MetricsFn = Callable[[MetricsContext], Mapping[str, Tensor]]
-DeriveFn = Callable[[dict[str, float]], Mapping[str, float]]
+InitFn = Callable[[InitContext], Any]
+_LEGACY_ORDER = ("registry", "substeps", "params", "init", "metrics", "derive")
 
 
 class Model:
@@ -71,71 +65,227 @@ class Model:
 
     Args:
         name: Model name (``"sir"``).
-        registry: The substeps this model can use.
-        substeps: Default execution order, by name.
-        params: Declared parameters.
-        init: ``init(InitContext) -> (State, space)``: the initial state (step 0) and the
-            space object (Box, Grid, Graph or None).
-        metrics: ``metrics(MetricsContext) -> {name: scalar tensor}`` of *sums over
-            agents* (counts, or float sums computed with ``ops.exact_sum``); reduced
-            over ranks by the engine.
-        derive: Optional ``derive(metrics) -> {name: value}`` of quantities computed
-            from the global sums (ratios, means).
-        description: One line for ``agentsim models``.
+        params: Parameter name to :class:`~agentsim.params.Param`.
+        substeps: :class:`~agentsim.substep.Substep` objects, in execution order (or declare them
+            with the :meth:`substep` decorator: definition order is execution order).
+        init: ``init(InitContext) -> space``: adds the populations (``ic.add``) and environment
+            layers (``ic.add_env``) of step 0 and returns the space (Box, Grid, Graph or None);
+            or use the :meth:`init` decorator.
+        metrics: :class:`~agentsim.metrics.Metric` objects (or the :meth:`metric` decorator).
+        derived: Name to ``fn(metrics) -> number`` of the other metrics' global values (or the
+            :meth:`derived` decorator).
+        description: One line for ``agentsim models`` (default: none).
         default_agents: Agent count when none is given.
     """
 
-    def __init__(
-        self,
-        name: str,
-        registry: Registry,
-        substeps: Iterable[str],
-        params: ParamSpec,
-        init: InitFn,
-        metrics: MetricsFn | None = None,
-        derive: DeriveFn | None = None,
-        description: str = "",
-        default_agents: int = 10_000,
-    ) -> None:
+    def __init__(self, name: str, *legacy: Any, params: Mapping[str, Param] | ParamTable | None = None,
+                 substeps: Iterable[Substep] | None = None, init: InitFn | None = None,
+                 metrics: Iterable[Metric] | None = None,
+                 derived: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
+                 description: str = "", default_agents: int = 10_000, **legacy_kw: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"Model: expected a name (got {name!r})")
         self.name = name
-        self.registry = registry
-        self.param_spec = params
-        self.init = init
-        self.metrics_fn = metrics
-        self.derive_fn = derive
         self.description = description
         self.default_agents = default_agents
-        self.substeps: list[Substep] = self._resolve_substeps(substeps)
-        self.params: dict[str, Any] = params.resolve({})
-        self.timings: dict[str, float] | None = None
+        self.definition = object()  # shared by every configured copy of this definition
+        self._available: dict[str, Substep] = {}
+        self._order: list[str] | None = None  # None: every substep, in definition order
+        self._metrics: list[Metric | LegacyMetrics] = []
+        self._derived: list[Derived] = []
+        self._overrides: dict[str, Any] = {}
+        self._resolved: Params | None = None
+        self.legacy = bool(legacy or legacy_kw)
+        if self.legacy:
+            self._init_legacy(legacy, legacy_kw, params, substeps, init, metrics)
+            return
+        self.param_table = params if isinstance(params, ParamTable) else ParamTable(params or {})
+        self.init_fn: InitFn | None = None
+        for step in substeps or ():
+            self.add_substep(step)
+        if init is not None:
+            self.init(init)
+        for metric in metrics or ():
+            self.add_metric(metric)
+        for key, fn in (derived or {}).items():
+            self.add_derived(key, fn)
 
-    def _resolve_substeps(self, names: Iterable[str]) -> list[Substep]:
+    def _init_legacy(self, args: tuple[Any, ...], kw: dict[str, Any], params: Any, substeps: Any, init: Any,
+                     metrics: Any) -> None:
+        """``Model(name, registry, substeps, params, init, metrics=None, derive=None)``, deprecated."""
+        warnings.warn("Model(name, registry, substeps, params, init, ...) is deprecated and will be removed in the "
+                      "next release: write Model(name, params={...}) and declare substeps, init and metrics with "
+                      "its decorators (see the README)", DeprecationWarning, stacklevel=3)
+        if len(args) > len(_LEGACY_ORDER):
+            raise ConfigError(f"Model: too many positional arguments ({len(args) + 1})")
+        values = dict(zip(_LEGACY_ORDER, args))
+        given = {"params": params, "substeps": substeps, "init": init, "metrics": metrics}
+        values.update({k: v for k, v in given.items() if v is not None})
+        for key in kw:
+            if key not in _LEGACY_ORDER:
+                raise ConfigError(f"Model: unexpected keyword {key!r}")
+        values.update(kw)
+        missing = [k for k in ("registry", "substeps", "params", "init") if k not in values]
+        if missing:
+            raise ConfigError(f"Model (positional form): missing {', '.join(missing)}")
+        registry = values["registry"]
+        if not isinstance(registry, Registry):
+            raise ConfigError(f"Model: expected a Registry as the second argument (got {type(registry).__name__})")
+        for key in registry:
+            self._available[key] = registry[key]
+        self._order = self._check_order(values["substeps"])
+        table = values["params"]
+        self.param_table = table if isinstance(table, ParamTable) else ParamTable(table)
+        self.init_fn = values["init"]
+        if values.get("metrics") is not None:
+            self._metrics.append(LegacyMetrics(values["metrics"]))
+        if values.get("derive") is not None:
+            self._derived.append(Derived(None, values["derive"]))
+        self.params  # noqa: B018  resolve the defaults now, as earlier releases did
+
+    # ------------------------------------------------------------------ declaring
+    def add_substep(self, step: Substep) -> Substep:
+        """Append a substep (execution order is the order of definition)."""
+        if not isinstance(step, Substep):
+            raise ConfigError(f"model '{self.name}': substeps must be agentsim.Substep objects (got {step!r})")
+        if step.name in self._available:
+            raise ConfigError(f"model '{self.name}': substep '{step.name}' is already defined")
+        self._available[step.name] = step
+        return step
+
+    def substep(self, name: str | Callable[..., None] | None = None, **declarations: Any) -> Any:
+        """Decorator: declare the decorated function as the next substep (see
+        :class:`~agentsim.substep.Substep` for ``reads``, ``writes``, ``neighbors``, ``reach``,
+        ``births``, ``deaths``, ``agentwise``)."""
+        return substep_decorator(self.add_substep, name, **declarations)
+
+    def init(self, fn: InitFn) -> InitFn:
+        """Decorator: ``fn(InitContext) -> space`` builds step 0 (see the class docstring)."""
+        if not callable(fn):
+            raise ConfigError(f"model '{self.name}': init must be a function init(ic) -> space (got {fn!r})")
+        self.init_fn = fn
+        return fn
+
+    def add_metric(self, metric: Metric) -> Metric:
+        """Append a metric."""
+        if not isinstance(metric, Metric):
+            raise ConfigError(f"model '{self.name}': metrics must be agentsim.Metric objects (got {metric!r})")
+        if metric.name in self.metric_names():
+            raise ConfigError(f"model '{self.name}': metric '{metric.name}' is already defined")
+        self._metrics.append(metric)
+        return metric
+
+    def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum") -> Any:
+        """Decorator: ``fn(state) -> per-agent values`` is a metric, summed exactly over agents and
+        ranks (``reduce="sum"``) or averaged (``reduce="mean"``); see :mod:`agentsim.metrics`."""
+        if callable(name):  # bare @model.metric
+            self.add_metric(Metric(name))
+            return name
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.add_metric(Metric(fn, name=name, reduce=reduce))
+            return fn
+
+        return register
+
+    def add_derived(self, name: str, fn: Callable[[dict[str, Any]], Any]) -> None:
+        """Append a derived metric ``fn(metrics) -> number`` of the global metric values."""
+        check_metric_name(name, "derived metric")
+        if not callable(fn):
+            raise ConfigError(f"derived metric '{name}': expected a function of the metrics (got {fn!r})")
+        if name in self.metric_names():
+            raise ConfigError(f"model '{self.name}': metric '{name}' is already defined")
+        self._derived.append(Derived(name, fn))
+
+    def derived(self, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        """Decorator: ``fn(metrics) -> number`` is a metric computed from the others' global values,
+        named after the function (``metrics`` holds the metrics declared before it)."""
+        self.add_derived(getattr(fn, "__name__", ""), fn)
+        return fn
+
+    def metric_names(self) -> list[str]:
+        """The names of the declared metrics and derived metrics (not ``n_<population>``)."""
+        return [m.name for m in self._metrics if m.name] + [d.name for d in self._derived if d.name]
+
+    # ------------------------------------------------------------------ configured view
+    @property
+    def substeps(self) -> list[Substep]:
+        """The substeps that run, in order."""
+        if self._order is None:
+            return list(self._available.values())
+        return [self._available[k] for k in self._order]
+
+    @property
+    def params(self) -> Params:
+        """The resolved parameters (read-only)."""
+        if self._resolved is None:
+            self._resolved = self.param_table.resolve(self._overrides, model=self.name)
+        return self._resolved
+
+    @property
+    def param_spec(self) -> ParamTable:
+        """The declared parameters (the name of earlier releases of :attr:`param_table`)."""
+        return self.param_table
+
+    def _check_order(self, names: Iterable[str]) -> list[str]:
         if isinstance(names, str):
             raise ConfigError(f"substeps: expected a list of names (got the string {names!r})")
-        out = [self.registry[n] for n in names]
-        if not out:
-            raise ConfigError(f"model '{self.name}' needs at least one substep (valid: {self.registry.names()})")
-        return out
+        order = list(names)
+        for key in order:
+            if key not in self._available:
+                raise ConfigError(f"unknown substep '{key}' (valid: {', '.join(self._available) or 'none'})."
+                                  + did_you_mean(key, self._available))
+        if not order:
+            raise ConfigError(f"model '{self.name}' needs at least one substep (valid: {list(self._available)})")
+        return order
 
-    def configure(self, params: Mapping[str, Any] | None = None,
-                  substeps: Iterable[str] | None = None) -> Model:
-        """A copy with parameters overridden and, optionally, a new substep order.
+    def configure(self, params: Mapping[str, Any] | None = None, substeps: Iterable[str] | None = None) -> Model:
+        """A copy with parameters overridden and, optionally, a new substep order (by name).
 
         Raises:
             ConfigError: unknown / missing / mistyped parameter, unknown substep.
         """
         new = Model.__new__(Model)
         new.__dict__.update(self.__dict__)
-        merged = {**self.params, **dict(params or {})}
-        for k in dict(params or {}):
-            if k not in self.param_spec.params:
-                raise ConfigError(f"unknown parameter '{k}' for model '{self.name}' "
-                                  f"(valid: {', '.join(self.param_spec.params)})."
-                                  + did_you_mean(k, self.param_spec.params))
-        new.params = self.param_spec.resolve(merged)
-        new.substeps = self._resolve_substeps(substeps) if substeps is not None else list(self.substeps)
-        new.timings = None
+        new._overrides = {**self._overrides, **dict(params or {})}
+        new._resolved = None
+        new.params  # noqa: B018  validate now
+        if substeps is not None:
+            new._order = new._check_order(substeps)
         return new
+
+    def same_definition(self, other: object) -> bool:
+        """Whether ``other`` is this model or a configured copy of the same definition."""
+        return isinstance(other, Model) and other.definition is self.definition
+
+    # ------------------------------------------------------------------ what the engine calls
+    def check_ready(self) -> None:
+        """Raise a ConfigError if the model cannot run (no init, no substep)."""
+        if self.init_fn is None:
+            raise ConfigError(f"model '{self.name}' has no init: declare one with @model.init or init=")
+        if not self.substeps:
+            raise ConfigError(f"model '{self.name}' has no substep: declare one with @model.substep(...)")
+
+    def build(self, ic: InitContext) -> tuple[State, Any]:
+        """Run ``init``: the state at step 0 and the space."""
+        self.check_ready()
+        assert self.init_fn is not None
+        if self.legacy:
+            state, space = self.init_fn(ic)
+            return state, space
+        space = self.init_fn(ic)
+        if isinstance(space, tuple):
+            raise ConfigError(f"model '{self.name}': init returns the space (got a tuple; populations are added "
+                              "with ic.add(...))")
+        return ic.state(), space
+
+    def metric_sums(self, mc: MetricsContext) -> MetricSums:
+        """This rank's exact metric sums (see :mod:`agentsim.metrics`)."""
+        return local_sums(self._metrics, mc)
+
+    def metric_row(self, step: int, sums: MetricSums) -> dict[str, Any]:
+        """The metrics of ``step`` from the global sums."""
+        return metric_row(step, sums, self._metrics, self._derived)
 
     def validate_state(self, state: State) -> None:
         """Check that every declared field reference exists in ``state`` (run start)."""
@@ -155,28 +305,30 @@ class Model:
             for pop in (*s.births, *s.deaths):
                 state[pop]
 
-    def plan(self) -> str:
-        """The execution order as a table: reads, writes, neighbors, births/deaths and,
-        after a run, mean milliseconds per step and share of the step time."""
+    def plan(self, timings: Mapping[str, float] | None = None) -> str:
+        """The execution order as a table: reads, writes, neighbors, births/deaths and, given the
+        ``timings`` of a run (substep to mean seconds per step), milliseconds per step and share."""
         head = ["#", "substep", "reads", "writes", "neighbors", "births/deaths"]
-        if self.timings:
+        if timings:
             head += ["ms/step", "share"]
         rows = []
-        total = sum(self.timings.values()) if self.timings else 0.0
+        total = sum(timings.values()) if timings else 0.0
         for i, s in enumerate(self.substeps, 1):
             nb = "; ".join(f"{p}:{','.join(f)}" for p, f in s.neighbors.items())
             nb = f"{nb} (reach {s.reach})" if nb else nb
             bd = ", ".join([f"+{p}" for p in s.births] + [f"-{p}" for p in s.deaths])
             row = [str(i), s.name, ", ".join(s.reads) or "-", ", ".join(s.writes) or "-", nb or "-", bd or "-"]
-            if self.timings:
-                ms = self.timings.get(s.name, 0.0) * 1e3
-                row += [f"{ms:.3f}", f"{(self.timings.get(s.name, 0.0) / total if total else 0):.1%}"]
+            if timings:
+                seconds = timings.get(s.name, 0.0)
+                row += [f"{seconds * 1e3:.3f}", f"{(seconds / total if total else 0):.1%}"]
             rows.append(row)
         widths = [max(len(r[c]) for r in [head, *rows]) for c in range(len(head))]
-        fmt = lambda r: "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()  # noqa: E731
-        lines = [f"model {self.name}: {self.description}", fmt(head), fmt(["-" * w for w in widths])]
-        lines += [fmt(r) for r in rows]
-        return "\n".join(lines)
+
+        def fmt(r: list[str]) -> str:
+            return "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+
+        title = f"model {self.name}: {self.description}" if self.description else f"model {self.name}"
+        return "\n".join([title, fmt(head), fmt(["-" * w for w in widths]), *[fmt(r) for r in rows]])
 
     def __repr__(self) -> str:
         return f"Model('{self.name}', substeps={[s.name for s in self.substeps]})"

@@ -66,6 +66,7 @@ __all__ = [
     "segment_sum",
     "set_backend",
     "take_rows",
+    "tensor_version",
     "to_fixed",
 ]
 
@@ -458,3 +459,9 @@ def scatter_sum_exact(src: Tensor, index: Tensor, dim_size: int, frac_bits: int 
 
 
 _init_backend_from_env()
+
+
+def tensor_version(t: Tensor) -> int:
+    """The version counter of ``t``: it grows with every in-place modification (how the engine
+    finds a substep that modified a field it only reads). torch has no public name for it."""
+    return int(t._version)  # noqa: SLF001  torch's own counter; no public accessor exists

@@ -182,31 +182,72 @@ class CounterRNG:
         """Boolean draws that are True with probability ``p``."""
         return self.uniform(ids, step, stream, draw) < p
 
-    def at(self, step: int) -> StepRNG:
-        """A view of this generator with the step fixed (what substeps receive)."""
-        return StepRNG(self, step)
+    def at(self, step: int, stream: int | str | None = None) -> StepRNG:
+        """A view of this generator with the step fixed (what substeps receive); ``stream`` is the
+        default stream of its draws (substeps: the substep's name)."""
+        return StepRNG(self, step, stream)
 
 
 class StepRNG:
-    """A :class:`CounterRNG` bound to one step: ``rng.uniform(ids, "move")``."""
+    """A :class:`CounterRNG` bound to one step, with a default stream.
 
-    def __init__(self, rng: CounterRNG, step: int) -> None:
+    ``rng.uniform(ids)`` draws from the default stream (in a substep, the substep's name;
+    in ``init``, ``"init"``); ``rng.uniform(ids, "move")`` from a named one. Two calls with
+    the same ids, stream and ``draw`` give the same numbers (that is what makes them
+    independent of rank and row order): give each use its own stream or draw index.
+
+    Examples:
+        >>> import torch
+        >>> rng = CounterRNG(seed=7).at(step=3, stream="move")
+        >>> uid = torch.arange(4)
+        >>> bool(torch.equal(rng.uniform(uid), CounterRNG(7).uniform(uid, 3, "move")))
+        True
+    """
+
+    def __init__(self, rng: CounterRNG, step: int, stream: int | str | None = None) -> None:
         self.rng = rng
         self.step = step
+        self.stream = stream
 
-    def bits(self, ids: Tensor, stream: int | str, draw: int = 0, draws: int | None = None) -> Tensor:
-        return self.rng.bits(ids, self.step, stream, draw, draws)
+    def __repr__(self) -> str:
+        return f"StepRNG(seed={self.rng.seed}, step={self.step}, stream={self.stream!r})"
 
-    def uniform(self, ids: Tensor, stream: int | str, draw: int = 0, draws: int | None = None,
+    @property
+    def seed(self) -> int:
+        """The run seed."""
+        return self.rng.seed
+
+    def _stream(self, stream: int | str | None) -> int | str:
+        if stream is not None:
+            return stream
+        if self.stream is None:
+            raise ValueError("this generator has no default stream: name one (rng.uniform(ids, 'stream'))")
+        return self.stream
+
+    def bits(self, ids: Tensor, stream: int | str | None = None, draw: int = 0, draws: int | None = None) -> Tensor:
+        """Raw 64 random bits per id as int64 (see :meth:`CounterRNG.bits`)."""
+        return self.rng.bits(ids, self.step, self._stream(stream), draw, draws)
+
+    def uniform(self, ids: Tensor, stream: int | str | None = None, draw: int = 0, draws: int | None = None,
                 dtype: torch.dtype = torch.float64) -> Tensor:
-        return self.rng.uniform(ids, self.step, stream, draw, draws, dtype)
+        """Uniform numbers in ``[0, 1)`` (see :meth:`CounterRNG.uniform`)."""
+        return self.rng.uniform(ids, self.step, self._stream(stream), draw, draws, dtype)
 
-    def normal(self, ids: Tensor, stream: int | str, draw: int = 0, draws: int | None = None,
+    def normal(self, ids: Tensor, stream: int | str | None = None, draw: int = 0, draws: int | None = None,
                dtype: torch.dtype = torch.float64) -> Tensor:
-        return self.rng.normal(ids, self.step, stream, draw, draws, dtype)
+        """Standard normal numbers (see :meth:`CounterRNG.normal`)."""
+        return self.rng.normal(ids, self.step, self._stream(stream), draw, draws, dtype)
 
-    def integers(self, ids: Tensor, stream: int | str, high: int | Tensor, draw: int = 0) -> Tensor:
-        return self.rng.integers(ids, self.step, stream, high, draw)
+    def integers(self, ids: Tensor, stream: int | str | None = None, high: int | Tensor | None = None,
+                 draw: int = 0) -> Tensor:
+        """Integers in ``[0, high)`` (see :meth:`CounterRNG.integers`)."""
+        if high is None:
+            raise ValueError("integers: high is required (rng.integers(ids, high=n))")
+        return self.rng.integers(ids, self.step, self._stream(stream), high, draw)
 
-    def bernoulli(self, ids: Tensor, stream: int | str, p: float | Tensor, draw: int = 0) -> Tensor:
-        return self.rng.bernoulli(ids, self.step, stream, p, draw)
+    def bernoulli(self, ids: Tensor, stream: int | str | None = None, p: float | Tensor | None = None,
+                  draw: int = 0) -> Tensor:
+        """Booleans that are True with probability ``p`` (see :meth:`CounterRNG.bernoulli`)."""
+        if p is None:
+            raise ValueError("bernoulli: p is required (rng.bernoulli(ids, p=0.5))")
+        return self.rng.bernoulli(ids, self.step, self._stream(stream), p, draw)

@@ -28,29 +28,31 @@ It declares, when registered:
 The engine enforces the declaration: reading or writing an undeclared field, or
 modifying a read-only tensor in place, raises :class:`~agentsim.errors.FieldAccessError`.
 
-A :class:`Registry` belongs to one model (there is no process-wide registry), so
-two models may both define ``move`` without clashing.
+Declare a substep with the :meth:`Model.substep <agentsim.model.Model.substep>` decorator,
+or build one with :class:`Substep` (``Substep(move, writes=["walker.pos"])``) and pass it to
+``Model(..., substeps=[...])``. Writing a field implies reading it. The deprecated
+:class:`Registry` of earlier releases still works for this release.
 
 Examples:
-    >>> registry = Registry()
-    >>> @registry.substep(reads=["walker.pos"], writes=["walker.pos"])
-    ... def move(ctx):
+    >>> def move(ctx):
     ...     walkers = ctx["walker"]
     ...     walkers["pos"] = walkers["pos"] + 1.0
-    >>> registry["move"].writes
-    ('walker.pos',)
+    >>> step = Substep(move, writes=["walker.pos"])
+    >>> step.name, step.writes, sorted(step.readable("walker"))
+    ('move', ('walker.pos',), ['pos', 'uid'])
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
-    from .engine import Context
+    from .context import Context
 
 ENV = "env"
 
@@ -86,10 +88,10 @@ def resolve_reach(substep: Substep, params: Mapping[str, object]) -> tuple[str, 
         ConfigError: the reach names a parameter that ``params`` does not have.
 
     Examples:
-        >>> step = Substep("look", lambda ctx: None, reach="vision")
-        >>> resolve_reach(step, {"vision": 10.0})
+        >>> def look(ctx): ...
+        >>> resolve_reach(Substep(look, reach="vision"), {"vision": 10.0})
         ('length', 10.0)
-        >>> resolve_reach(Substep("nb", lambda ctx: None, reach="moore:2"), {})
+        >>> resolve_reach(Substep(look, reach="moore:2"), {})
         ('moore', 2.0)
     """
     reach = substep.reach
@@ -112,22 +114,98 @@ def resolve_reach(substep: Substep, params: Mapping[str, object]) -> tuple[str, 
     return "length", float(reach)
 
 
-@dataclass(frozen=True)
+_LEGACY_FIELDS = ("reads", "writes", "neighbors", "births", "deaths", "doc", "reach", "agentwise")
+
+
+def _refs(what: str, name: str, refs: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(refs, str):
+        raise ConfigError(f"substep '{name}': {what}: expected a list of 'population.field' (got the string {refs!r})")
+    out = tuple(refs)
+    for ref in out:
+        split_ref(ref)
+    return out
+
+
+def _names(what: str, name: str, pops: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(pops, str):
+        raise ConfigError(f"substep '{name}': {what}: expected a list of population names (got the string {pops!r})")
+    return tuple(pops)
+
+
+@dataclass(frozen=True, init=False, eq=False)
 class Substep:
-    """A registered substep and its declared data flow."""
+    """A substep: a function ``fn(ctx) -> None`` and its declared data flow.
+
+    Args:
+        fn: The function; ``ctx`` is an :class:`~agentsim.context.Context`.
+        name: Default: ``fn.__name__``.
+        reads, writes: Field references ``"population.field"`` or ``"env.name"`` (writes imply reads).
+        neighbors: Population to the fields read from other agents through ``ctx.neighbors``.
+        births, deaths: Populations it may add agents to (``ctx.spawn``) or remove from (``ctx.kill``).
+        reach: How far the neighbors it reads can be (see the module docstring).
+        agentwise: The promise described in the module docstring.
+
+    ``Substep(name, fn, reads, writes, ...)``, the positional form of earlier releases, still works.
+    """
 
     name: str
     fn: SubstepFn
-    reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ()
-    neighbors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    births: tuple[str, ...] = ()
-    deaths: tuple[str, ...] = ()
-    doc: str = ""
-    reach: str | float = "global"
-    agentwise: bool = False
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    neighbors: Mapping[str, tuple[str, ...]]
+    births: tuple[str, ...]
+    deaths: tuple[str, ...]
+    doc: str
+    reach: str | float
+    agentwise: bool
+
+    def __init__(self, fn: SubstepFn | str, *args: Any, name: str | None = None, reads: Iterable[str] = (),
+                 writes: Iterable[str] = (), neighbors: Mapping[str, Iterable[str]] | None = None,
+                 births: Iterable[str] = (), deaths: Iterable[str] = (), reach: str | float = "global",
+                 agentwise: bool = False, doc: str | None = None) -> None:
+        if isinstance(fn, str):  # Substep(name, fn, reads, writes, ...) of earlier releases
+            if not args:
+                raise ConfigError(f"Substep({fn!r}, ...): expected the function after the name")
+            name, fn, rest = fn, args[0], args[1:]
+            if len(rest) > len(_LEGACY_FIELDS):
+                raise ConfigError(f"substep '{name}': too many positional arguments")
+            values = dict(zip(_LEGACY_FIELDS, rest))
+            reads, writes = values.get("reads", reads), values.get("writes", writes)
+            neighbors, births = values.get("neighbors", neighbors), values.get("births", births)
+            deaths, doc = values.get("deaths", deaths), values.get("doc", doc)
+            reach, agentwise = values.get("reach", reach), values.get("agentwise", agentwise)
+        elif args:
+            raise ConfigError("Substep(fn, ...): declarations are keyword arguments (reads=, writes=, neighbors=, ...)")
+        if not callable(fn):
+            raise ConfigError(f"substep: expected a function fn(ctx) (got {fn!r})")
+        key = name or getattr(fn, "__name__", None)
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"a substep needs a name: pass name= (got {key!r})")
+        if neighbors is not None and not isinstance(neighbors, Mapping):
+            raise ConfigError(f"substep '{key}': neighbors: expected {{population: [fields]}} (got {neighbors!r})")
+        nb = {pop: _names(f"neighbors[{pop!r}]", key, fields) for pop, fields in (neighbors or {}).items()}
+        check_reach(reach)
+        if not isinstance(agentwise, bool):
+            raise ConfigError(f"substep '{key}': agentwise: expected True or False (got {agentwise!r})")
+        text = (fn.__doc__ or "").strip().split("\n")[0] if doc is None else doc
+        values = {"name": key, "fn": fn, "reads": _refs("reads", key, reads), "writes": _refs("writes", key, writes),
+                  "neighbors": nb, "births": _names("births", key, births), "deaths": _names("deaths", key, deaths),
+                  "doc": text, "reach": reach, "agentwise": agentwise}
+        for field_name, value in values.items():
+            object.__setattr__(self, field_name, value)
+        if agentwise:
+            written = self.written_populations()
+            if ENV in written or len(written) > 1 or self.births or self.deaths:
+                raise ConfigError(
+                    f"substep '{key}': agentwise=True needs writes of one population only and no env "
+                    f"writes, births or deaths (got writes={list(self.writes)}, births={list(self.births)}, "
+                    f"deaths={list(self.deaths)})")
+
+    def __repr__(self) -> str:
+        return f"Substep({self.name!r}, reads={list(self.reads)}, writes={list(self.writes)})"
 
     def touches(self, population: str) -> bool:
+        """Whether the substep declares anything of ``population``."""
         refs = (*self.reads, *self.writes)
         return (any(split_ref(r)[0] == population for r in refs) or population in self.neighbors
                 or population in self.births or population in self.deaths)
@@ -138,6 +216,7 @@ class Substep:
         return own | set(self.neighbors.get(population, ())) | {"uid"}
 
     def writable(self, population: str) -> set[str]:
+        """Fields of ``population`` (or ``ENV``) this substep may write."""
         return {split_ref(r)[1] for r in self.writes if split_ref(r)[0] == population}
 
     def written_populations(self) -> set[str]:
@@ -148,53 +227,42 @@ class Substep:
         self.fn(ctx)
 
 
+def substep_decorator(add: Callable[[Substep], object], name: str | Callable[..., None] | None = None,
+                      **declarations: Any) -> Any:
+    """``@owner.substep`` and ``@owner.substep(name=None, reads=..., ...)``: build the
+    :class:`Substep` and hand it to ``add``; the decorated name is bound to the Substep."""
+
+    def register(fn: SubstepFn) -> Substep:
+        step = Substep(fn, name=name if isinstance(name, str) else None, **declarations)
+        add(step)
+        return step
+
+    if callable(name):  # bare @owner.substep
+        fn, name = name, None
+        return register(fn)
+    return register
+
+
 class Registry:
-    """The substeps a model can use, by name. One registry per model module."""
+    """Deprecated: substeps by name for the positional ``Model(name, registry, ...)`` form.
+
+    Declare substeps on the model instead (``@model.substep(...)``, see :class:`~agentsim.model.Model`).
+    """
 
     def __init__(self) -> None:
+        warnings.warn("Registry is deprecated and will be removed in the next release: declare substeps with "
+                      "@model.substep(...) on an agentsim.Model", DeprecationWarning, stacklevel=2)
         self._substeps: dict[str, Substep] = {}
 
-    def substep(
-        self,
-        name: str | None = None,
-        *,
-        reads: Iterable[str] = (),
-        writes: Iterable[str] = (),
-        neighbors: Mapping[str, Iterable[str]] | None = None,
-        births: Iterable[str] = (),
-        deaths: Iterable[str] = (),
-        reach: str | float = "global",
-        agentwise: bool = False,
-    ) -> Callable[[SubstepFn], Substep]:
-        """Decorator that registers ``fn`` as a substep (see the module docstring)."""
+    def add(self, step: Substep) -> None:
+        """Register ``step`` under its name."""
+        if step.name in self._substeps:
+            raise ConfigError(f"substep '{step.name}' is already registered in this registry")
+        self._substeps[step.name] = step
 
-        def register(fn: SubstepFn) -> Substep:
-            key = name or getattr(fn, "__name__", None)
-            if not key:
-                raise ConfigError("a substep needs a name")
-            if key in self._substeps:
-                raise ConfigError(f"substep '{key}' is already registered in this registry")
-            reads_t, writes_t = tuple(reads), tuple(writes)
-            for ref in (*reads_t, *writes_t):
-                split_ref(ref)
-            nb = {pop: tuple(fields) for pop, fields in (neighbors or {}).items()}
-            check_reach(reach)
-            births_t, deaths_t = tuple(births), tuple(deaths)
-            if not isinstance(agentwise, bool):
-                raise ConfigError(f"substep '{key}': agentwise: expected True or False (got {agentwise!r})")
-            step = Substep(key, fn, reads_t, writes_t, nb, births_t, deaths_t,
-                           (fn.__doc__ or "").strip().split("\n")[0], reach, agentwise)
-            if agentwise:
-                written = step.written_populations()
-                if ENV in written or len(written) > 1 or births_t or deaths_t:
-                    raise ConfigError(
-                        f"substep '{key}': agentwise=True needs writes of one population only and no env "
-                        f"writes, births or deaths (got writes={list(writes_t)}, births={list(births_t)}, "
-                        f"deaths={list(deaths_t)})")
-            self._substeps[key] = step
-            return step
-
-        return register
+    def substep(self, name: str | None = None, **declarations: Any) -> Callable[[SubstepFn], Substep]:
+        """Decorator that registers ``fn`` as a substep (see :class:`Substep` for the declarations)."""
+        return substep_decorator(self.add, name, **declarations)  # type: ignore[no-any-return]
 
     def __getitem__(self, name: str) -> Substep:
         try:
@@ -212,4 +280,5 @@ class Registry:
         return iter(self._substeps)
 
     def names(self) -> list[str]:
+        """The registered names, in registration order."""
         return list(self._substeps)

@@ -225,8 +225,10 @@ def test_compose_substeps_by_name_and_plan():
         make_model().configure(substeps=["explode"])
     text = m.plan()
     assert "grow" in text and "cell.size" in text and "-cell" in text and "ms/step" not in text
-    Simulation(m, agents=50).run(3)
-    assert "ms/step" in m.plan()
+    result = Simulation(m, agents=50).run(3)
+    # A run never changes the model: its timings live on the result.
+    assert "ms/step" not in m.plan() and m.plan() == text
+    assert "ms/step" in result.plan() and set(result.timings) == {"grow", "cull"}
 
 
 def test_bad_run_arguments():

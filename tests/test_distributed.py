@@ -1,10 +1,7 @@
 """Multi-rank runs with the data partitioner: bitwise identical to one process; failures reported.
 
 Path equivalence: every model runs on world sizes 1, 2, 3 and 4 and must give the
-same bits as a one-process run: metrics, final agent fields sorted by uid, and the
-HDF5 ``/agents``, ``/env`` and ``/metrics`` datasets. To keep the test fast, ONE job
-of 4 gloo ranks runs every model on sub-groups of 2, 3 and 4 ranks (process start-up
-dominates the cost).
+same bits as a one-process run (see equivalence.py; the fixtures are in conftest.py).
 """
 
 from __future__ import annotations
@@ -16,124 +13,42 @@ import h5py
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
+from equivalence import WORLD_SIZES, Case, assert_same_bits, check_same_as_reference, h5_datasets, run_cases
 
-from agentsim import (AgentsimError, ConfigError, FieldSpec, Model, ParamSpec, Population, Registry, Simulation,
-                      State, get_model, launch)
+import agentsim as asim
+from agentsim import AgentsimError, ConfigError, Simulation, get_model, launch
 from agentsim.cli import main as cli_main
 from agentsim.comm import LocalComm
-from agentsim.distributed import DataPartition, DistributedSimulation, TorchComm, run_ranks
+from agentsim.distributed import DataPartition, run_ranks
 from agentsim.distributed.comm import pack_rows, row_counts, unpack_rows
 
+PARTITION = "data"
 # Agents per model: small, but enough for every rank to hold agents, neighbors across
 # ranks, and (wolfsheep) births and deaths on several ranks.
-CASES = {"sir": 2000, "boids": 1000, "schelling": 1500, "wolfsheep": 300, "randomwalk": 1000}
+SIZES = {"sir": 2000, "boids": 1000, "schelling": 1500, "wolfsheep": 300, "randomwalk": 1000}
 # And tiny runs, in which some ranks hold no agents at all.
 TINY = {"boids": 3, "wolfsheep": 12, "randomwalk": 2}
 # Stale neighbor reads (sync_every = 3): still the same bits on any number of ranks.
 STALE = {"sir": 2000, "boids": 1000, "schelling": 1500, "wolfsheep": 300}
 SYNC = 3
-RUNS = ([(name, n, 1) for name, n in [*CASES.items(), *TINY.items()]]
-        + [(name, n, SYNC) for name, n in STALE.items()])  # (model, agents, sync_every)
-STEPS = 15
-EVERY = 5
-SEED = 7
-WORLD_SIZES = (2, 3, 4)
-
-
-def sorted_fields(fields: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    order = torch.argsort(fields["uid"])
-    return {k: v[order].cpu().numpy() for k, v in fields.items()}
-
-
-def h5_datasets(path: str) -> dict[str, np.ndarray]:
-    """Every dataset under /agents, /env and /metrics (what must match bit for bit)."""
-    out: dict[str, np.ndarray] = {}
-    with h5py.File(path, "r") as f:
-        for group in ("agents", "env", "metrics"):
-            if group in f:
-                f[group].visititems(
-                    lambda name, obj, g=group: out.__setitem__(f"{g}/{name}", obj[...])
-                    if isinstance(obj, h5py.Dataset) else None)
-    return out
-
-
-def assert_same_bits(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str) -> None:
-    assert sorted(a) == sorted(b), what
-    for k in a:
-        x, y = np.asarray(a[k]), np.asarray(b[k])
-        assert x.dtype == y.dtype and x.shape == y.shape, f"{what}: {k} {x.dtype}{x.shape} vs {y.dtype}{y.shape}"
-        assert x.tobytes() == y.tobytes(), f"{what}: {k} differs"
-
-
-def run_models(comm, out_dir: str) -> dict | None:
-    """Every model on this comm's ranks; rank 0 returns metrics and final agents sorted by uid."""
-    results = {}
-    for name, n, sync in RUNS:
-        sim = DistributedSimulation(get_model(name), agents=n, seed=SEED, comm=comm, partition="data",
-                                    sync_every=sync)
-        path = os.path.join(out_dir, f"{name}_{n}_s{sync}_w{comm.world_size}.h5")
-        result = sim.run(STEPS, out=path, every=EVERY)
-        agents = {pop: comm.gather_rows(p.fields()) for pop, p in sim.state.populations.items()}
-        if comm.rank == 0:
-            results[name, n, sync] = {"metrics": result.metrics, "path": path, "perf": sim.perf_steps,
-                                      "agents": {pop: sorted_fields(f) for pop, f in agents.items()},
-                                      "local": {pop: p.n for pop, p in sim.state.populations.items()}}
-    return results if comm.rank == 0 else None
-
-
-def run_on_subgroups(comm, out_dir: str) -> dict | None:
-    """On a 4-rank job: run_models on ranks {0, 1}, then {0, 1, 2}, then all four."""
-    groups = {w: dist.new_group(list(range(w))) for w in WORLD_SIZES}  # every rank creates every group
-    out = {}
-    for w in WORLD_SIZES:
-        if comm.rank < w:
-            out[w] = run_models(TorchComm(group=groups[w]), out_dir)
-        dist.barrier()
-    return out if comm.rank == 0 else None
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One-process runs (plain Simulation, no partitioner)."""
-    out_dir = tmp_path_factory.mktemp("reference")
-    ref = {}
-    for name, n, sync in RUNS:
-        sim = Simulation(get_model(name), agents=n, seed=SEED, sync_every=sync)
-        path = str(out_dir / f"{name}_{n}_s{sync}.h5")
-        result = sim.run(STEPS, out=path, every=EVERY)
-        ref[name, n, sync] = {"metrics": result.metrics, "path": path,
-                     "agents": {pop: sorted_fields(p.fields()) for pop, p in sim.state.populations.items()}}
-    return ref
-
-
-@pytest.fixture(scope="module")
-def multi_rank(tmp_path_factory):
-    out_dir = str(tmp_path_factory.mktemp("multi_rank"))
-    return run_ranks(run_on_subgroups, 4, (out_dir,), timeout=120.0)[0]
-
-
-def check_same_as_reference(ref: dict, got: dict, what: str) -> None:
-    assert_same_bits(ref["metrics"], got["metrics"], f"{what} metrics")
-    assert sorted(ref["agents"]) == sorted(got["agents"])
-    for pop in ref["agents"]:
-        assert_same_bits(ref["agents"][pop], got["agents"][pop], f"{what} final {pop}")
-    assert_same_bits(h5_datasets(ref["path"]), h5_datasets(got["path"]), f"{what} HDF5")
+CASES = ([Case(name, name, n) for name, n in SIZES.items()]
+         + [Case(f"{name}-tiny", name, n) for name, n in TINY.items()]
+         + [Case(f"{name}-stale", name, n, sync_every=SYNC) for name, n in STALE.items()])
 
 
 @pytest.mark.timeout(60)
 def test_world_size_1_with_data_partition_is_the_one_process_run(reference, tmp_path):
-    got = run_models(LocalComm(), str(tmp_path))
-    for run in RUNS:
-        check_same_as_reference(reference[run], got[run], f"{run} W=1")
+    got = run_cases(LocalComm(), CASES, PARTITION, str(tmp_path))
+    for case in CASES:
+        check_same_as_reference(reference[case.key], got[case.key], f"{case.key} W=1")
 
 
 @pytest.mark.timeout(150)
 def test_data_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_rank):
     for w in WORLD_SIZES:
-        for run in RUNS:
-            got = multi_rank[w][run]
-            check_same_as_reference(reference[run], got, f"{run} W={w}")
+        for case in CASES:
+            got = multi_rank[w][case.key]
+            check_same_as_reference(reference[case.key], got, f"{case.key} W={w}")
             with h5py.File(got["path"], "r") as f:
                 assert f.attrs["world_size"] == w and f.attrs["completed"]
             # Really split: rank 0 held only its share at the end.
@@ -141,15 +56,15 @@ def test_data_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_ran
                 assert n_local < len(got["agents"][pop]["uid"]) or len(got["agents"][pop]["uid"]) <= 1
         # sync_every = 3: neighbor halos travel on refresh steps (1, 4, 7, ...) only.
         for name in STALE:
-            halo = [p["halo/rows"] for p in multi_rank[w][name, STALE[name], SYNC]["perf"]]
+            halo = [p["halo/rows"] for p in multi_rank[w][f"{name}-stale"]["perf"]]
             assert all((h > 0) == (step % SYNC == 0) for step, h in enumerate(halo)), (name, w, halo)
     # Births and deaths happened (the uid bookkeeping across ranks was exercised).
-    ws = reference["wolfsheep", CASES["wolfsheep"], 1]
-    for pop, first_uid in (("sheep", 0), ("wolf", 1 << 40)):
+    ws = reference["wolfsheep"]
+    for pop in ("sheep", "wolf"):
         n0 = int(ws["metrics"][f"n_{pop}"][0])
         uid = ws["agents"][pop]["uid"]
-        assert (uid >= first_uid + n0).any(), f"no {pop} born"
-        assert (uid < first_uid + n0).sum() < n0, f"no {pop} died"
+        assert (uid >= n0).any(), f"no {pop} born"
+        assert (uid < n0).sum() < n0, f"no {pop} died"
 
 
 # --------------------------------------------------------------------------- pieces
@@ -179,8 +94,8 @@ def test_data_partition_blocks_cover_every_row_once():
 
 def test_stale_runs_really_are_stale(reference):
     """sync_every = 3 changes every reference model's trajectory (and the same seed with 1 does not)."""
-    for name, n in STALE.items():
-        fresh, stale = reference[name, n, 1]["metrics"], reference[name, n, SYNC]["metrics"]
+    for name in STALE:
+        fresh, stale = reference[name]["metrics"], reference[f"{name}-stale"]["metrics"]
         assert any(not np.array_equal(fresh[k], stale[k]) for k in fresh), name
 
 
@@ -294,20 +209,20 @@ def nan_on_one_agent(comm):
     """uid 0 (on rank 0 of 2) gets a NaN size at step 3: every rank must raise at that step."""
     from agentsim import SimulationError
 
-    registry = Registry()
+    model = asim.Model("flagged")
 
-    @registry.substep(reads=["a.x"], writes=["a.x"], neighbors={"a": ["x"]})
-    def grow(ctx):
+    @model.substep(writes=["a.x"], neighbors={"a": ["x"]})
+    def grow(ctx: asim.Context) -> None:
         a = ctx["a"]
         x = a["x"] + ctx.neighbors("a")["x"].sum() * 0
         a["x"] = torch.where((a["uid"] == 0) & (ctx.step == 3), float("nan"), x)
 
-    def init(ic):
-        uid = torch.arange(ic.n_agents)
-        return State({"a": Population("a", {"x": FieldSpec(torch.float64)}, {"uid": uid, "x": uid * 1.0})}), None
+    @model.init
+    def init(ic: asim.InitContext) -> None:
+        uid = ic.uids("a", ic.n_agents)
+        ic.add("a", uid=uid, x=uid.to(torch.float64))
 
-    model = Model("flagged", registry, ["grow"], ParamSpec({}), init)
-    sim = DistributedSimulation(model, agents=10, comm=comm, partition="data")
+    sim = Simulation(model, agents=10, comm=comm, partition="data")
     try:
         sim.run(6)
     except SimulationError as e:

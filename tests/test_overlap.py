@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_distributed import assert_same_bits, sorted_fields
+from equivalence import assert_same_bits, sorted_fields
 
-from agentsim import ConfigError, FieldAccessError, Simulation, get_model
+import agentsim as asim
+from agentsim import ConfigError, FieldAccessError, Simulation, Substep, get_model
 from agentsim.comm import LocalComm
-from agentsim.distributed import DistributedSimulation, SpatialPartition, run_ranks
+from agentsim.distributed import SpatialPartition, run_ranks
 from agentsim.distributed import overlap as overlap_mod
 from agentsim.distributed.comm import TorchComm
-from agentsim.model import Model
-from agentsim.params import ParamSpec
 from agentsim.space.continuous import Box, radius_pairs
 from agentsim.state import FieldSpec, Population, State
-from agentsim.substep import Registry
 
 AGENTS, STEPS, SEED = 800, 8, 5
 
@@ -47,14 +45,14 @@ def run_boids(comm, force: str) -> dict | None:
 
     TorchComm.post_all_to_all = counted
     balance = {"balance_every": 2, "balance_threshold": 1.0} if force == "balance" else {}
-    sim = DistributedSimulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm,
-                                partition="spatial", layout="rcb", **balance)
-    assert sim.overlap is not None
+    sim = Simulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial", layout="rcb",
+                     **balance)
+    assert sim.partition.overlap is not None
     result = sim.run(STEPS)
     agents = comm.gather_rows(sim.state["boid"].fields())
     if comm.rank != 0:
         return None
-    return {"metrics": result.metrics, "agents": sorted_fields(agents), "posts": posts["n"], "perf": sim.perf_steps}
+    return {"metrics": result.metrics, "agents": sorted_fields(agents), "posts": posts["n"], "perf": result.perf}
 
 
 @pytest.mark.timeout(120)
@@ -73,16 +71,16 @@ def test_forced_rare_paths_keep_the_one_process_bits(force):
 
 def run_boids_sorted_often(comm):
     """Boids with rows sorted by cell every 3 steps; counts the steps whose exchange overlapped."""
-    sim = DistributedSimulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial",
-                                sort_every=3)
+    sim = Simulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial", sort_every=3)
     splits = []
-    run_split = sim._run_split
+    ov = sim.partition.overlap
+    run_split = ov.run_split
 
-    def counted(s):
+    def counted(*args):
         splits.append(sim.state.step)
-        return run_split(s)
+        return run_split(*args)
 
-    sim._run_split = counted  # type: ignore[method-assign]
+    ov.run_split = counted
     result = sim.run(STEPS)
     agents = comm.gather_rows(sim.state["boid"].fields())
     return None if comm.rank else (result.metrics, sorted_fields(agents), splits)
@@ -100,7 +98,7 @@ def test_sorting_rows_by_cell_does_not_stop_the_overlap():
 
 
 # --------------------------------------------------------------------------- deep arrivals
-def jumping_model(pairs: bool = False, shared: bool = False) -> Model:
+def jumping_model(pairs: bool = False, shared: bool = False) -> asim.Model:
     """Agents in a periodic box: ``mix`` (agentwise) adds a tenth of each neighbor's ``x``
     within 1.0 (float sums in pair order: any change of neighbors or order changes bits);
     ``jump`` moves every agent up to 4 units along x (random), so arrivals land deep inside
@@ -111,11 +109,11 @@ def jumping_model(pairs: bool = False, shared: bool = False) -> Model:
     agent with no neighbor (never, on one process; on a rank, a pair that straddles a
     border has none before the halo arrives). With ``shared``, ``mix`` also writes ``y``: the
     same tensor object as ``x``."""
-    registry = Registry()
+    model = asim.Model("jumping")
 
-    @registry.substep(reads=["a.x", "a.pos"], writes=["a.x", "a.y"], neighbors={"a": ["x", "pos"]}, reach=1.0,
-                      agentwise=True)
-    def mix(ctx):
+    @model.substep(reads=["a.x", "a.pos"], writes=["a.x", "a.y"], neighbors={"a": ["x", "pos"]}, reach=1.0,
+                   agentwise=True)
+    def mix(ctx: asim.Context) -> None:
         a, nb = ctx["a"], ctx.neighbors("a")
         i, j = radius_pairs(nb["pos"], ctx.space, 1.0, uid=nb["uid"], n_query=nb.n_local)
         a["x"] = a["x"] + torch.zeros_like(a["x"]).index_add_(0, i, nb["x"][j] * 0.1)
@@ -123,41 +121,42 @@ def jumping_model(pairs: bool = False, shared: bool = False) -> Model:
         if pairs:
             ctx.flag("an agent with no neighbor", torch.bincount(i, minlength=nb.n_local) == 0)
 
-    @registry.substep(reads=["a.pos"], writes=["a.pos"])
-    def jump(ctx):
+    @model.substep(writes=["a.pos"])
+    def jump(ctx: asim.Context) -> None:
         a = ctx["a"]
         dx = ctx.rng.uniform(a["uid"] // 2 if pairs else a["uid"], "jump", dtype=torch.float32) * 8 - 4
         a["pos"] = ctx.space.wrap(a["pos"] + torch.stack([dx, torch.zeros_like(dx)], -1))
 
-    def init(ic):
-        uid = torch.arange(ic.n_agents)
+    @model.init
+    def init(ic: asim.InitContext) -> Box:
+        uid = ic.uids("a", ic.n_agents)
         if pairs:
             pos = torch.stack([(uid // 2) * 0.37 % 9 + uid % 2 * 0.5, (uid // 2) * 2.0], -1)
             side = (10.0, 2.0 * ((ic.n_agents + 1) // 2))
         else:
             pos = torch.stack([uid * 10.0 / ic.n_agents, (uid * 7 % 13) * 4.0 / 13], -1)
             side = (10.0, 4.0)
-        pop = Population("a", {"x": FieldSpec(torch.float64), "y": FieldSpec(torch.float64),
-                               "pos": FieldSpec(torch.float32, (2,))},
-                         {"uid": uid, "x": uid * 1.0 + 0.1, "y": uid * 0.0, "pos": pos.to(torch.float32)})
-        return State({"a": pop}), Box(side, periodic=True)
+        ic.add("a", uid=uid, x=uid.to(torch.float64) + 0.1, y=torch.zeros(ic.n_agents, dtype=torch.float64),
+               pos=pos.to(torch.float32))
+        return Box(side, periodic=True)
 
-    return Model("jumping", registry, ["mix", "jump"], ParamSpec({}), init)
+    return model
 
 
 def run_jumping(comm, steps: int, shared: bool = False):
-    sim = DistributedSimulation(jumping_model(shared=shared), agents=400, seed=2, comm=comm, partition="spatial")
-    assert sim.overlap is not None
+    sim = Simulation(jumping_model(shared=shared), agents=400, seed=2, comm=comm, partition="spatial")
+    ov = sim.partition.overlap
+    assert ov is not None
     depths = []
-    complete = sim.overlap.complete
+    complete = ov.complete
 
     def record_depth(*args, **kwargs):
         heads = complete(*args, **kwargs)
-        if sim.overlap.arrived_dist.numel():
-            depths.append(float(sim.overlap.arrived_dist.max()))
+        if ov.arrived_dist.numel():
+            depths.append(float(ov.arrived_dist.max()))
         return heads
 
-    sim.overlap.complete = record_depth  # type: ignore[method-assign]
+    ov.complete = record_depth
     result = sim.run(steps)
     agents = comm.gather_rows(sim.state["a"].fields())
     return None if comm.rank else (result.metrics, sorted_fields(agents), max(depths))
@@ -181,31 +180,30 @@ def nan_in_agentwise_substep(comm):
     """uid 0 gets a NaN at step 3 in an overlapped substep: every rank raises, naming step 3."""
     from agentsim import SimulationError
 
-    registry = Registry()
+    model = asim.Model("flagged")
 
-    @registry.substep(reads=["a.x", "a.pos"], writes=["a.x"], neighbors={"a": ["x", "pos"]}, reach=1.0,
-                      agentwise=True)
-    def grow(ctx):
+    @model.substep(reads=["a.x", "a.pos"], writes=["a.x"], neighbors={"a": ["x", "pos"]}, reach=1.0,
+                   agentwise=True)
+    def grow(ctx: asim.Context) -> None:
         a = ctx["a"]
         nb = ctx.neighbors("a")
         x = a["x"] + nb["x"][: nb.n_local] * 0
         a["x"] = torch.where((a["uid"] == 0) & (ctx.step == 3), float("nan"), x)
 
-    @registry.substep(reads=["a.pos"], writes=["a.pos"])
-    def drift(ctx):
+    @model.substep(writes=["a.pos"])
+    def drift(ctx: asim.Context) -> None:
         a = ctx["a"]
         a["pos"] = ctx.space.wrap(a["pos"] + torch.tensor([0.7, 0.0]))
 
-    def init(ic):
-        uid = torch.arange(ic.n_agents)
+    @model.init
+    def init(ic: asim.InitContext) -> Box:
+        uid = ic.uids("a", ic.n_agents)
         pos = torch.stack([uid * 10.0 / ic.n_agents, uid % 3 * 1.0], -1)
-        pop = Population("a", {"x": FieldSpec(torch.float64), "pos": FieldSpec(torch.float32, (2,))},
-                         {"uid": uid, "x": uid * 1.0, "pos": pos})
-        return State({"a": pop}), Box((10.0, 3.0), periodic=True)
+        ic.add("a", uid=uid, x=uid.to(torch.float64), pos=pos.to(torch.float32))
+        return Box((10.0, 3.0), periodic=True)
 
-    model = Model("flagged", registry, ["grow", "drift"], ParamSpec({}), init)
-    sim = DistributedSimulation(model, agents=40, comm=comm, partition="spatial")
-    assert sim.overlap is not None
+    sim = Simulation(model, agents=40, comm=comm, partition="spatial")
+    assert sim.partition.overlap is not None
     try:
         sim.run(6)
     except SimulationError as e:
@@ -223,18 +221,18 @@ def test_a_flag_in_an_overlapped_step_is_raised_on_every_rank_naming_its_step():
 def run_pairs(comm, steps: int):
     """The pairs model on this rank; also how many agents had no neighbor on this rank
     in a run before the halo arrived (flags the engine must not raise)."""
-    sim = DistributedSimulation(jumping_model(pairs=True), agents=40, seed=1, comm=comm, partition="spatial",
-                                layout="strips")
+    sim = Simulation(jumping_model(pairs=True), agents=40, seed=1, comm=comm, partition="spatial", layout="strips")
     lonely = []
-    run_part = sim._run_part
+    ov = sim.partition.overlap
+    run_part = ov._run_part
 
-    def counted(s, name, targets, others):
-        out, flags = run_part(s, name, targets, others)
+    def counted(state, call, targets, others):
+        out, flags = run_part(state, call, targets, others)
         if others is None:
-            lonely.append(int(sum(f.sum() for _, f in flags)))
+            lonely.append(int(sum(f.condition.sum() for f in flags)))
         return out, flags
 
-    sim._run_part = counted  # type: ignore[method-assign]
+    ov._run_part = counted
     result = sim.run(steps)
     agents = comm.gather_rows(sim.state["a"].fields())
     return result.metrics, None if comm.rank else sorted_fields(agents), sum(lonely)
@@ -252,17 +250,18 @@ def test_per_agent_flags_of_an_overlapped_substep_count_only_for_agents_computed
 
 
 def test_an_agentwise_flag_must_hold_one_condition_per_agent():
-    registry = Registry()
+    model = asim.Model("m")
 
-    @registry.substep(reads=["a.x"], writes=["a.x"], agentwise=True)
-    def check(ctx):
+    @model.substep(writes=["a.x"], agentwise=True)
+    def check(ctx: asim.Context) -> None:
         ctx.flag("negative", (ctx["a"]["x"] < 0).any())
 
-    def init(ic):
-        pop = Population("a", {"x": FieldSpec(torch.float64)}, {"uid": torch.arange(4), "x": torch.ones(4)})
-        return State({"a": pop}), Box((1.0, 1.0))
+    @model.init
+    def init(ic: asim.InitContext) -> Box:
+        ic.add("a", uid=ic.uids("a", 4), x=torch.ones(4, dtype=torch.float64))
+        return Box((1.0, 1.0))
 
-    sim = Simulation(Model("m", registry, ["check"], ParamSpec({}), init), agents=4)
+    sim = Simulation(model, agents=4)
     with pytest.raises(FieldAccessError, match=r"agentwise: ctx.flag expects a condition per agent of 'a' "
                                                r"\(shape \[4, \.\.\.\]; got \[\]\)"):
         sim.step()
@@ -273,12 +272,11 @@ def test_overlap_applies_to_agentwise_first_substeps_only():
     def overlapped(model: str, world_size_2: bool = True, **options) -> bool:
         sim = Simulation(get_model(model), agents=50, seed=0)
         part = SpatialPartition(**options)
-        part.bind(sim.space, sim.params)
         comm = LocalComm()
         if world_size_2:
-            comm.world_size = 2  # the plan only reads the world size
-        part.scatter(sim.state, LocalComm())
-        return overlap_mod.overlap_plan(sim.model, part, sim.params, comm, 1) is not None
+            comm.world_size = 2  # placing agents and the plan only read the world size
+        part.place(sim.state, sim.space, sim.model.substeps, sim.params, comm)
+        return part.overlap is not None
 
     assert overlapped("boids")
     assert not overlapped("boids", overlap=False)
@@ -288,13 +286,15 @@ def test_overlap_applies_to_agentwise_first_substeps_only():
 
 
 def test_agentwise_and_overlap_declarations_are_checked():
-    registry = Registry()
+    def step(ctx):
+        pass
+
     with pytest.raises(ConfigError, match="agentwise=True needs writes of one population only"):
-        registry.substep(reads=["a.x"], writes=["a.x", "env.g"], agentwise=True)(lambda ctx: None)
+        Substep(step, reads=["a.x"], writes=["a.x", "env.g"], agentwise=True)
     with pytest.raises(ConfigError, match="agentwise=True needs .* no env writes, births or deaths"):
-        registry.substep(reads=["a.x"], writes=["a.x"], births=["a"], agentwise=True)(lambda ctx: None)
+        Substep(step, reads=["a.x"], writes=["a.x"], births=["a"], agentwise=True)
     with pytest.raises(ConfigError, match="agentwise: expected True or False"):
-        registry.substep(reads=["a.x"], agentwise=1)(lambda ctx: None)
+        Substep(step, reads=["a.x"], agentwise=1)
     with pytest.raises(ConfigError, match="overlap: expected True or False"):
         SpatialPartition(overlap="yes")
 
@@ -375,9 +375,9 @@ def test_merge_reuses_only_the_tensors_it_allocated_itself():
 def run_boids_twice_holding_the_state(comm):
     """Two runs; between them the caller holds the state's tensors: the second run must not
     write into them (the merges of the first reused their own tensors in place)."""
-    sim = DistributedSimulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial")
+    sim = Simulation(get_model("boids"), agents=AGENTS, seed=SEED, comm=comm, partition="spatial")
     sim.run(STEPS // 2)
-    assert sim.overlap is not None and not sim.overlap.reuse
+    assert sim.partition.overlap is not None and not sim.partition.overlap.reuse
     held = sim.state["boid"].fields()
     copies = {k: v.clone() for k, v in held.items()}
     sim.run(STEPS - STEPS // 2)

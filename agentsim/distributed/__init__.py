@@ -28,12 +28,17 @@ code (:func:`~agentsim.distributed.launch.run_ranks` does the same for any funct
 workers; the process group is built under a per-attempt store prefix
 (``TORCHELASTIC_RESTART_COUNT``) so a restart does not read the failed attempt's keys.
 A restarted run starts again from step 0 (no checkpoints yet). For your own driver
-code, :func:`~agentsim.distributed.process_group.process_group` and
-:class:`~agentsim.distributed.simulation.DistributedSimulation` are the building blocks.
+code, the building blocks are :func:`~agentsim.distributed.process_group.process_group`
+and the one engine with a partitioner::
+
+    with process_group() as comm:
+        result = Simulation(model, agents, seed, comm=comm, partition="spatial").run(100)
+
+The engine and the partitioners meet in one protocol: :mod:`agentsim.partition`.
 
 Partitioners
 ------------
-- ``partition="data"`` (:class:`DataPartition`): agents split by uid blocks, env
+- ``partition="data"`` (:class:`DataPartition`, :mod:`agentsim.distributed.data`): agents split by uid blocks, env
   replicated, every halo holds every other rank's agents. Simple; traffic and memory
   grow with the total number of agents.
 - ``partition="spatial"`` (:class:`SpatialPartition`, :mod:`agentsim.distributed.spatial`):
@@ -103,10 +108,10 @@ stale by design, not by partition.
 
 Performance figures
 -------------------
-:attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`
-(and the file's ``/perf``, written by rank 0): per step, bytes sent, seconds in collectives,
-halo rows and bytes, max/mean agents per rank (before and after balancing), step time
-(slowest rank and mean), migrations; a CLI run prints a summary.
+:attr:`RunResult.perf <agentsim.engine.RunResult.perf>` (and the file's ``/perf``, written by
+rank 0; :mod:`agentsim.perf`): per step, bytes sent, seconds in collectives, halo rows and
+bytes, max/mean agents per rank (before and after balancing), step time (slowest rank and
+mean), migrations; a CLI run prints a summary.
 :mod:`agentsim.distributed.bench` (``agentsim bench --scaling``, ``benchmarks/bench_scaling.py``)
 measures speedup, parallel efficiency and the communication share of W=2 against W=1.
 
@@ -120,9 +125,10 @@ Not built yet
 
 from __future__ import annotations
 
+from ..partition import PARTITIONS, make_partition
 from .comm import CommStats, TorchComm
+from .data import DataPartition
 from .launch import LaunchResult, run_ranks  # launch(): agentsim.launch (this name is the module)
-from .partition import PARTITIONS, DataPartition, make_partition
 from .process_group import from_env, process_group, shutdown
 from .simulation import DistributedSimulation
 from .spatial import LAYOUTS, SpatialPartition

@@ -5,7 +5,7 @@ untimed steps, then ``steps`` timed steps. Runs at 1 and W processes alternate f
 ``repeats`` rounds, so slow phases of a shared machine hit both alike; every figure is
 the median over the rounds. Figures (from rank 0's loop wall time, and the per-step
 figures over ranks of
-:attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`):
+:attr:`RunResult.perf <agentsim.engine.RunResult.perf>`, see :mod:`agentsim.perf`):
 
 - ``seconds_per_step``: wall time of the stepping loop per step (metrics and the
   per-step figures included);
@@ -48,20 +48,17 @@ from ..catalog import get_model
 from ..engine import Simulation, check_agents
 from ..errors import ConfigError
 from .launch import run_ranks
-from .simulation import DistributedSimulation
 
 __all__ = ["format_scaling", "scaling"]
 
 
 def _bench_rank(comm: Any, model: str, agents: int, steps: int, warmup: int, seed: int,
                 layout: str) -> dict[str, Any] | None:
-    sim = DistributedSimulation(get_model(model), agents=agents, seed=seed, comm=comm,
-                                partition="spatial", layout=layout)
+    sim = Simulation(get_model(model), agents=agents, seed=seed, comm=comm, partition="spatial", layout=layout)
     if warmup:
         sim.run(warmup)
-    n_warm = len(sim.perf_steps)
     result = sim.run(steps)
-    perf = sim.perf_steps[n_warm:]
+    perf = result.perf
     if comm.rank != 0:
         return None
     mean = lambda k: sum(p[k] for p in perf) / max(len(perf), 1)  # noqa: E731

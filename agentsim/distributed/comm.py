@@ -25,37 +25,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..comm import CommStats, Work, row_counts
+
 __all__ = ["CommStats", "TorchComm", "pack_rows", "row_counts", "unpack_rows"]
-
-
-@dataclass
-class CommStats:
-    """Running totals of one rank's collectives.
-
-    Attributes:
-        calls: Number of collectives.
-        bytes_sent: Bytes this rank put into collectives (payload and counts; padding included).
-        seconds: Wall seconds spent inside collectives.
-    """
-
-    calls: int = 0
-    bytes_sent: int = 0
-    seconds: float = 0.0
-
-    def snapshot(self) -> CommStats:
-        return CommStats(self.calls, self.bytes_sent, self.seconds)
-
-    def since(self, before: CommStats) -> CommStats:
-        """The difference ``self - before`` (the collectives of one step, say)."""
-        return CommStats(self.calls - before.calls, self.bytes_sent - before.bytes_sent,
-                         self.seconds - before.seconds)
 
 
 # --------------------------------------------------------------------------- packing
@@ -87,14 +66,6 @@ def pack_rows(fields: Mapping[str, Tensor]) -> Tensor:
     parts = [(t.detach().contiguous() if t.numel() else torch.empty_like(t, memory_format=torch.contiguous_format))
              .view(torch.uint8).reshape(n, _row_bytes(t)) for t in tensors]
     return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-
-
-def row_counts(fields: Mapping[str, Tensor]) -> tuple[int, int]:
-    """``(rows, bytes)`` of a dict of ``[n, ...]`` tensors (halo figures)."""
-    if not fields:
-        return 0, 0
-    n = next(iter(fields.values())).shape[0]
-    return n, n * sum(_row_bytes(t) for t in fields.values())
 
 
 def unpack_rows(packed: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -139,7 +110,7 @@ class TorchComm:
         return f"TorchComm(rank={self.rank}, world_size={self.world_size}, device={self.device})"
 
     # ------------------------------------------------------------ timed primitives
-    def _timed(self, nbytes: int, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def _timed(self, nbytes: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         result = fn(*args, group=self.group, **kwargs)
         self.stats.seconds += time.perf_counter() - t0
@@ -193,14 +164,6 @@ class TorchComm:
         other = torch.sort(torch.cat(others)).values if others else uid.new_empty(0)
         offset = torch.searchsorted(other.to(uid.device), uid)
         return offset, int(sum(counts))
-
-    def any_flags(self, flags: Tensor) -> Tensor:
-        """Elementwise OR over ranks (all_reduce MAX on uint8)."""
-        if flags.numel() == 0:  # every rank has the same (zero) number of flags
-            return flags
-        buf = flags.to(device=self.device, dtype=torch.uint8)
-        self._timed(buf.numel(), dist.all_reduce, buf, op=dist.ReduceOp.MAX)
-        return buf.to(device=flags.device, dtype=torch.bool)
 
     def sum_int64(self, values: Tensor) -> Tensor:
         """Exact sum over ranks of an int64 tensor (all_reduce SUM)."""
@@ -295,7 +258,8 @@ class TorchComm:
         self._timed(8 * self.world_size, dist.all_to_all_single, out, mine)
         return [int(c) for c in out.tolist()]
 
-    def post_all_to_all(self, send: Tensor, send_splits: list[int], recv_splits: list[int]) -> tuple[Tensor, object]:
+    def post_all_to_all(self, send: Tensor, send_splits: list[int],
+                        recv_splits: list[int]) -> tuple[Tensor, Work | None]:
         """Start an ``all_to_all_single`` of a flat uint8 buffer with uneven splits, without
         waiting; returns ``(receive buffer, work)``. Finish with :meth:`wait`; read the buffer
         only after that. Every rank must post its part (a collective)."""
@@ -305,11 +269,14 @@ class TorchComm:
                            input_split_sizes=send_splits, async_op=True)
         return out, work
 
-    def wait(self, work: object) -> None:
+    def wait(self, work: Work | None) -> None:
         """Wait for a collective started by :meth:`post_all_to_all` (timed as communication)."""
+        if work is None:
+            return
         t0 = time.perf_counter()
-        work.wait()  # type: ignore[attr-defined]
+        work.wait()
         self.stats.seconds += time.perf_counter() - t0
 
     def barrier(self) -> None:
+        """Wait until every rank gets here."""
         self._timed(0, dist.barrier)

@@ -27,8 +27,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -40,11 +40,13 @@ import torch.multiprocessing as mp
 
 from .. import errors
 from ..catalog import BUILTIN, get_model
-from ..engine import Simulation, check_agents
+from ..comm import Comm
+from ..engine import RunResult, Simulation, check_agents, check_seed, check_steps
 from ..errors import AgentsimError, ConfigError
+from ..io.recording import check_every
 from ..model import Model
-from .partition import check_partition, check_sync_every_for, make_partition
-from .process_group import DEFAULT_TIMEOUT, _check_timeout, init, shutdown
+from ..partition import check_partition, check_sync_every_for, make_partition
+from .process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
 
 __all__ = ["LaunchResult", "launch", "run_ranks"]
 
@@ -157,7 +159,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
         raise ConfigError(f"world_size: expected an int >= 1 (got {world_size!r})")
     world_size = int(world_size)
-    timeout = _check_timeout(timeout)
+    timeout = check_timeout(timeout)
     args = tuple(args)
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, world_size=world_size, is_master=True,
@@ -243,31 +245,7 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
 
 
 # --------------------------------------------------------------------------- launch
-@dataclass
-class LaunchResult:
-    """What :func:`launch` returns (from rank 0).
-
-    Attributes:
-        metrics: Name to numpy array ``[steps + 1]``, including ``"step"`` (as :class:`~agentsim.engine.RunResult`).
-        timings: Substep name to mean seconds per step on rank 0.
-        seconds: Wall time of rank 0's stepping loop.
-        path: The HDF5 file written by rank 0, or None.
-        world_size: Number of ranks.
-        comm_seconds: Per step, seconds rank 0 spent in collectives inside the step.
-        comm_bytes: Per step, bytes rank 0 sent in those collectives.
-        perf: Per step, the figures over all ranks of
-            :attr:`DistributedSimulation.perf_steps <agentsim.distributed.simulation.DistributedSimulation.perf_steps>`
-            (empty for ``world_size=1``).
-    """
-
-    metrics: dict[str, np.ndarray]
-    timings: dict[str, float]
-    seconds: float
-    path: str | None
-    world_size: int
-    comm_seconds: list[float] = field(default_factory=list)
-    comm_bytes: list[int] = field(default_factory=list)
-    perf: list[dict[str, float]] = field(default_factory=list)
+LaunchResult = RunResult  # the name of earlier releases
 
 
 def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
@@ -278,17 +256,11 @@ def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str
     if not isinstance(model, Model):
         raise ConfigError(f"model: expected a Model or a model name (got {type(model).__name__})")
     params, substeps = dict(model.params), [s.name for s in model.substeps]
-
-    def same_definition(other: object) -> bool:  # configure() copies keep these
-        return isinstance(other, Model) and all(
-            getattr(other, a) is getattr(model, a) for a in ("registry", "init", "metrics_fn", "derive_fn")
-        ) and other.name == model.name
-
-    if model.name in BUILTIN and same_definition(get_model(model.name)):
+    if model.name in BUILTIN and model.same_definition(get_model(model.name)):
         return model.name, params, substeps
     module = sys.modules.get(model.substeps[0].fn.__module__) if model.substeps else None
     for attr, value in (vars(module).items() if module is not None else ()):
-        if same_definition(value):
+        if model.same_definition(value):
             return f"{module.__name__}:{attr}", params, substeps  # type: ignore[union-attr]
     raise ConfigError(f"model '{model.name}': cannot find it to import on the worker processes; "
                       "define it at module level and pass 'package.module:ATTR'")
@@ -300,26 +272,24 @@ def _resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> 
     return model.configure(params=params, substeps=substeps) if params is not None or substeps else model
 
 
-def _run_simulation(comm: Any, ref: tuple[str, dict[str, Any] | None, list[str] | None],
-                    run: dict[str, Any]) -> LaunchResult | None:
-    from .simulation import DistributedSimulation
-
-    sim = DistributedSimulation(_resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"],
-                                comm=comm, partition=run["partition"], sync_every=run["sync_every"],
-                                **run["options"])
+def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str] | None],
+                    run: dict[str, Any]) -> RunResult | None:
+    sim = Simulation(_resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
+                     partition=run["partition"], sync_every=run["sync_every"], **run["options"])
     result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"])
     if comm.rank != 0:
         return None
-    return LaunchResult(result.metrics, result.timings, result.seconds, result.path, comm.world_size,
-                        [s.seconds for s in sim.comm_steps], [s.bytes_sent for s in sim.comm_steps],
-                        sim.perf_steps)
+    result.state = None  # stays on the ranks
+    result.model = None  # the caller has it
+    return result
 
 
 def launch(model: Model | str, world_size: int, agents: int | None = None, steps: int = 100, seed: int = 0,
            out: str | os.PathLike[str] | None = None, record: Iterable[str] | None = None,
            every: int | None = None, partition: str = "data", timeout: float = DEFAULT_TIMEOUT, *,
-           sync_every: int = 1, device: str = "cpu", layout: str | None = None,
-           balance_every: int | None = None, balance_threshold: float | None = None) -> LaunchResult:
+           params: Mapping[str, Any] | None = None, sync_every: int = 1, device: str = "cpu",
+           layout: str | None = None, balance_every: int | None = None,
+           balance_threshold: float | None = None) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -333,11 +303,15 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         agents, steps, seed, out, record, every: As for :meth:`Simulation.run <agentsim.engine.Simulation.run>`.
         partition: ``"data"`` or ``"spatial"``.
         timeout: Seconds a collective may wait for the other ranks before failing.
+        params: Parameter overrides.
         sync_every: Neighbor refresh period in steps (1: exact; K > 1: stale reads by the rule of
             :mod:`agentsim.snapshot`, partition ``"data"`` only; the result still equals one process's).
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
         layout, balance_every, balance_threshold: Options of ``partition="spatial"``
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
+
+    Returns:
+        Rank 0's :class:`~agentsim.engine.RunResult` (its ``state`` is None: it stays on the ranks).
 
     Raises:
         ConfigError: A bad argument (checked here, before any process starts).
@@ -351,28 +325,28 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     check_partition(partition)
     options = {k: v for k, v in (("layout", layout), ("balance_every", balance_every),
                                   ("balance_threshold", balance_threshold)) if v is not None}
-    check_sync_every_for(make_partition(partition, **options), sync_every)  # ConfigError on a bad option
+    check_sync_every_for(make_partition(partition, 2, **options), sync_every)  # ConfigError on a bad option
+    if params:
+        model = (get_model(model) if isinstance(model, str) else model).configure(params=params)
     ref = _model_ref(model)
     resolved = _resolve_model(ref)
     agents = check_agents(resolved.default_agents if agents is None else agents)
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise ConfigError(f"steps: expected an int >= 0 (got {steps!r})")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ConfigError(f"seed: expected an int (got {seed!r})")
+    steps = check_steps(steps)
+    check_every(every)
+    check_seed(seed)
     if out is not None:
         parent = os.path.dirname(os.path.abspath(out))
         if not os.path.isdir(parent):
             raise errors.OutputError(f"cannot create trajectory file '{os.fspath(out)}': "
                                      f"directory '{parent}' does not exist")
-    run = {"agents": agents, "steps": int(steps), "seed": seed, "out": None if out is None else os.fspath(out),
+    run = {"agents": agents, "steps": steps, "seed": seed, "out": None if out is None else os.fspath(out),
            "record": None if record is None else list(record), "every": every, "partition": partition,
            "sync_every": sync_every, "device": device, "options": options}
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
-        result = Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every).run(
-            run["steps"], out=run["out"], record=run["record"], every=every)
-        return LaunchResult(result.metrics, result.timings, result.seconds, result.path, 1)
+        return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every).run(
+            steps, out=run["out"], record=run["record"], every=every)
     results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
                         device=None if device == "cpu" else device)
-    return results[0]
+    result: RunResult = results[0]
+    result.model = resolved
+    return result

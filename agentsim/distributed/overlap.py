@@ -54,21 +54,22 @@ NCCL path goes through the same calls but has not run on a GPU yet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from ..comm import Comm, Work
+from ..context import Flag
 from ..ops import flatnonzero, take_rows
+from ..partition import PERF_FIGURES, CallSubstep, StepReport
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
-from .comm import pack_rows, row_counts, unpack_rows
+from .comm import pack_rows, unpack_rows
 
 if TYPE_CHECKING:
-    from ..comm import Comm
-    from ..model import Model
     from .spatial import SpatialPartition
 
 __all__ = ["MIN_CAPACITY", "OverlapExchange", "overlap_plan"]
@@ -76,21 +77,21 @@ __all__ = ["MIN_CAPACITY", "OverlapExchange", "overlap_plan"]
 MIN_CAPACITY = 4096  # bytes per pair of ranks and step, at least
 
 
-def overlap_plan(model: Model, partition: Any, params: Mapping[str, Any], comm: Comm,
-                 sync_every: int) -> tuple[str, Substep, float] | None:
+def overlap_plan(partition: SpatialPartition, substeps: Sequence[Substep], params: Mapping[str, Any],
+                 comm: Comm) -> tuple[str, Substep, float] | None:
     """``(population, substep S, reach)`` when the run qualifies for the overlapped exchange
     (see the module docstring), else None."""
-    if (comm.world_size == 1 or sync_every != 1 or getattr(partition, "kind", None) != "continuous"
-            or not getattr(partition, "overlap", False) or len(partition.position) != 1):
+    if (comm.world_size == 1 or not substeps or partition.discrete or partition.nodes
+            or len(partition.position) != 1):
         return None
     name = next(iter(partition.position))
-    first = model.substeps[0]
+    first = substeps[0]
     if not first.agentwise or set(first.neighbors) != {name} or first.writable(name) == set():
         return None
     kind, reach = resolve_reach(first, params)
     if kind != "length":
         return None
-    for s in model.substeps:
+    for s in substeps:
         if s.births or s.deaths or (s is not first and s.neighbors):
             return None
     return name, first, reach
@@ -103,7 +104,7 @@ def _capacity(payload: int) -> int:
 @dataclass
 class _Pending:
     out: Tensor  # receive buffer of round one (valid after the wait)
-    work: Any
+    work: Work | None
     recv_splits: list[int]
     payload_out: list[int]  # bytes this rank has for each rank
     rest_out: list[Tensor]  # what did not fit the capacity, per rank
@@ -133,12 +134,9 @@ class OverlapExchange:
             as at :meth:`post`).
         depth: How deep inside this rank's region the deepest arrival so far lay (length
             units): :meth:`post` finds the agents the next step may run again with that guess.
-        migrated: Agents this rank sent away in the last exchange.
         reuse: Let :meth:`merge` write into the field tensors that an earlier merge allocated
-            (the simulation sets it only inside ``run``, where no one else holds them, and
+            (the partitioner sets it only inside a run, where no one else holds them, and
             forgets them when the run ends); otherwise every merge allocates new ones.
-        received_rows, received_bytes: Halo rows and bytes received since the caller last
-            reset them.
     """
 
     def __init__(self, partition: SpatialPartition, name: str, substep: Substep, reach: float) -> None:
@@ -156,13 +154,12 @@ class OverlapExchange:
         self.leave = torch.zeros(0, dtype=torch.int64)
         self.depth = 0.0
         self._near: tuple[Tensor, Tensor, float] | None = None
-        self.migrated = 0
         self.reuse = False
         self._allocated: dict[str, Tensor] = {}  # field tensors the last merge made (with reuse)
-        self.received_rows = self.received_bytes = 0
+        self._report: StepReport | None = None  # the report that travels with the posted exchange
 
     # ------------------------------------------------------------------ sending
-    def post(self, state: State, comm: Any, header: dict[str, Tensor], wait: bool) -> None:
+    def post(self, state: State, comm: Comm, header: dict[str, Tensor], wait: bool) -> None:
         """Start the exchange for the current state (see the module docstring). The rows stay
         as they are until :meth:`merge`.
 
@@ -184,13 +181,13 @@ class OverlapExchange:
         at_edge = flatnonzero(dist <= 0)
         edge = near.index_select(0, at_edge)
         coords = part.coords(self.name, pop, near)  # [m, 2] float64
-        edge_owner = part._owner_of(coords.index_select(0, at_edge))
+        edge_owner = part.owner_of(coords.index_select(0, at_edge))
         owner = torch.full((near.shape[0],), rank, dtype=torch.int64)  # of the near rows
         owner[at_edge] = edge_owner
         gone = edge_owner != rank
         mig_dest, by_dest = torch.sort(edge_owner[gone], stable=True)
         leave = edge[gone].index_select(0, by_dest)
-        row, dest = part._near(coords, "length", self.reach, rank, exclude=owner)
+        row, dest = part.halo_destinations(coords, "length", self.reach, rank, exclude=owner)
         rows = near.index_select(0, row)
         own = dest == rank  # agents given away that this rank needs as halo itself
         self_rows = rows[own]
@@ -230,7 +227,6 @@ class OverlapExchange:
         send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
         out, work = comm.post_all_to_all(send, send_splits, recv_splits)
         self.pending = _Pending(out, work, recv_splits, payload, rest, leave, self_halo, own_header, h)
-        self.migrated = leave.shape[0]
         if wait:
             comm.wait(work)
             self.pending.work = None
@@ -246,7 +242,7 @@ class OverlapExchange:
         return self.partition.near_border(self.name, pop, rank, width)
 
     # ------------------------------------------------------------------ receiving
-    def complete(self, state: State, comm: Any, merge: bool = True) -> list[dict[str, Tensor]]:
+    def complete(self, state: State, comm: Comm, merge: bool = True) -> list[dict[str, Tensor]]:
         """Wait for the posted exchange and keep the halo; return every rank's header (rank
         order; one-row tensors; ``"ints"[0, 4:]`` is the rank's migrants per destination).
 
@@ -303,9 +299,7 @@ class OverlapExchange:
         if self.arrived_dist.numel():
             self.depth = max(self.depth, float(self.arrived_dist.max()))
         self.leave = p.leave
-        n, nbytes = row_counts(received)
-        self.received_rows += n
-        self.received_bytes += nbytes
+        self.partition.count_halo(received)
         self.halo = {k: torch.cat([received[k], p.self_halo[k]]) for k in self.nb_fields}
         if merge:
             self.merge(state)
@@ -364,3 +358,90 @@ class OverlapExchange:
         """From now on, :meth:`merge` writes into no tensor it allocated before (the
         population's tensors may be held elsewhere)."""
         self._allocated = {}
+
+    # ------------------------------------------------------------------ the step's report
+    def post_report(self, state: State, comm: Comm, report: StepReport, wait: bool) -> None:
+        """Post the step's exchange with ``report`` as its header; with ``wait``, finish at once."""
+        self._report = report
+        self.post(state, comm, report.rows(), wait=wait)
+        if wait:
+            self.finish(state, comm)
+
+    def finish(self, state: State, comm: Comm, merge: bool = True) -> None:
+        """Complete the posted exchange (see :meth:`complete`) and hand the step's summary, from
+        every rank's header, to the partitioner: its figures count the agents after migration
+        and the migrants of the exchange."""
+        assert self.pending is not None and self._report is not None
+        at_step_end = self.pending.work is None  # waited at once, at the end of its step
+        heads = self.complete(state, comm, merge=merge)
+        got = {k: torch.cat([h[k] for h in heads]) for k in heads[0]}  # every rank's header, rank order
+        sent = got["ints"][:, 4:].to(torch.float64)  # [W, W] migrants from row rank to column rank
+        figures = got["v"]
+        figures[:, PERF_FIGURES.index("agents")] += sent.sum(0) - sent.sum(1)
+        figures[:, PERF_FIGURES.index("migrated")] = sent.sum(1)
+        report, self._report = self._report, None
+        self.partition.add_summary(report.summary(got, at_step_end))
+
+    # ------------------------------------------------------------------ the split run
+    def run_split(self, state: State, call: CallSubstep, comm: Comm) -> list[Flag]:
+        """Run ``S`` while the exchange is in flight: for every agent with the agents of this rank
+        as its only neighbors, then (after the exchange) again for the agents whose neighbors
+        that missed; then merge leavers and arrivals (see the module docstring). Returns the
+        flags, each reduced over the agents whose values were kept."""
+        part, name = self.partition, self.name
+        pop = state[name]
+        out_in, flags_in = self._run_part(state, call, pop.fields(), None)
+        try:
+            self.finish(state, comm, merge=False)
+            assert self.arrived is not None and self.halo is not None
+            limit = part.halo_limit(self.reach)
+            # The agents within reach of the halo (limit) or of an arrival (its depth + limit).
+            depth = max(0.0, float(self.arrived_dist.max())) if self.arrived_dist.numel() else 0.0
+            redo_limit = limit + depth
+            near, dist = self.near_border(pop, comm.rank, redo_limit + limit)
+            stays = ~torch.isin(near, self.leave)  # agents given away: in the halo if within reach
+            near, dist = near[stays], dist[stays]
+            redo_near = dist <= redo_limit
+            redo, band = near[redo_near], near[~redo_near]  # band: their other neighbors
+            targets = {k: torch.cat([v.index_select(0, redo.to(v.device)), self.arrived[k]])
+                       for k, v in pop.fields().items()}
+            others = {k: torch.cat([pop[k].index_select(0, band.to(pop[k].device)), self.halo[k].to(pop[k].device)])
+                      for k in self.nb_fields}
+            out_b, flags_b = self._run_part(state, call, targets, others)
+        except BaseException:
+            if self.arrived is not None:
+                self.merge(state)  # no agent lost: the arrivals join with their old values
+            raise
+        # Per-agent flags of the first run count for the agents it got right (not redone, not
+        # given away), the others' flags come from the second run.
+        flags = []
+        if flags_in:
+            right = torch.ones(pop.n, dtype=torch.bool)
+            right[redo] = False
+            right[self.leave] = False
+            flags = [Flag(f.message, (f.condition & right.to(f.condition.device)).any()) for f in flags_in]
+        n_redo = redo.shape[0]
+        written, arrived_written = {}, {}
+        taken = {v.untyped_storage().data_ptr() for v in pop.fields().values()}
+        for key, new in out_in.items():
+            if not new.is_contiguous() or new.untyped_storage().data_ptr() in taken:
+                # A view of the state (or of another written field): copy, then write into it.
+                new = new.clone(memory_format=torch.contiguous_format)
+            taken.add(new.untyped_storage().data_ptr())
+            new.index_copy_(0, redo.to(new.device), out_b[key][:n_redo])
+            written[key] = new
+            arrived_written[key] = out_b[key][n_redo:]
+        self.merge(state, written, arrived_written)
+        self.halo = None
+        return flags + [Flag(f.message, f.condition.any()) for f in flags_b]
+
+    def _run_part(self, state: State, call: CallSubstep, targets: dict[str, Tensor],
+                  others: dict[str, Tensor] | None) -> tuple[dict[str, Tensor], list[Flag]]:
+        """Run ``S`` for the agents ``targets`` (every field of the population, ``[m, ...]``) with
+        the agents ``others`` (``S``'s neighbor fields) as their other neighbors; return the
+        targets' written fields (``[m, ...]``) and the flags, one ``[m]`` bool per flag (the
+        target agents it holds for)."""
+        pop = state[self.name]
+        part_pop = Population(self.name, pop.specs, targets, next_uid=pop.next_uid)
+        effects = call(State({self.name: part_pop}, state.env, state.step), {self.name: others or {}})
+        return {k: part_pop[k] for k in self.substep.writable(self.name)}, effects.flags

@@ -35,12 +35,13 @@ from ..comm import Comm, LocalComm
 from ..errors import ConfigError
 from .comm import TorchComm
 
-__all__ = ["DEFAULT_TIMEOUT", "from_env", "init", "process_group", "shutdown", "world_size_from_env"]
+__all__ = ["DEFAULT_TIMEOUT", "check_timeout", "from_env", "init", "process_group", "shutdown", "world_size_from_env"]
 
 DEFAULT_TIMEOUT = 60.0
 
 
-def _check_timeout(timeout: float) -> float:
+def check_timeout(timeout: float) -> float:
+    """Validate a timeout in seconds (> 0)."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ConfigError(f"timeout: expected seconds > 0 (got {timeout!r})")
     return float(timeout)
@@ -65,7 +66,7 @@ def init(rank: int, world_size: int, addr: str, port: int, *, restart_count: int
         host_store: Whether this process starts the store server. Default: no if torchrun's
             agent already hosts it (``TORCHELASTIC_USE_AGENT_STORE=True``), else rank 0.
     """
-    timeout = _check_timeout(timeout)
+    timeout = check_timeout(timeout)
     if world_size == 1:
         return LocalComm()
     if not 0 <= rank < world_size:

@@ -1,0 +1,152 @@
+"""What a run records, and the :class:`Recorder` that writes it to a trajectory file.
+
+The engine hands the recorder one row of metrics per step (and one of ``/perf`` figures
+per step after step 0) and, on frame steps, the agents and environment layers gathered
+on rank 0 by the partitioner. Agent frames are written at step 0, at the last step and
+every ``every`` steps. Only rank 0 writes; the other ranks take part in the gathers.
+
+:func:`recording` resolves which fields to record: ``"pop"`` (every field of a
+population), ``"pop.field"``, ``"field"`` (that field of every population that has it),
+``"env"`` (every layer) or ``"env.name"``; None records everything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from ..errors import ConfigError, did_you_mean
+from ..state import UID, State
+from ..substep import ENV
+from .hdf5 import TrajectoryWriter
+
+__all__ = ["Frame", "Recorder", "Recording", "recording"]
+
+
+@dataclass
+class Recording:
+    """The fields a run records.
+
+    Attributes:
+        fields: Population to recorded fields (``uid`` first).
+        env: Recorded environment layers.
+    """
+
+    fields: dict[str, list[str]]
+    env: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Frame:
+    """One frame gathered on rank 0: population to field to rows (CPU), and env layers."""
+
+    agents: dict[str, dict[str, Tensor]]
+    env: dict[str, Tensor]
+
+
+def recording(state: State, record: Iterable[str] | None) -> Recording:
+    """Resolve ``record`` against ``state`` (see the module docstring).
+
+    Raises:
+        ConfigError: An unknown population, field or env layer, with the valid names.
+    """
+    pops = state.populations
+    if record is None:
+        return Recording({p: [UID] + [f for f in pops[p].specs if f != UID] for p in pops}, list(state.env))
+    if isinstance(record, str):
+        record = record.split(",")
+    rec = Recording({})
+    for item in record:
+        item = item.strip()
+        if not item:
+            continue
+        if item in pops:
+            rec.fields[item] = list(pops[item].specs)
+        elif item == ENV:
+            rec.env = list(state.env)
+        elif "." in item:
+            p, f = item.split(".", 1)
+            if p == ENV:
+                if f not in state.env:
+                    raise ConfigError(f"record: unknown env field '{f}' (valid: {sorted(state.env)})")
+                rec.env.append(f)
+                continue
+            if p not in pops or f not in pops[p].specs:
+                valid = [f"{q}.{g}" for q in pops for g in pops[q].specs]
+                raise ConfigError(f"record: unknown field '{item}' (valid: {', '.join(valid)})."
+                                  + did_you_mean(item, valid))
+            rec.fields.setdefault(p, []).append(f)
+        else:
+            owners = [p for p in pops if item in pops[p].specs]
+            if not owners:
+                valid = sorted({g for q in pops for g in pops[q].specs} | set(pops))
+                raise ConfigError(f"record: unknown field or population '{item}' (valid: {', '.join(valid)})."
+                                  + did_you_mean(item, valid))
+            for p in owners:
+                rec.fields.setdefault(p, []).append(item)
+    for p, fs in rec.fields.items():
+        rec.fields[p] = [UID] + [f for f in dict.fromkeys(fs) if f != UID]
+    rec.env = list(dict.fromkeys(rec.env))
+    return rec
+
+
+def check_every(every: object) -> int | None:
+    """Validate ``every`` (None, or an int >= 1)."""
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
+    return every
+
+
+class Recorder:
+    """Writes one run's rows and frames (see the module docstring).
+
+    Args:
+        out: The HDF5 path, or None (nothing is written and no rank gathers frames).
+        spec: What to record.
+        rank: This rank (only rank 0 opens the file).
+        every: Also record agents every this many steps (default: the first and last step only).
+        header: The file's root attributes: ``model``, ``params``, ``seed``, ``steps``, ``world_size``.
+    """
+
+    def __init__(self, out: str | os.PathLike[str] | None, spec: Recording, rank: int, every: int | None = None,
+                 **header: Any) -> None:
+        self.path = None if out is None else os.fspath(out)
+        self.spec = spec
+        self.every = check_every(every)
+        self.writer = TrajectoryWriter(out, **header) if out is not None and rank == 0 else None
+
+    @property
+    def gathers(self) -> bool:
+        """Whether frames are gathered (some rank writes a file)."""
+        return self.path is not None
+
+    def frame_due(self, done: int, steps: int) -> bool:
+        """Whether agents are recorded after ``done`` of the run's ``steps`` steps (always at 0 and
+        at the end, and every ``every`` steps)."""
+        return self.gathers and (done == 0 or done == steps or (self.every is not None and done % self.every == 0))
+
+    def write_row(self, step: int, metrics: Mapping[str, Any], perf: Mapping[str, float] | None) -> None:
+        """The metrics of ``step`` (without ``step``), and its ``/perf`` figures (none at step 0)."""
+        if self.writer is None:
+            return
+        self.writer.write_metrics(step, {k: v for k, v in metrics.items() if k != "step"})
+        if perf is not None:
+            self.writer.write_perf(step, perf)
+
+    def write_frame(self, step: int, frame: Frame | None) -> None:
+        """A frame gathered on rank 0 (None on the other ranks)."""
+        if self.writer is None or frame is None:
+            return
+        for population, rows in frame.agents.items():
+            self.writer.write_agents(step, population, rows)
+        if frame.env:
+            self.writer.write_env(step, frame.env)
+
+    def close(self, completed: bool) -> None:
+        """Close the file; ``completed`` marks a run that finished."""
+        if self.writer is not None:
+            self.writer.close(completed=completed)

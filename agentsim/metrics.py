@@ -1,0 +1,153 @@
+"""Metrics: per-agent values summed exactly over agents and ranks, so a metric has the same bits
+on any number of ranks.
+
+A :class:`Metric` is a function of the state (a :class:`~agentsim.context.MetricsContext`)
+that returns per-agent values of any shape. The engine sums them over agents and ranks:
+integers and bools in int64, floats in int64 fixed point with :data:`METRIC_FRAC_BITS`
+fractional bits (integer addition is associative, so the order of agents and ranks does
+not matter). ``reduce="mean"`` divides that sum by the number of values (over all ranks);
+return only the agents that count (``values[mask]``) for a mean over a subset. A derived
+metric is a function of the other metrics' global values (a ratio, a norm).
+
+Every run also reports ``n_<population>``, the number of agents of each population.
+
+Examples:
+    >>> import torch
+    >>> from agentsim.context import MetricsContext
+    >>> from agentsim.state import FieldSpec, Population, State
+    >>> walkers = Population("walker", {"disp": FieldSpec(torch.float32)},
+    ...                      {"uid": torch.arange(3), "disp": torch.tensor([1.0, -2.0, 3.0])})
+    >>> msd = Metric(lambda state: state["walker"]["disp"].double() ** 2, name="msd", reduce="mean")
+    >>> sums = local_sums([msd], MetricsContext(State({"walker": walkers}), {}, None, 0))
+    >>> metric_row(0, sums, [msd])
+    {'step': 0, 'n_walker': 3, 'msd': 4.666666666666667}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from . import ops
+from .context import MetricsContext
+from .errors import ConfigError
+
+__all__ = ["METRIC_FRAC_BITS", "REDUCTIONS", "Derived", "Metric", "MetricSums", "local_sums", "metric_row"]
+
+METRIC_FRAC_BITS = 24
+REDUCTIONS = ("sum", "mean")
+_COUNT = "#count"  # the entry that counts a mean metric's values (metric names cannot hold '#')
+
+MetricFn = Callable[[MetricsContext], Any]
+
+
+def check_metric_name(name: object, what: str = "metric") -> str:
+    """A metric name: a non-empty str without ``#`` (reserved) and not ``step``."""
+    if not isinstance(name, str) or not name or "#" in name or name == "step":
+        raise ConfigError(f"{what} name: expected a non-empty str without '#', other than 'step' (got {name!r})")
+    return name
+
+
+class Metric:
+    """One metric: ``fn(state) -> per-agent values``, reduced by ``"sum"`` or ``"mean"``.
+
+    Args:
+        fn: The function (its argument is a :class:`~agentsim.context.MetricsContext`).
+        name: Default: ``fn.__name__``.
+        reduce: ``"sum"`` (exact sum over agents and ranks) or ``"mean"`` (that sum over the
+            number of values; NaN when there are none).
+    """
+
+    def __init__(self, fn: MetricFn, name: str | None = None, reduce: str = "sum") -> None:
+        if not callable(fn):
+            raise ConfigError(f"metric: expected a function of the state (got {fn!r})")
+        if reduce not in REDUCTIONS:
+            raise ConfigError(f"metric reduce: expected one of {', '.join(REDUCTIONS)} (got {reduce!r})")
+        self.fn = fn
+        self.name = check_metric_name(name or getattr(fn, "__name__", None))
+        self.reduce = reduce
+
+    def __repr__(self) -> str:
+        return f"Metric({self.name!r}, reduce={self.reduce!r})"
+
+    def values(self, mc: MetricsContext) -> dict[str, Tensor]:
+        """This rank's values to sum: the metric (and, for a mean, its count)."""
+        value = self.fn(mc)
+        if not isinstance(value, Tensor):
+            raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values (got {type(value).__name__})")
+        if self.reduce == "sum":
+            return {self.name: value}
+        return {self.name: value, self.name + _COUNT: torch.tensor(value.numel(), device=value.device)}
+
+
+class LegacyMetrics:
+    """The ``metrics(mc) -> {name: per-agent values}`` function of the deprecated ``Model`` form: sums."""
+
+    def __init__(self, fn: Callable[[MetricsContext], Mapping[str, Tensor]]) -> None:
+        self.fn = fn
+        self.reduce = "sum"
+        self.name = ""
+
+    def values(self, mc: MetricsContext) -> dict[str, Tensor]:
+        """The function's values, each summed."""
+        return dict(self.fn(mc))
+
+
+class Derived(NamedTuple):
+    """A metric computed from the global values of the others: ``fn(metrics) -> number`` (with a
+    name), or, in the deprecated form, ``fn(metrics) -> {name: number}`` (name None)."""
+
+    name: str | None
+    fn: Callable[[dict[str, Any]], Any]
+
+
+class MetricSums(NamedTuple):
+    """Exact metric sums: entry names, which entries are floats, ``[k]`` int64 on the CPU (floats in
+    fixed point with :data:`METRIC_FRAC_BITS` fractional bits)."""
+
+    names: list[str]
+    is_float: list[bool]
+    values: Tensor
+
+
+def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) -> MetricSums:
+    """This rank's exact sums of every metric (and ``n_<population>``); sum them over ranks
+    elementwise (int64) for the global sums."""
+    local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n) for name, pop in mc.state.populations.items()}
+    for metric in metrics:
+        local.update(metric.values(mc))
+    names = list(local)
+    is_float = [local[k].is_floating_point() for k in names]
+    sums = torch.stack([
+        ops.to_fixed(local[k].to(torch.float64), METRIC_FRAC_BITS).sum().cpu() if f
+        else local[k].to(torch.int64).sum().cpu()
+        for k, f in zip(names, is_float, strict=True)
+    ])
+    return MetricSums(names, is_float, sums)
+
+
+def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMetrics],
+               derived: Sequence[Derived] = ()) -> dict[str, Any]:
+    """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
+    divided by their counts), then the derived ones in order."""
+    values: dict[str, int | float] = {}
+    for k, f, v in zip(sums.names, sums.is_float, sums.values.tolist(), strict=True):
+        values[k] = v * 2.0 ** -METRIC_FRAC_BITS if f else v
+    means = {m.name for m in metrics if m.reduce == "mean"}
+    out: dict[str, Any] = {"step": step}
+    for k, v in values.items():
+        if k.endswith(_COUNT):
+            continue
+        if k in means:
+            count = values[k + _COUNT]
+            v = v / count if count else float("nan")
+        out[k] = v
+    for d in derived:
+        if d.name is None:
+            out.update(d.fn(dict(out)))
+        else:
+            out[d.name] = d.fn(dict(out))
+    return out
