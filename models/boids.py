@@ -27,35 +27,30 @@ pairs of a boid in pair order, as :func:`agentsim.ops.scatter_sum` does).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
-from agentsim.model import InitContext, MetricsContext, Model
-from agentsim.params import Param, ParamSpec
-from agentsim.space.continuous import Box, radius_pair_chunks
-from agentsim.state import FieldSpec, Population, State
-from agentsim.substep import Registry
+from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, radius_pair_chunks
 
-registry = Registry()
-
-_pos = lambda v: v > 0  # noqa: E731
-_nonneg = lambda v: v >= 0  # noqa: E731
-
-PARAMS = ParamSpec({
-    "density": Param(0.01, float, "boids per unit area (sets the box side)", check=_pos, expect="> 0"),
-    "vision": Param(10.0, float, "neighbor radius (length units)", check=_pos, expect="> 0"),
-    "separation": Param(1.0, float, "distance below which boids repel (length units)",
-                        check=_nonneg, expect=">= 0"),
-    "cohere": Param(0.03, float, "weight of the pull toward neighbors", check=_nonneg, expect=">= 0"),
-    "separate": Param(0.015, float, "weight of the push away from close neighbors",
-                      check=_nonneg, expect=">= 0"),
-    "match": Param(0.05, float, "weight of heading alignment", check=_nonneg, expect=">= 0"),
-    "speed": Param(1.0, float, "distance moved per step (length units)", check=_nonneg, expect=">= 0"),
-})
+model = Model(
+    "boids",
+    params={
+        "density": Param(0.01, "boids per unit area (sets the box side)", gt=0),
+        "vision": Param(10.0, "neighbor radius (length units)", gt=0),
+        "separation": Param(1.0, "distance below which boids repel (length units)", ge=0),
+        "cohere": Param(0.03, "weight of the pull toward neighbors", ge=0),
+        "separate": Param(0.015, "weight of the push away from close neighbors", ge=0),
+        "match": Param(0.05, "weight of heading alignment", ge=0),
+        "speed": Param(1.0, "distance moved per step (length units)", ge=0),
+    },
+    description="Boids flocking in a periodic 2D box (Mesa boid_flockers rules)",
+    default_agents=10_000,
+)
 
 
 def flock_headings(heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, delta: torch.Tensor,
-                   dist2: torch.Tensor, params: dict, start: int = 0, stop: int | None = None) -> torch.Tensor:
+                   dist2: torch.Tensor, params: Mapping[str, float], start: int = 0, stop: int | None = None) -> torch.Tensor:
     """New unit headings ``[2, stop - start]`` of the targets ``start .. stop - 1``, in columns.
 
     Args:
@@ -92,9 +87,9 @@ def flock_headings(heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, delt
     return torch.where(count > 0, torch.stack(new) / norm, old)
 
 
-@registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.heading"],
-                  neighbors={"boid": ["pos", "heading"]}, reach="vision", agentwise=True)
-def flock(ctx):
+@model.substep(reads=["boid.pos"], writes=["boid.heading"], neighbors={"boid": ["pos", "heading"]},
+               reach="vision", agentwise=True)
+def flock(ctx: Context) -> None:
     """Cohere, separate and match with the neighbors within ``vision``."""
     boids = ctx["boid"]
     nb = ctx.neighbors("boid")
@@ -110,38 +105,43 @@ def flock(ctx):
     boids["heading"] = torch.stack(list(new), dim=1)  # [n_local, 2]; faster than new.t().contiguous()
 
 
-@registry.substep(reads=["boid.pos", "boid.heading"], writes=["boid.pos"])
-def move(ctx):
+@model.substep(reads=["boid.heading"], writes=["boid.pos"])
+def move(ctx: Context) -> None:
     """Advance ``speed`` along the heading and wrap into the box."""
     boids = ctx["boid"]
     boids["pos"] = ctx.space.wrap(boids["pos"] + ctx.params["speed"] * boids["heading"])
 
 
-def init(ic: InitContext) -> tuple[State, Box]:
+@model.init
+def init(ic: InitContext) -> Box:
     n = ic.n_agents
     side = math.sqrt(n / ic.params["density"])
     box = Box((side, side), periodic=True)
-    uid = torch.arange(n, device=ic.device)
-    pos = box.wrap(ic.rng.uniform(uid, 0, "init_pos", draws=2, dtype=torch.float32) * side)
-    angle = ic.rng.uniform(uid, 0, "init_heading", dtype=torch.float64) * (2 * math.pi)
+    uid = ic.uids("boid", n)
+    pos = box.wrap(ic.rng.uniform(uid, "init_pos", draws=2, dtype=torch.float32) * side)
+    angle = ic.rng.uniform(uid, "init_heading", dtype=torch.float64) * (2 * math.pi)
     heading = torch.stack([torch.cos(angle), torch.sin(angle)], -1).to(torch.float32)
-    boids = Population("boid", {"pos": FieldSpec(torch.float32, (2,)),
-                                "heading": FieldSpec(torch.float32, (2,))},
-                       {"uid": uid, "pos": pos, "heading": heading})
-    return State({"boid": boids}), box
+    ic.add("boid", uid=uid, pos=pos, heading=heading)
+    return box
 
 
-def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    h = mc.state["boid"]["heading"]  # float32 columns: the exact sum converts each value exactly
-    return {"sum_heading_x": h[:, 0], "sum_heading_y": h[:, 1]}
+# float32 columns: the exact sum converts each value exactly.
+@model.metric()
+def sum_heading_x(state: MetricsContext) -> torch.Tensor:
+    """x component of every heading."""
+    return state["boid"]["heading"][:, 0]
 
 
-def derive(m: dict[str, float]) -> dict[str, float]:
-    """Polarization: length of the mean heading (0 = disordered, 1 = all aligned)."""
-    n = max(m["n_boid"], 1)
-    return {"polarization": math.hypot(m["sum_heading_x"], m["sum_heading_y"]) / n}
+@model.metric()
+def sum_heading_y(state: MetricsContext) -> torch.Tensor:
+    """y component of every heading."""
+    return state["boid"]["heading"][:, 1]
 
 
-MODEL = Model("boids", registry, ["flock", "move"], PARAMS, init, metrics, derive,
-              description="Boids flocking in a periodic 2D box (Mesa boid_flockers rules)",
-              default_agents=10_000)
+@model.derived
+def polarization(m: dict[str, float]) -> float:
+    """Length of the mean heading (0 = disordered, 1 = all aligned)."""
+    return math.hypot(m["sum_heading_x"], m["sum_heading_y"]) / max(m["n_boid"], 1)
+
+
+MODEL = model

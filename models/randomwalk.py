@@ -17,63 +17,59 @@ import math
 
 import torch
 
-from agentsim.model import InitContext, MetricsContext, Model
-from agentsim.params import Param, ParamSpec
-from agentsim.space.continuous import Box
-from agentsim.state import FieldSpec, Population, State
-from agentsim.substep import Registry
+from agentsim import Box, Context, InitContext, MetricsContext, Model, Param
 
-registry = Registry()
-
-PARAMS = ParamSpec({
-    "density": Param(1.0, float, "walkers per unit area", check=lambda v: v > 0, expect="> 0"),
-    "step_size": Param(1.0, float, "std. dev. of each step per axis (length units)",
-                       check=lambda v: v >= 0, expect=">= 0"),
-    "drift_x": Param(0.0, float, "drift per step along x (length units)"),
-    "drift_y": Param(0.0, float, "drift per step along y (length units)"),
-    "init_extent": Param(1.0, float, "walkers start in [0, init_extent * side)^2 (1 = the whole box)",
-                         check=lambda v: 0 < v <= 1, expect="in (0, 1]"),
-})
+model = Model(
+    "randomwalk",
+    params={
+        "density": Param(1.0, "walkers per unit area", gt=0),
+        "step_size": Param(1.0, "std. dev. of each step per axis (length units)", ge=0),
+        "drift_x": Param(0.0, "drift per step along x (length units)"),
+        "drift_y": Param(0.0, "drift per step along y (length units)"),
+        "init_extent": Param(1.0, "walkers start in [0, init_extent * side)^2 (1 = the whole box)", gt=0, le=1),
+    },
+    description="Gaussian random walk with optional drift in a periodic box",
+    default_agents=10_000,
+)
 
 
-@registry.substep(reads=["walker.pos", "walker.disp"], writes=["walker.pos", "walker.disp"])
-def move(ctx):
+@model.substep(writes=["walker.pos", "walker.disp"])
+def move(ctx: Context) -> None:
     """Gaussian step plus drift, wrapped into the periodic box."""
     w = ctx["walker"]
     p = ctx.params
-    noise = ctx.rng.normal(w["uid"], "move", draws=2, dtype=torch.float32)
+    noise = ctx.rng.normal(w["uid"], draws=2, dtype=torch.float32)  # stream "move"
     delta = p["step_size"] * noise + torch.tensor([p["drift_x"], p["drift_y"]], dtype=torch.float32,
                                                   device=noise.device)
     w["disp"] = w["disp"] + delta
     w["pos"] = ctx.space.wrap(w["pos"] + delta)
 
 
-def init(ic: InitContext) -> tuple[State, Box]:
+@model.init
+def init(ic: InitContext) -> Box:
     n = ic.n_agents
     side = math.sqrt(n / ic.params["density"])
     box = Box((side, side), periodic=True)
-    uid = torch.arange(n, device=ic.device)
+    uid = ic.uids("walker", n)
     # side * 1.0 == side exactly: the default start is bit-identical to the whole-box start.
     extent = side * ic.params["init_extent"]
-    pos = box.wrap(ic.rng.uniform(uid, 0, "init_pos", draws=2, dtype=torch.float32) * extent)
-    walkers = Population(
-        "walker",
-        {"pos": FieldSpec(torch.float32, (2,)), "disp": FieldSpec(torch.float32, (2,))},
-        {"uid": uid, "pos": pos, "disp": torch.zeros(n, 2, device=ic.device)},
-    )
-    return State({"walker": walkers}), box
+    pos = box.wrap(ic.rng.uniform(uid, "init_pos", draws=2, dtype=torch.float32) * extent)
+    ic.add("walker", uid=uid, pos=pos, disp=torch.zeros(n, 2, device=ic.device))
+    return box
 
 
-def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    disp = mc.state["walker"]["disp"]
+@model.metric()
+def sum_sq_disp(state: MetricsContext) -> torch.Tensor:
+    """Squared displacement of every walker since step 0 (summed exactly)."""
+    disp = state["walker"]["disp"]
     x, y = disp[:, 0].to(torch.float64), disp[:, 1].to(torch.float64)
-    return {"sum_sq_disp": x * x + y * y}
+    return x * x + y * y
 
 
-def derive(m: dict[str, float]) -> dict[str, float]:
-    return {"msd": m["sum_sq_disp"] / max(m["n_walker"], 1)}
+@model.derived
+def msd(m: dict[str, float]) -> float:
+    """Mean squared displacement."""
+    return m["sum_sq_disp"] / max(m["n_walker"], 1)
 
 
-MODEL = Model("randomwalk", registry, ["move"], PARAMS, init, metrics, derive,
-              description="Gaussian random walk with optional drift in a periodic box",
-              default_agents=10_000)
+MODEL = model

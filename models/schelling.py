@@ -23,23 +23,19 @@ import math
 
 import torch
 
-from agentsim.errors import ConfigError
-from agentsim.model import InitContext, MetricsContext, Model
-from agentsim.params import Param, ParamSpec
-from agentsim.space.grid import Grid
-from agentsim.state import FieldSpec, Population, State
-from agentsim.substep import Registry
+from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
 
-registry = Registry()
-
-PARAMS = ParamSpec({
-    "density": Param(0.8, float, "fraction of cells occupied (sets the grid side)",
-                     check=lambda v: 0 < v < 1, expect="in (0, 1)"),
-    "minority_fraction": Param(0.5, float, "fraction of residents in group 1",
-                               check=lambda v: 0 <= v <= 1, expect="in [0, 1]"),
-    "homophily": Param(3, int, "similar neighbors needed to be happy", check=lambda v: v >= 0, expect=">= 0"),
-    "radius": Param(1, int, "Moore neighborhood radius (cells)", check=lambda v: v >= 1, expect=">= 1"),
-})
+model = Model(
+    "schelling",
+    params={
+        "density": Param(0.8, "fraction of cells occupied (sets the grid side)", gt=0, lt=1),
+        "minority_fraction": Param(0.5, "fraction of residents in group 1", ge=0, le=1),
+        "homophily": Param(3, "similar neighbors needed to be happy", ge=0),
+        "radius": Param(1, "Moore neighborhood radius (cells)", ge=1),
+    },
+    description="Schelling segregation on a torus grid",
+    default_agents=10_000,
+)
 
 
 def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: int, radius: int,
@@ -61,21 +57,9 @@ def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: i
     return {"similar": similar.to(torch.int16), "occupied": total.to(torch.int16), "happy": similar >= homophily}
 
 
-@registry.substep(reads=["resident.cell", "resident.group"],
-                  writes=["resident.happy", "resident.similar", "resident.occupied"],
-                  neighbors={"resident": ["cell", "group"]}, reach="moore:radius")
-def assess(ctx):
-    """Happy if at least ``homophily`` Moore neighbors share the resident's group."""
-    res = ctx["resident"]
-    nb = ctx.neighbors("resident")
-    out = assessment(ctx.space, nb["cell"], nb["group"], ctx.params["homophily"], ctx.params["radius"], nb.n_local)
-    for key, value in out.items():
-        res[key] = value
-
-
-@registry.substep(reads=["resident.cell", "resident.happy"], writes=["resident.cell"],
-                  neighbors={"resident": ["cell", "happy"]}, reach="global")
-def relocate(ctx):
+@model.substep(reads=["resident.happy"], writes=["resident.cell"], neighbors={"resident": ["cell", "happy"]},
+               reach="global")
+def relocate(ctx: Context) -> None:
     """Unhappy residents move to distinct cells that were empty at the start of the step."""
     res = ctx["resident"]
     grid: Grid = ctx.space
@@ -94,35 +78,58 @@ def relocate(ctx):
     res["cell"] = cell
 
 
-def init(ic: InitContext) -> tuple[State, Grid]:
+@model.substep(reads=["resident.cell", "resident.group"],
+               writes=["resident.happy", "resident.similar", "resident.occupied"],
+               neighbors={"resident": ["cell", "group"]}, reach="moore:radius")
+def assess(ctx: Context) -> None:
+    """Happy if at least ``homophily`` Moore neighbors share the resident's group."""
+    res = ctx["resident"]
+    nb = ctx.neighbors("resident")
+    out = assessment(ctx.space, nb["cell"], nb["group"], ctx.params["homophily"], ctx.params["radius"], nb.n_local)
+    for key, value in out.items():
+        res[key] = value
+
+
+@model.init
+def init(ic: InitContext) -> Grid:
     n = ic.n_agents
     side = max(2, math.ceil(math.sqrt(n / ic.params["density"])))
     if n >= side * side:
         raise ConfigError(f"schelling: {n} residents do not fit with density {ic.params['density']}")
     grid = Grid((side, side), periodic=True)
     cells = torch.arange(grid.n_cells, device=ic.device)
-    chosen = torch.argsort(ic.rng.bits(cells, 0, "placement"), stable=True)[:n]
-    uid = torch.arange(n, device=ic.device)
-    group = (ic.rng.uniform(uid, 0, "group") < ic.params["minority_fraction"]).to(torch.int8)
+    chosen = torch.argsort(ic.rng.bits(cells, "placement"), stable=True)[:n]
+    uid = ic.uids("resident", n)
+    group = (ic.rng.uniform(uid, "group") < ic.params["minority_fraction"]).to(torch.int8)
     first = assessment(grid, chosen, group, ic.params["homophily"], ic.params["radius"], n)
-    res = Population("resident", {"cell": FieldSpec(torch.int64), "group": FieldSpec(torch.int8),
-                                  "happy": FieldSpec(torch.bool), "similar": FieldSpec(torch.int16),
-                                  "occupied": FieldSpec(torch.int16)},
-                     {"uid": uid, "cell": chosen, "group": group, **first})
-    return State({"resident": res}), grid
+    ic.add("resident", uid=uid, cell=chosen, group=group, **first)
+    return grid
 
 
-def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    res = mc.state["resident"]
+@model.metric()
+def happy(state: MetricsContext) -> torch.Tensor:
+    """Residents happy at the last assessment."""
+    return state["resident"]["happy"]
+
+
+@model.metric()
+def sum_similar_fraction(state: MetricsContext) -> torch.Tensor:
+    """Per resident with neighbors, the fraction of them in its own group (0 for the others)."""
+    res = state["resident"]
     occ = res["occupied"].to(torch.float64)
-    has = occ > 0
-    frac = torch.where(has, res["similar"].to(torch.float64) / occ.clamp(min=1), 0.0)
-    return {"happy": res["happy"], "sum_similar_fraction": frac, "with_neighbors": has}
+    return torch.where(occ > 0, res["similar"].to(torch.float64) / occ.clamp(min=1), 0.0)
 
 
-def derive(m: dict[str, float]) -> dict[str, float]:
-    return {"segregation": m["sum_similar_fraction"] / max(m["with_neighbors"], 1)}
+@model.metric()
+def with_neighbors(state: MetricsContext) -> torch.Tensor:
+    """Residents with at least one neighbor."""
+    return state["resident"]["occupied"] > 0
 
 
-MODEL = Model("schelling", registry, ["relocate", "assess"], PARAMS, init, metrics, derive,
-              description="Schelling segregation on a torus grid", default_agents=10_000)
+@model.derived
+def segregation(m: dict[str, float]) -> float:
+    """Mean fraction of same-group neighbors over residents with neighbors."""
+    return m["sum_similar_fraction"] / max(m["with_neighbors"], 1)
+
+
+MODEL = model

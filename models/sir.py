@@ -28,33 +28,29 @@ import math
 import numpy as np
 import torch
 
-from agentsim.model import InitContext, MetricsContext, Model
-from agentsim.params import Param, ParamSpec
+from agentsim import (ConfigError, Context, Graph, InitContext, MetricsContext, Model, Param, erdos_renyi,
+                      from_edge_list_csv, layered_contacts, watts_strogatz)
+from agentsim.params import Params
 from agentsim.random import mix64_int, stream_id
-from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
-from agentsim.state import FieldSpec, Population, State
-from agentsim.substep import Registry
 
 S, I, R = 0, 1, 2
 
-registry = Registry()
-
 NETWORKS = ("erdos_renyi", "watts_strogatz", "layered", "csv")
 
-PARAMS = ParamSpec({
-    "beta": Param(0.03, float, "per-contact daily transmission probability",
-                  check=lambda v: 0 <= v <= 1, expect="a probability in [0, 1]"),
-    "gamma": Param(0.1, float, "daily recovery probability (mean infectious period 1/gamma days)",
-                   check=lambda v: 0 < v <= 1, expect="a probability in (0, 1]"),
-    "mean_degree": Param(10.0, float, "mean number of contacts per person",
-                         check=lambda v: v >= 0, expect=">= 0"),
-    "initial_prevalence": Param(0.001, float, "fraction infected at day 0",
-                                check=lambda v: 0 <= v <= 1, expect="a fraction in [0, 1]"),
-    "network": Param("erdos_renyi", str, "contact network: " + ", ".join(NETWORKS), choices=NETWORKS),
-    "rewire": Param(0.1, float, "Watts-Strogatz rewiring probability",
-                    check=lambda v: 0 <= v <= 1, expect="a probability in [0, 1]"),
-    "edges_csv": Param("", str, "edge-list CSV path when network = csv"),
-})
+model = Model(
+    "sir",
+    params={
+        "beta": Param(0.03, "per-contact daily transmission probability", ge=0, le=1),
+        "gamma": Param(0.1, "daily recovery probability (mean infectious period 1/gamma days)", gt=0, le=1),
+        "mean_degree": Param(10.0, "mean number of contacts per person", ge=0),
+        "initial_prevalence": Param(0.001, "fraction infected at day 0", ge=0, le=1),
+        "network": Param("erdos_renyi", "contact network: " + ", ".join(NETWORKS), choices=NETWORKS),
+        "rewire": Param(0.1, "Watts-Strogatz rewiring probability", ge=0, le=1),
+        "edges_csv": Param("", "edge-list CSV path when network = csv"),
+    },
+    description="SIR epidemic on a static contact network (one step = one day)",
+    default_agents=10_000,
+)
 
 
 def _infection_table(beta: float, max_k: int, device: torch.device) -> torch.Tensor:
@@ -63,9 +59,9 @@ def _infection_table(beta: float, max_k: int, device: torch.device) -> torch.Ten
     return torch.exp(k * math.log1p(-beta)) if beta < 1 else (k == 0).to(torch.float64)
 
 
-@registry.substep(reads=["person.status"], writes=["person.status", "person.infected_day"],
-                  neighbors={"person": ["status"]}, reach="graph")
-def infect(ctx):
+@model.substep(reads=["person.status"], writes=["person.status", "person.infected_day"],
+               neighbors={"person": ["status"]}, reach="graph")
+def infect(ctx: Context) -> None:
     """S -> I with probability 1 - (1 - beta)**k, k = number of infectious contacts."""
     people = ctx["person"]
     graph: Graph = ctx.space
@@ -77,23 +73,24 @@ def infect(ctx):
     cand = torch.nonzero((status == S) & (k > 0)).squeeze(1)
     k_cand = k.index_select(0, cand)
     escape = _infection_table(ctx.params["beta"], int(k_cand.max()) if k_cand.numel() else 0, ctx.device)
-    u = ctx.rng.uniform(uid.index_select(0, cand), "infect")
+    u = ctx.rng.uniform(uid.index_select(0, cand))  # stream "infect"
     new = cand[u >= escape.index_select(0, k_cand)]
     people["status"] = status.index_fill(0, new, I)
     people["infected_day"] = people["infected_day"].index_fill(0, new, ctx.step)
 
 
-@registry.substep(reads=["person.status", "person.infected_day"], writes=["person.status"])
-def recover(ctx):
+@model.substep(reads=["person.infected_day"], writes=["person.status"])
+def recover(ctx: Context) -> None:
     """I -> R with probability gamma, for people infected before today."""
     people = ctx["person"]
     status = people["status"]
     cand = torch.nonzero((status == I) & (people["infected_day"] < ctx.step)).squeeze(1)
-    u = ctx.rng.uniform(people["uid"].index_select(0, cand), "recover")
+    u = ctx.rng.uniform(people["uid"].index_select(0, cand))  # stream "recover"
     people["status"] = status.index_fill(0, cand[u < ctx.params["gamma"]], R)
 
 
-def build_network(params: dict, n: int, seed: int) -> Graph:
+def build_network(params: Params, n: int, seed: int) -> Graph:
+    """The contact network the parameters ask for, a pure function of them and the run seed."""
     graph_seed = mix64_int(seed ^ stream_id("network"))
     net = params["network"]
     if net == "erdos_renyi":
@@ -104,40 +101,45 @@ def build_network(params: dict, n: int, seed: int) -> Graph:
     if net == "layered":
         return layered_contacts(n, seed=graph_seed)
     if not params["edges_csv"]:
-        from agentsim.errors import ConfigError
-
         raise ConfigError("network = csv needs edges_csv=PATH (a two-column edge list)")
     return from_edge_list_csv(params["edges_csv"], n_nodes=n)
 
 
-def init(ic: InitContext) -> tuple[State, Graph]:
+@model.init
+def init(ic: InitContext) -> Graph:
     n = ic.n_agents
-    graph = build_network(ic.params, n, ic.rng.seed)
+    graph = build_network(ic.params, n, ic.seed)
     graph = Graph(graph.indptr.to(ic.device), graph.indices.to(ic.device), graph.n_nodes,
                   None if graph.layer is None else graph.layer.to(ic.device), graph.layer_names)
-    uid = torch.arange(n, device=ic.device)
+    uid = ic.uids("person", n)
     n_seed = min(n, max(1, round(ic.params["initial_prevalence"] * n))) if ic.params["initial_prevalence"] > 0 else 0
-    key = ic.rng.bits(uid, 0, "seed_infections")
+    key = ic.rng.bits(uid, "seed_infections")
     seeded = torch.zeros(n, dtype=torch.bool, device=ic.device)
     seeded[torch.argsort(key, stable=True)[:n_seed]] = True
-    status = torch.where(seeded, I, S).to(torch.int8)
-    people = Population(
-        "person",
-        {"status": FieldSpec(torch.int8), "infected_day": FieldSpec(torch.int32)},
-        {"uid": uid, "status": status,
-         "infected_day": torch.where(seeded, 0, -1).to(torch.int32)},
-    )
-    return State({"person": people}), graph
+    ic.add("person", uid=uid, status=torch.where(seeded, I, S).to(torch.int8),
+           infected_day=torch.where(seeded, 0, -1).to(torch.int32))
+    return graph
 
 
-def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    status = mc.state["person"]["status"]
-    return {"S": status == S, "I": status == I, "R": status == R}
+@model.metric(name="S")
+def susceptible(state: MetricsContext) -> torch.Tensor:
+    """People susceptible."""
+    return state["person"]["status"] == S
 
 
-MODEL = Model("sir", registry, ["infect", "recover"], PARAMS, init, metrics,
-              description="SIR epidemic on a static contact network (one step = one day)",
-              default_agents=10_000)
+@model.metric(name="I")
+def infectious(state: MetricsContext) -> torch.Tensor:
+    """People infectious."""
+    return state["person"]["status"] == I
+
+
+@model.metric(name="R")
+def recovered(state: MetricsContext) -> torch.Tensor:
+    """People recovered."""
+    return state["person"]["status"] == R
+
+
+MODEL = model
 
 
 def edge_based_reference(beta: float, gamma: float, mean_degree: float, rho: float,

@@ -31,55 +31,51 @@ import math
 
 import torch
 
-from agentsim.grouping import rank_in_group
-from agentsim.model import InitContext, MetricsContext, Model
-from agentsim.params import Param, ParamSpec
-from agentsim.space.grid import Grid
-from agentsim.state import FieldSpec, Population, State
-from agentsim.substep import Registry
+from agentsim import Context, Grid, InitContext, MetricsContext, Model, Param, rank_in_group
 
-registry = Registry()
-_prob = lambda v: 0 <= v <= 1  # noqa: E731
-
-PARAMS = ParamSpec({
-    "density": Param(0.375, float, "animals per grid cell at step 0 (sets the grid side)",
-                     check=lambda v: v > 0, expect="> 0"),
-    "wolf_fraction": Param(1 / 3, float, "fraction of the initial animals that are wolves",
-                           check=_prob, expect="in [0, 1]"),
-    "sheep_reproduce": Param(0.04, float, "daily sheep reproduction probability", check=_prob, expect="in [0, 1]"),
-    "wolf_reproduce": Param(0.05, float, "daily wolf reproduction probability", check=_prob, expect="in [0, 1]"),
-    "sheep_gain": Param(4.0, float, "energy a sheep gains from eating grass", check=lambda v: v >= 0, expect=">= 0"),
-    "wolf_gain": Param(20.0, float, "energy a wolf gains from eating a sheep", check=lambda v: v >= 0, expect=">= 0"),
-    "regrowth_time": Param(30, int, "steps for eaten grass to grow back", check=lambda v: v >= 1, expect=">= 1"),
-})
+model = Model(
+    "wolfsheep",
+    params={
+        "density": Param(0.375, "animals per grid cell at step 0 (sets the grid side)", gt=0),
+        "wolf_fraction": Param(1 / 3, "fraction of the initial animals that are wolves", ge=0, le=1),
+        "sheep_reproduce": Param(0.04, "daily sheep reproduction probability", ge=0, le=1),
+        "wolf_reproduce": Param(0.05, "daily wolf reproduction probability", ge=0, le=1),
+        "sheep_gain": Param(4.0, "energy a sheep gains from eating grass", ge=0),
+        "wolf_gain": Param(20.0, "energy a wolf gains from eating a sheep", ge=0),
+        "regrowth_time": Param(30, "steps for eaten grass to grow back", ge=1),
+    },
+    description="Wolf-sheep predation with grass regrowth on a torus grid",
+    default_agents=150,
+)
 
 
-def _random_step(ctx, pop: str, stream: str) -> None:
+def _random_step(ctx: Context, pop: str) -> None:
+    """Every animal of ``pop`` moves to a random Moore neighbor cell (the substep's stream)."""
     animals = ctx[pop]
     grid: Grid = ctx.space
     choices = grid.neighbor_cells(animals["cell"], "moore", 1)
-    pick = ctx.rng.integers(animals["uid"], stream, choices.shape[1])
+    pick = ctx.rng.integers(animals["uid"], high=choices.shape[1])
     animals["cell"] = choices.gather(1, pick.unsqueeze(1)).squeeze(1)
 
 
-def _breed(ctx, pop: str, prob: float) -> None:
+def _breed(ctx: Context, pop: str, prob: float) -> None:
+    """Parents (probability ``prob``) halve their energy and give it to a child on their cell."""
     animals = ctx[pop]
-    parents = ctx.rng.bernoulli(animals["uid"], f"{pop}_breed", prob)
+    parents = ctx.rng.bernoulli(animals["uid"], p=prob)
     energy = torch.where(parents, animals["energy"] / 2, animals["energy"])
     animals["energy"] = energy
     ctx.spawn(pop, animals["uid"][parents], {"cell": animals["cell"][parents], "energy": energy[parents]})
 
 
-@registry.substep(reads=["sheep.cell"], writes=["sheep.cell"])
-def sheep_move(ctx):
+@model.substep(writes=["sheep.cell"])
+def sheep_move(ctx: Context) -> None:
     """Move to a random Moore neighbor cell."""
-    _random_step(ctx, "sheep", "sheep_move")
+    _random_step(ctx, "sheep")
 
 
-@registry.substep(reads=["sheep.cell", "sheep.energy", "env.grass", "env.countdown"],
-                  writes=["sheep.energy", "env.grass", "env.countdown"], deaths=["sheep"],
-                  neighbors={"sheep": ["cell"]}, reach="cell")
-def sheep_eat(ctx):
+@model.substep(reads=["sheep.cell"], writes=["sheep.energy", "env.grass", "env.countdown"], deaths=["sheep"],
+               neighbors={"sheep": ["cell"]}, reach="cell")
+def sheep_eat(ctx: Context) -> None:
     """Lose 1 energy; one sheep per grown patch eats it; starving sheep die."""
     sheep, env = ctx["sheep"], ctx.env
     nb = ctx.neighbors("sheep")
@@ -98,22 +94,21 @@ def sheep_eat(ctx):
     ctx.kill("sheep", energy < 0)
 
 
-@registry.substep(reads=["sheep.cell", "sheep.energy"], writes=["sheep.energy"], births=["sheep"])
-def sheep_breed(ctx):
+@model.substep(reads=["sheep.cell"], writes=["sheep.energy"], births=["sheep"])
+def sheep_breed(ctx: Context) -> None:
     """With probability sheep_reproduce, halve energy and add a lamb on the same cell."""
     _breed(ctx, "sheep", ctx.params["sheep_reproduce"])
 
 
-@registry.substep(reads=["wolf.cell"], writes=["wolf.cell"])
-def wolf_move(ctx):
+@model.substep(writes=["wolf.cell"])
+def wolf_move(ctx: Context) -> None:
     """Move to a random Moore neighbor cell."""
-    _random_step(ctx, "wolf", "wolf_move")
+    _random_step(ctx, "wolf")
 
 
-@registry.substep(reads=["wolf.cell", "wolf.energy", "sheep.cell"], writes=["wolf.energy"],
-                  deaths=["sheep", "wolf"], neighbors={"wolf": ["cell"], "sheep": ["cell"]},
-                  reach="cell")
-def wolf_eat(ctx):
+@model.substep(reads=["wolf.cell", "sheep.cell"], writes=["wolf.energy"], deaths=["sheep", "wolf"],
+               neighbors={"wolf": ["cell"], "sheep": ["cell"]}, reach="cell")
+def wolf_eat(ctx: Context) -> None:
     """Lose 1 energy; the k-th wolf of a cell eats its k-th sheep; starving wolves die."""
     wolves = ctx["wolf"]
     grid: Grid = ctx.space
@@ -131,14 +126,14 @@ def wolf_eat(ctx):
     ctx.kill("wolf", energy < 0)
 
 
-@registry.substep(reads=["wolf.cell", "wolf.energy"], writes=["wolf.energy"], births=["wolf"])
-def wolf_breed(ctx):
+@model.substep(reads=["wolf.cell"], writes=["wolf.energy"], births=["wolf"])
+def wolf_breed(ctx: Context) -> None:
     """With probability wolf_reproduce, halve energy and add a cub on the same cell."""
     _breed(ctx, "wolf", ctx.params["wolf_reproduce"])
 
 
-@registry.substep(reads=["env.grass", "env.countdown"], writes=["env.grass", "env.countdown"])
-def grass_regrow(ctx):
+@model.substep(writes=["env.grass", "env.countdown"])
+def grass_regrow(ctx: Context) -> None:
     """Eaten patches count down and grow back (countdown reset to regrowth_time)."""
     env = ctx.env
     grass, countdown = env["grass"], env["countdown"]
@@ -148,37 +143,31 @@ def grass_regrow(ctx):
     env["grass"] = grass | ready
 
 
-def init(ic: InitContext) -> tuple[State, Grid]:
+@model.init
+def init(ic: InitContext) -> Grid:
     p = ic.params
     n = ic.n_agents
     side = max(3, round(math.sqrt(n / p["density"])))
     grid = Grid((side, side), periodic=True)
     n_wolf = round(n * p["wolf_fraction"])
-    n_sheep = n - n_wolf
-    dev = ic.device
-
-    def animals(name: str, count: int, first_uid: int, gain: float) -> Population:
-        uid = torch.arange(first_uid, first_uid + count, device=dev)
-        cell = ic.rng.integers(uid, 0, f"{name}_cell", grid.n_cells)
-        energy = ic.rng.integers(uid, 0, f"{name}_energy", max(1, int(2 * gain))).to(torch.float32)
-        return Population(name, {"cell": FieldSpec(torch.int64), "energy": FieldSpec(torch.float32)},
-                          {"uid": uid, "cell": cell, "energy": energy})
-
     # Sheep uids count from 0, wolf uids from 2**40: births never make the two ranges meet.
-    sheep = animals("sheep", n_sheep, 0, p["sheep_gain"])
-    wolves = animals("wolf", n_wolf, 1 << 40, p["wolf_gain"])
-    cells = torch.arange(grid.n_cells, device=dev)
-    grown = ic.rng.bernoulli(cells, 0, "grass", 0.5)
-    countdown = torch.where(grown, p["regrowth_time"], ic.rng.integers(cells, 0, "countdown", p["regrowth_time"]))
-    env = {"grass": grown.reshape(grid.shape), "countdown": countdown.to(torch.int32).reshape(grid.shape)}
-    return State({"sheep": sheep, "wolf": wolves}, env), grid
+    for name, count, first_uid, gain in (("sheep", n - n_wolf, 0, p["sheep_gain"]),
+                                         ("wolf", n_wolf, 1 << 40, p["wolf_gain"])):
+        uid = torch.arange(first_uid, first_uid + count, device=ic.device)
+        cell = ic.rng.integers(uid, f"{name}_cell", grid.n_cells)
+        energy = ic.rng.integers(uid, f"{name}_energy", max(1, int(2 * gain))).to(torch.float32)
+        ic.add(name, uid=uid, cell=cell, energy=energy)
+    cells = torch.arange(grid.n_cells, device=ic.device)
+    grown = ic.rng.bernoulli(cells, "grass", 0.5)
+    countdown = torch.where(grown, p["regrowth_time"], ic.rng.integers(cells, "countdown", p["regrowth_time"]))
+    ic.add_env(grass=grown.reshape(grid.shape), countdown=countdown.to(torch.int32).reshape(grid.shape))
+    return grid
 
 
-def metrics(mc: MetricsContext) -> dict[str, torch.Tensor]:
-    return {"grass": mc.owned_env("grass")}
+@model.metric()
+def grass(state: MetricsContext) -> torch.Tensor:
+    """Grown grass patches (each cell counted once, on its owner)."""
+    return state.owned_env("grass")
 
 
-MODEL = Model("wolfsheep", registry,
-              ["sheep_move", "sheep_eat", "sheep_breed", "wolf_move", "wolf_eat", "wolf_breed", "grass_regrow"],
-              PARAMS, init, metrics, description="Wolf-sheep predation with grass regrowth on a torus grid",
-              default_agents=150)
+MODEL = model
