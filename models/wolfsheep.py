@@ -150,10 +150,9 @@ def init(ic: InitContext) -> Grid:
     side = max(3, round(math.sqrt(n / p["density"])))
     grid = Grid((side, side), periodic=True)
     n_wolf = round(n * p["wolf_fraction"])
-    # Sheep uids count from 0, wolf uids from 2**40: births never make the two ranges meet.
-    for name, count, first_uid, gain in (("sheep", n - n_wolf, 0, p["sheep_gain"]),
-                                         ("wolf", n_wolf, 1 << 40, p["wolf_gain"])):
-        uid = torch.arange(first_uid, first_uid + count, device=ic.device)
+    # uids are unique within a population (each has its own random streams), from 0 for both.
+    for name, count, gain in (("sheep", n - n_wolf, p["sheep_gain"]), ("wolf", n_wolf, p["wolf_gain"])):
+        uid = ic.uids(name, count)
         cell = ic.rng.integers(uid, f"{name}_cell", grid.n_cells)
         energy = ic.rng.integers(uid, f"{name}_energy", max(1, int(2 * gain))).to(torch.float32)
         ic.add(name, uid=uid, cell=cell, energy=energy)
