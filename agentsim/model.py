@@ -247,6 +247,8 @@ class Model:
         """
         new = Model.__new__(Model)
         new.__dict__.update(self.__dict__)
+        # Own containers: declaring more on one copy leaves the others alone.
+        new._available, new._metrics, new._derived = dict(self._available), list(self._metrics), list(self._derived)
         new._overrides = {**self._overrides, **dict(params or {})}
         new._resolved = None
         new.params  # noqa: B018  validate now

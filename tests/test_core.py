@@ -1,49 +1,55 @@
-"""State, substep registry, parameters and the engine's declaration checks."""
+"""State, models and substeps, parameters, contexts, metrics and the engine's declaration checks."""
+
+from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from agentsim import (ConfigError, FieldAccessError, FieldSpec, Model, Param, ParamSpec, Population,
-                      Registry, Simulation, SimulationError, State)
+import agentsim as asim
+from agentsim import (ConfigError, FieldAccessError, FieldSpec, Model, Param, Population, Simulation,
+                      SimulationError, UnknownParameterError)
 from agentsim.grouping import rank_in_group
 
 
 def make_model(substeps=("grow", "breed", "cull"), **extra_steps):
-    """A small model with births and deaths: cells grow, split and die."""
-    reg = Registry()
+    """A small model with births and deaths: cells grow, split and die; ``extra_steps`` add substeps."""
+    model = Model("cells", params={"split_at": Param(1.5, "size at which a cell splits"),
+                                   "death": Param(0.1, "daily death probability", ge=0, le=1)})
 
-    @reg.substep(reads=["cell.size"], writes=["cell.size"])
-    def grow(ctx):
+    @model.substep(writes=["cell.size"])
+    def grow(ctx: asim.Context) -> None:
         c = ctx["cell"]
-        c["size"] = c["size"] + ctx.rng.uniform(c["uid"], "grow", dtype=torch.float32)
+        c["size"] = c["size"] + ctx.rng.uniform(c["uid"], dtype=torch.float32)
 
-    @reg.substep(reads=["cell.size"], writes=["cell.size"], births=["cell"])
-    def breed(ctx):
+    @model.substep(writes=["cell.size"], births=["cell"])
+    def breed(ctx: asim.Context) -> None:
         c = ctx["cell"]
         big = c["size"] > ctx.params["split_at"]
         size = torch.where(big, c["size"] / 2, c["size"])
         c["size"] = size
-        ctx.spawn("cell", c["uid"][big], {"size": size[big]})
+        ctx.spawn("cell", c["uid"][big], {"size": size[big], "age": torch.zeros(int(big.sum()), dtype=torch.int32)})
 
-    @reg.substep(reads=["cell.size"], deaths=["cell"])
-    def cull(ctx):
+    @model.substep(reads=["cell.size"], deaths=["cell"])
+    def cull(ctx: asim.Context) -> None:
         c = ctx["cell"]
-        ctx.kill("cell", ctx.rng.uniform(c["uid"], "cull") < ctx.params["death"])
+        ctx.kill("cell", ctx.rng.uniform(c["uid"]) < ctx.params["death"])
 
-    for name, fn in extra_steps.items():
-        fn(reg)
+    for add in extra_steps.values():
+        add(model)
 
-    def init(ic):
-        uid = torch.arange(ic.n_agents)
-        size = ic.rng.uniform(uid, 0, "size", dtype=torch.float32)
-        return State({"cell": Population("cell", {"size": FieldSpec(torch.float32)},
-                                         {"uid": uid, "size": size})}), None
+    @model.init
+    def init(ic: asim.InitContext) -> None:
+        uid = ic.uids("cell", ic.n_agents)
+        ic.add("cell", uid=uid, size=ic.rng.uniform(uid, "size", dtype=torch.float32),
+               age=torch.zeros(ic.n_agents, dtype=torch.int32))
 
-    params = ParamSpec({"split_at": Param(1.5, float, "size at which a cell splits"),
-                        "death": Param(0.1, float, "daily death probability",
-                                       check=lambda v: 0 <= v <= 1, expect="in [0, 1]")})
-    metrics = lambda mc: {"total_size_x1e6": (mc.state["cell"]["size"].double() * 1e6).round().long().sum()}
-    return Model("cells", reg, list(substeps), params, init, metrics)
+    @model.metric()
+    def total_size_x1e6(state) -> torch.Tensor:
+        return (state["cell"]["size"].double() * 1e6).round().long()
+
+    return model.configure(substeps=list(substeps))
 
 
 def final_table(sim):
@@ -113,109 +119,258 @@ def test_population_validation():
         ipop["k"] = torch.tensor([0.5, 1.5])
 
 
-def test_undeclared_write_is_an_error():
-    def bad(reg):
-        @reg.substep(reads=["cell.size"])
-        def sneaky(ctx):
-            ctx["cell"]["size"] = ctx["cell"]["size"] * 2
+def one_step(declare, body, agents: int = 5) -> Simulation:
+    """A cells model whose only substep is ``body`` declared with ``declare``; one step run."""
+    def add(model):
+        model.substep(**declare)(body)
 
-    sim = Simulation(make_model(["sneaky"], bad=bad), agents=10)
+    sim = Simulation(make_model([body.__name__], extra=add), agents=agents)
+    sim.step()
+    return sim
+
+
+def test_undeclared_write_is_an_error():
+    def sneaky(ctx):
+        ctx["cell"]["size"] = ctx["cell"]["size"] * 2
+
     with pytest.raises(FieldAccessError, match="writes 'cell.size' but does not declare it"):
-        sim.step()
+        one_step({"reads": ["cell.size"]}, sneaky)
 
 
 def test_undeclared_read_is_an_error():
-    def bad(reg):
-        @reg.substep(writes=["cell.size"])
-        def peek(ctx):
-            ctx["cell"]["size"] = torch.zeros(ctx["cell"].n) + ctx["cell"]["size"]
+    def peek(ctx):  # declares cell.size, reads cell.age
+        ctx["cell"]["size"] = ctx["cell"]["size"] + ctx["cell"]["age"]
 
-    reg_model = make_model(["peek"], bad=bad)
-    # writes imply reads: peek may read what it writes. An undeclared population is an error:
-    def worse(reg):
-        @reg.substep(reads=["cell.size"])
-        def other(ctx):
-            ctx["cell"]["uid"]
-            ctx["dog"]
+    with pytest.raises(FieldAccessError, match=r"substep 'peek' reads 'cell.age' but does not declare it \(declared "
+                                               r"reads: \['size', 'uid'\]\); add 'cell.age' to reads="):
+        one_step({"writes": ["cell.size"]}, peek)
 
-    Simulation(reg_model, agents=5).step()
+    def grow_older(ctx):  # writes imply reads; uid is always readable
+        c = ctx["cell"]
+        c["age"] = c["age"] + (c["uid"] >= 0).to(torch.int32)
+
+    assert one_step({"writes": ["cell.age"]}, grow_older).state["cell"]["age"].tolist() == [1] * 5
+
+    def walk_dog(ctx):
+        ctx["dog"]
+
     with pytest.raises(ConfigError, match="unknown population 'dog'"):
-        Simulation(make_model(["other"], worse=worse), agents=5).step()
+        one_step({"reads": ["cell.size"]}, walk_dog)
 
 
 def test_in_place_modification_of_read_only_field_is_detected():
-    def bad(reg):
-        @reg.substep(reads=["cell.size"])
-        def mutate(ctx):
-            ctx["cell"]["size"].mul_(2)
+    def mutate(ctx):
+        ctx["cell"]["size"].mul_(2)
 
     with pytest.raises(FieldAccessError, match="modified 'cell.size' in place"):
-        Simulation(make_model(["mutate"], bad=bad), agents=5).step()
+        one_step({"reads": ["cell.size"]}, mutate)
 
 
 def test_undeclared_births_and_deaths():
-    def bad(reg):
-        @reg.substep(reads=["cell.size"])
-        def kill_all(ctx):
-            ctx.kill("cell", torch.ones(ctx["cell"].n, dtype=torch.bool))
+    def kill_all(ctx):
+        ctx.kill("cell", torch.ones(ctx["cell"].n, dtype=torch.bool))
 
     with pytest.raises(FieldAccessError, match="declares deaths=\\[\\]"):
-        Simulation(make_model(["kill_all"], bad=bad), agents=5).step()
+        one_step({"reads": ["cell.size"]}, kill_all)
 
 
 def test_declared_field_must_exist_at_run_start():
-    def bad(reg):
-        @reg.substep(reads=["cell.mass"])
-        def weigh(ctx):
-            pass
+    def weigh(ctx):
+        pass
 
     with pytest.raises(ConfigError, match="declares 'cell.mass'.*fields"):
-        Simulation(make_model(["weigh"], bad=bad), agents=5)
+        one_step({"reads": ["cell.mass"]}, weigh)
 
 
 def test_error_flags_raise_once_per_step():
-    def bad(reg):
-        @reg.substep(reads=["cell.size"], writes=["cell.size"])
-        def poison(ctx):
-            c = ctx["cell"]
-            c["size"] = c["size"] / 0.0 * 0.0  # NaN
-            ctx.flag("size exploded", c["size"].isnan())
+    def poison(ctx):
+        c = ctx["cell"]
+        c["size"] = c["size"] / 0.0 * 0.0  # NaN
+        ctx.flag("size exploded", c["size"].isnan())
 
     with pytest.raises(SimulationError, match="step 1: poison: size exploded; poison: NaN in cell.size"):
-        Simulation(make_model(["poison"], bad=bad), agents=5).step()
+        one_step({"writes": ["cell.size"]}, poison)
 
 
-def test_registry_is_per_model_and_checks_names():
-    a, b = Registry(), Registry()
-    for reg in (a, b):
-        @reg.substep(reads=["x.y"])
-        def move(ctx):
-            pass
-    assert "move" in a and "move" in b
-    with pytest.raises(ConfigError, match="already registered"):
-        @a.substep()
-        def move(ctx):  # noqa: F811
-            pass
-    with pytest.raises(ConfigError, match="unknown substep 'mvoe'.*Perhaps you meant 'move'"):
-        a["mvoe"]
+def test_ctx_params_are_read_only_and_a_typo_names_the_valid_ones():
+    def typo(ctx):
+        ctx.params["spilt_at"]
+
+    with pytest.raises(UnknownParameterError, match=r"unknown parameter 'spilt_at' of model 'cells' "
+                                                    r"\(valid: split_at, death\). Perhaps you meant 'split_at'\?"):
+        one_step({"reads": ["cell.size"]}, typo)
+
+    def assign(ctx):
+        ctx.params["death"] = 1.0
+
+    with pytest.raises(TypeError, match="parameters are read-only during a run"):
+        one_step({"reads": ["cell.size"]}, assign)
+
+    def defaults(ctx):  # a Mapping: get() and `in` work as on a dict
+        assert ctx.params.get("nothing", 7) == 7 and "death" in ctx.params
+
+    one_step({"reads": ["cell.size"]}, defaults)
+
+
+def test_model_declarations_are_checked():
+    model = make_model()
+    with pytest.raises(ConfigError, match="substep 'grow' is already defined"):
+        model.add_substep(model.substeps[0])
     with pytest.raises(ConfigError, match="expected a field reference"):
-        a.substep(reads=["nodot"])(lambda ctx: None)
+        model.substep(reads=["nodot"])(lambda ctx: None)
+    with pytest.raises(ConfigError, match=r"reads: expected a list of 'population.field' \(got the string"):
+        asim.Substep(lambda ctx: None, name="x", reads="cell.size")
+    with pytest.raises(ConfigError, match="metric 'total_size_x1e6' is already defined"):
+        model.metric(name="total_size_x1e6")(lambda state: state["cell"]["size"])
+    with pytest.raises(ConfigError, match="metric name: expected a non-empty str without '#'"):
+        asim.Metric(lambda state: state, name="a#b")
+    with pytest.raises(ConfigError, match="metric reduce: expected one of sum, mean"):
+        asim.Metric(lambda state: state, name="m", reduce="max")
+    with pytest.raises(ConfigError, match="unknown substep 'mvoe'.*Perhaps you meant 'move'"):
+        Model("m", substeps=[asim.Substep(lambda ctx: None, name="move")]).configure(substeps=["mvoe"])
+    empty = Model("empty")
+    with pytest.raises(ConfigError, match="model 'empty' has no init"):
+        Simulation(empty, agents=3)
+
+    @empty.init
+    def init(ic):
+        return asim.State({}), None  # the deprecated form's return value
+
+    with pytest.raises(ConfigError, match="model 'empty' has no substep"):
+        Simulation(empty, agents=3)
+    empty.add_substep(asim.Substep(lambda ctx: None, name="noop"))
+    with pytest.raises(ConfigError, match="init returns the space \\(got a tuple"):
+        Simulation(empty, agents=3)
 
 
-def test_params_validation_messages():
-    m = make_model()
-    with pytest.raises(ConfigError, match="unknown parameter 'deth'.*valid: split_at, death.*Perhaps you meant 'death'"):
-        m.configure(params={"deth": 0.2})
+def test_param_bounds_and_choices_write_their_own_messages():
+    model = make_model()
+    with pytest.raises(UnknownParameterError, match="unknown parameter 'deth'.*valid: split_at, death.*Perhaps "
+                                                    "you meant 'death'"):
+        model.configure(params={"deth": 0.2})
     with pytest.raises(ConfigError, match="parameter 'death': expected a float"):
-        m.configure(params={"death": "often"})
-    with pytest.raises(ConfigError, match=r"parameter 'death': expected in \[0, 1\]"):
-        m.configure(params={"death": 2.0})
-    assert m.configure(params={"death": "0.5"}).params["death"] == 0.5
-    spec = ParamSpec({"n": Param(type=int, doc="required count")})
-    with pytest.raises(ConfigError, match="missing required parameter 'n'"):
-        spec.resolve({})
-    with pytest.raises(ConfigError, match="expected an int"):
-        spec.resolve({"n": "1.5"})
+        model.configure(params={"death": "often"})
+    with pytest.raises(ConfigError, match=r"parameter 'death': expected a value in \[0, 1\] \(got 2.0\)"):
+        model.configure(params={"death": 2.0})
+    assert model.configure(params={"death": "0.5"}).params["death"] == 0.5
+    table = asim.params.ParamTable({
+        "rate": Param(0.5, "a rate", gt=0, lt=1), "k": Param(3, "a count", ge=1),
+        "mode": Param("a", "a mode", choices=["a", "b"]), "on": Param(True, "a switch"),
+        "n": Param(type=int, doc="required count"),
+    })
+    for values, message in [({"rate": 1.0, "n": 1}, r"'rate': expected a value in \(0, 1\) \(got 1.0\)"),
+                            ({"rate": float("nan"), "n": 1}, r"'rate': expected a value in \(0, 1\) \(got nan\)"),
+                            ({"k": 0, "n": 1}, r"'k': expected a value >= 1 \(got 0\)"),
+                            ({"k": 1.5, "n": 1}, r"'k': expected an int \(got 1.5\)"),
+                            ({"mode": "c", "n": 1}, r"'mode': expected one of \['a', 'b'\] \(got 'c'\)"),
+                            ({"on": "maybe", "n": 1}, r"'on': expected a bool"),
+                            ({}, r"missing required parameter 'n' \(required count\)"),
+                            ({"n": "1.5"}, r"'n': expected an int")]:
+        with pytest.raises(ConfigError, match=message):
+            table.resolve(values)
+    got = table.resolve({"n": "4", "on": "no", "k": 2.0})
+    assert dict(got) == {"rate": 0.5, "k": 2, "mode": "a", "on": False, "n": 4}
+    assert type(got["k"]) is int and type(got["rate"]) is float
+    with pytest.raises(ConfigError, match="ge= needs a number parameter"):
+        Param("x", "a name", ge=0)
+    with pytest.raises(ConfigError, match="a parameter without a default needs type="):
+        Param(doc="nothing")
+    with pytest.raises(ConfigError, match=r"'default': expected a value >= 0 \(got -1.0\)"):
+        Param(-1.0, "a bad default", ge=0)
+    text = table.table()
+    assert "in (0, 1)" in text and ">= 1" in text and "one of ['a', 'b']" in text and "required" in text
+
+
+def test_init_context_reserves_uids_and_infers_field_specs():
+    ic = asim.InitContext(asim.Params({}), 4, asim.CounterRNG(1).at(0, "init"), torch.device("cpu"))
+    a, b = ic.uids("ant", 3), ic.uids("ant", 2)
+    assert a.tolist() == [0, 1, 2] and b.tolist() == [3, 4] and ic.uids("bee", 1).tolist() == [0]
+    ic.add("ant", uid=a, pos=torch.zeros(3, 2), alive=torch.ones(3, dtype=torch.bool))
+    ic.add_env(food=torch.zeros(4, 4))
+    state = ic.state()
+    ants = state["ant"]
+    assert ants.specs["pos"] == FieldSpec(torch.float32, (2,)) and ants.specs["alive"] == FieldSpec(torch.bool)
+    assert ants.next_uid == 5  # births continue after every reserved uid
+    assert list(state.env) == ["food"]
+    with pytest.raises(ConfigError, match="population 'ant' was already added"):
+        ic.add("ant", uid=b)
+    with pytest.raises(ConfigError, match=r"uid must be a \[n\] int64 tensor \(got torch.float32 \[2\]\)"):
+        ic.add("cow", uid=torch.zeros(2))
+    with pytest.raises(ConfigError, match="use add_env"):
+        ic.add("env", uid=b)
+    with pytest.raises(ConfigError, match="environment layer 'food' was already added"):
+        ic.add_env(food=torch.zeros(1))
+    with pytest.raises(ConfigError, match=r"uids\('ant', n\): expected an int n >= 0"):
+        ic.uids("ant", -1)
+    assert torch.equal(ic.rng.uniform(a), asim.CounterRNG(1).uniform(a, 0, "init"))  # default stream "init"
+
+
+def test_context_is_built_from_explicit_parts_with_no_engine_inside():
+    seen = {}
+
+    def look(ctx):
+        seen.update(vars(ctx))
+        seen["rng_stream"] = ctx.rng.stream
+
+    sim = one_step({"reads": ["cell.size"]}, look)
+    assert not any(isinstance(v, Simulation) for v in seen.values())
+    assert seen["step"] == 1 and seen["rng_stream"] == "look" and isinstance(seen["params"], asim.Params)
+    assert seen["space"] is sim.space is None and isinstance(seen["effects"], asim.context.Effects)
+
+
+def test_mean_and_derived_metrics():
+    model = make_model()
+    definition = model.configure()  # decorating a configured copy leaves the other copies alone
+
+    @model.metric(reduce="mean")
+    def mean_size(state):
+        return state["cell"]["size"]
+
+    @model.metric(reduce="mean")
+    def mean_big_size(state):  # a mean over a subset: return only the agents that count
+        size = state["cell"]["size"]
+        return size[size > 100.0]
+
+    @model.derived
+    def total_over_n(m):
+        return m["total_size_x1e6"] / m["n_cell"]
+
+    sim = Simulation(model, agents=300, seed=2)
+    m = sim.run(4).metrics
+    size = sim.state["cell"]["size"].double()
+    exact = asim.ops.exact_sum(size, frac_bits=24)  # the engine's fixed-point sum
+    assert m["mean_size"][-1] == float(exact) / size.numel()
+    assert math.isnan(m["mean_big_size"][-1])  # no value: NaN, not a division error
+    assert m["total_over_n"][-1] == pytest.approx(m["mean_size"][-1] * 1e6, rel=1e-6)
+    assert definition.metric_names() == ["total_size_x1e6"]
+
+
+def test_the_decorator_free_form_is_the_same_model():
+    def move(ctx):
+        w = ctx["w"]
+        w["x"] = w["x"] + ctx.rng.normal(w["uid"])
+
+    def init(ic):
+        uid = ic.uids("w", ic.n_agents)
+        ic.add("w", uid=uid, x=torch.zeros(ic.n_agents, dtype=torch.float64))
+
+    def spread(state):
+        return state["w"]["x"] ** 2
+
+    def rms(m):
+        return math.sqrt(m["spread"])
+
+    plain = Model("w", params={"s": Param(1.0, "unused")}, init=init, substeps=[asim.Substep(move, writes=["w.x"])],
+                  metrics=[asim.Metric(spread, reduce="mean")], derived={"rms": rms})
+    decorated = Model("w", params={"s": Param(1.0, "unused")})
+    decorated.substep(writes=["w.x"])(move)
+    decorated.init(init)
+    decorated.metric(reduce="mean")(spread)
+    decorated.derived(rms)
+    a = asim.run(plain, agents=50, steps=3, seed=4).metrics
+    b = asim.run(decorated, agents=50, steps=3, seed=4).metrics
+    assert a["spread"].tolist() == b["spread"].tolist() and a["rms"][-1] == math.sqrt(a["spread"][-1])
+    assert asim.Substep("move", move, (), ("w.x",)).writes == ("w.x",)  # the positional form of 0.1
 
 
 def test_compose_substeps_by_name_and_plan():
@@ -240,9 +395,34 @@ def test_bad_run_arguments():
         Simulation(m, agents=5).run(-1)
     with pytest.raises(ConfigError, match="unknown device"):
         Simulation(m, agents=5, device="tpu")
+    with pytest.raises(ConfigError, match="model: expected an agentsim.Model"):
+        Simulation("sir", agents=5)
+    with pytest.raises(ConfigError, match="nprocs: expected an int >= 1"):
+        asim.run(m, agents=5, steps=1, nprocs=0)
+    with pytest.raises(ConfigError, match="partition and its options need nprocs > 1"):
+        asim.run(m, agents=5, steps=1, partition="spatial")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA is not available"):
             Simulation(m, agents=5, device="cuda")
+
+
+def test_a_reach_must_fit_the_space():
+    model = asim.get_model("boids")
+
+    def bad(ctx):
+        pass
+
+    grid_model = Model("g", substeps=[asim.Substep(bad, reads=["a.cell"], neighbors={"a": ["cell"]}, reach=2.0)])
+
+    @grid_model.init
+    def init(ic):
+        ic.add("a", uid=ic.uids("a", 3), cell=torch.arange(3))
+        return asim.Grid((3, 3))
+
+    with pytest.raises(ConfigError, match=r"substep 'bad': reach 2.0 is a 'length' reach, which a Grid space does "
+                                          r"not have \(valid: global, cell, moore\)"):
+        Simulation(grid_model, agents=3)
+    assert Simulation(model, agents=10).space.reaches == ("length",)
 
 
 def test_rank_in_group_against_loop():

@@ -13,21 +13,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agentsim import ConfigError, FieldSpec, Model, ParamSpec, Population, Registry, Simulation, State
-from agentsim.distributed import DistributedSimulation, TorchComm, run_ranks
+import agentsim as asim
+from agentsim import ConfigError, Population, Simulation, State
+from agentsim.distributed import TorchComm, run_ranks
 from agentsim.snapshot import NeighborSnapshots
 
-registry = Registry()
+MODEL = asim.Model("snapshot_probe")
 
 
-@registry.substep(reads=["a.x"], writes=["a.x"])
-def grow(ctx):
+@MODEL.substep(writes=["a.x"])
+def grow(ctx: asim.Context) -> None:
     a = ctx["a"]
     a["x"] = a["x"] + 1
 
 
-@registry.substep(reads=["a.x"], writes=["a.seen", "a.own"], neighbors={"a": ["x"]})
-def look(ctx):
+@MODEL.substep(reads=["a.x"], writes=["a.seen", "a.own"], neighbors={"a": ["x"]})
+def look(ctx: asim.Context) -> None:
     """seen: the sum of x over every visible agent; own: x as read in the agent's own row."""
     a, nb = ctx["a"], ctx.neighbors("a")
     x = nb["x"]
@@ -35,8 +36,8 @@ def look(ctx):
     a["own"] = x[: nb.n_local].clone()
 
 
-@registry.substep(reads=["a.x"], writes=[], births=["a"], deaths=["a"])
-def life(ctx):
+@MODEL.substep(reads=["a.x"], births=["a"], deaths=["a"])
+def life(ctx: asim.Context) -> None:
     """At step 2: uid 0 dies and uid 1 has a child with x = 100 (called on every step and rank)."""
     a = ctx["a"]
     uid = a["uid"]
@@ -47,14 +48,12 @@ def life(ctx):
                              "own": torch.zeros(parents.shape[0], dtype=torch.float64)})
 
 
-def init(ic):
-    uid = torch.arange(ic.n_agents)
-    f = {"x": FieldSpec(torch.float64), "seen": FieldSpec(torch.float64), "own": FieldSpec(torch.float64)}
+@MODEL.init
+def init(ic: asim.InitContext) -> None:
+    uid = ic.uids("a", ic.n_agents)
     zeros = torch.zeros(ic.n_agents, dtype=torch.float64)
-    return State({"a": Population("a", f, {"uid": uid, "x": uid * 10.0, "seen": zeros, "own": zeros})}), None
+    ic.add("a", uid=uid, x=uid.to(torch.float64) * 10.0, seen=zeros, own=zeros)
 
-
-MODEL = Model("snapshot_probe", registry, ["grow", "look", "life"], ParamSpec({}), init)
 
 # Six agents, x = 0, 10, ..., 50; sync_every = 3. By hand, per uid after each step:
 EXPECTED = {
@@ -118,7 +117,7 @@ def probe_on_subgroups(comm) -> dict | None:
     out = {}
     for w, group in groups.items():
         if comm.rank < w:
-            sim = DistributedSimulation(MODEL, agents=6, comm=TorchComm(group=group), partition="data", sync_every=3)
+            sim = Simulation(MODEL, agents=6, comm=TorchComm(group=group), partition="data", sync_every=3)
             out[w] = (trajectory(sim), [p["halo/rows"] for p in sim.perf_steps])
         dist.barrier()
     return out if comm.rank == 0 else None
