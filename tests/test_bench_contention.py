@@ -1,9 +1,14 @@
-"""benchmarks/bench_contention.py runs end to end (no timing is asserted)."""
+"""benchmarks/bench_contention.py runs end to end (no timing is asserted). Behind the ``slow``
+marker: it starts several timed processes (``python -m pytest -m slow`` runs it)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_contention.py"
 

@@ -119,6 +119,7 @@ def test_spatial_partition_options_are_checked():
         SpatialPartition().place(State({}), None, [], {}, LocalComm())
 
 
+@pytest.mark.slow  # 14 process starts: python -m pytest -m slow
 @pytest.mark.timeout(120)
 def test_bench_scaling_writes_its_figures(tmp_path, capsys):
     from agentsim.cli import main as cli_main
