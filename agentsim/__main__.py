@@ -1,3 +1,5 @@
+"""``python -m agentsim ...``: the ``agentsim`` command (what torchrun starts on every rank)."""
+
 import sys
 
 from .cli import main

@@ -91,6 +91,7 @@ def _parse_sets(items: Sequence[str]) -> dict[str, str]:
 
 
 def cmd_models() -> int:
+    """``agentsim models``: every built-in model with its substeps and parameters."""
     from .catalog import BUILTIN, get_model
 
     for name in BUILTIN:
@@ -103,6 +104,7 @@ def cmd_models() -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``agentsim run``: one process, ``--nprocs`` local processes, or one rank under torchrun."""
     from .catalog import get_model
     from .config import load_config
     from .engine import Simulation
@@ -170,9 +172,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _distributed_options(args: argparse.Namespace,
-                         pick: Callable[[str, Any], Any]) -> tuple[int, str, float, int, dict[str, object]]:
+                         pick: Callable[[str, Any], Any]) -> tuple[int, str, float, int, dict[str, Any]]:
     """--nprocs, --partition, --timeout, --sync-every and the spatial options, checked (before any
-    process starts)."""
+    process starts).
+    """
     from .distributed.process_group import DEFAULT_TIMEOUT, check_timeout
     from .partition import check_partition, check_sync_every_for, make_partition
 
@@ -190,6 +193,7 @@ def _distributed_options(args: argparse.Namespace,
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """``agentsim bench --scaling``: see :mod:`agentsim.distributed.bench`."""
     from .distributed.bench import format_scaling, scaling
 
     figures = scaling(args.scaling, agents=args.agents, steps=args.steps, warmup=args.warmup, seed=args.seed,
@@ -201,6 +205,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def world_size_from_env() -> int:
+    """``WORLD_SIZE`` of torchrun's environment (1 when unset)."""
     from .distributed.process_group import world_size_from_env as ws
 
     return ws()
@@ -211,6 +216,7 @@ def _fmt(v: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``agentsim`` command; returns its exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "models":

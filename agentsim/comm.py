@@ -80,7 +80,8 @@ class Comm(Protocol):
 
     def birth_offset(self, parent_uid: Tensor) -> tuple[Tensor | int, int]:
         """Per parent, the number of parents with smaller uids on other ranks (``[m]`` int64, or an
-        int for all); and the global number of births."""
+        int for all); and the global number of births.
+        """
         ...
 
     def sum_int64(self, values: Tensor) -> Tensor:
@@ -94,24 +95,28 @@ class Comm(Protocol):
     def all_gather_rows(self, fields: Mapping[str, Tensor], include_self: bool = True,
                         rows_per_rank: int | None = None) -> dict[str, Tensor]:
         """Every rank's rows of ``fields`` on every rank, in rank order (halos: ``include_self=False``).
-        ``rows_per_rank``: every rank sends exactly that many rows (saves the exchange of counts)."""
+        ``rows_per_rank``: every rank sends exactly that many rows (saves the exchange of counts).
+        """
         ...
 
     def exchange_rows(self, fields: Mapping[str, Tensor], dest: Tensor,
                       index: Tensor | None = None) -> dict[str, Tensor]:
         """Point to point: row ``index[k]`` of ``fields`` goes to rank ``dest[k]`` (never this rank);
-        returns the rows received, in source-rank order."""
+        returns the rows received, in source-rank order.
+        """
         ...
 
     def exchange_counts(self, send: list[int]) -> list[int]:
         """``send[d]``: what this rank has for rank ``d``; returns ``recv[s]``, what rank ``s`` has for
-        this one."""
+        this one.
+        """
         ...
 
     def post_all_to_all(self, send: Tensor, send_splits: list[int],
                         recv_splits: list[int]) -> tuple[Tensor, Work | None]:
         """Start an all-to-all of a flat uint8 buffer with uneven splits without waiting; returns the
-        receive buffer (read it after :meth:`wait`) and the work (None: already done)."""
+        receive buffer (read it after :meth:`wait`) and the work (None: already done).
+        """
         ...
 
     def wait(self, work: Work | None) -> None:

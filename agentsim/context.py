@@ -276,7 +276,8 @@ class Context:
 
         Any shape, except in an ``agentwise`` substep, whose conditions are per agent: ``[n, ...]``
         with ``n`` the agents of the population it writes (the engine may run it for a subset of
-        them and keeps the flags of the agents whose values it keeps)."""
+        them and keeps the flags of the agents whose values it keeps).
+        """
         name = f"{self.substep.name}: {message}"
         written = self.substep.written_populations() if self.substep.agentwise else set()
         if written:
@@ -329,7 +330,8 @@ class InitContext:
 
     def uids(self, population: str, n: int) -> Tensor:
         """``n`` new uids of ``population`` (``[n]`` int64 on the device): the next ``n`` of its
-        counter, which starts at 0. Births continue from the last one reserved."""
+        counter, which starts at 0. Births continue from the last one reserved.
+        """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"uids({population!r}, n): expected an int n >= 0 (got {n!r})")
         first = self._next_uid.get(population, 0)
@@ -338,7 +340,8 @@ class InitContext:
 
     def add(self, population: str, *, uid: Tensor, **fields: Tensor) -> None:
         """Add a population: ``uid`` ``[n]`` int64 and its fields, each ``[n, ...]``; dtype and
-        per-agent shape of every field are taken from the tensors given."""
+        per-agent shape of every field are taken from the tensors given.
+        """
         if population in self._populations:
             raise ConfigError(f"population '{population}' was already added")
         if population == ENV:

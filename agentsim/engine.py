@@ -267,7 +267,8 @@ class Simulation:
     def _call(self, s: Substep, state: State, halos: Halos, *, per_agent_flags: bool = False,
               fresh: bool = True) -> Effects:
         """Call ``s`` on ``state`` with ``halos`` as the other agents it may read (or, not
-        ``fresh``, the neighbor snapshots); raise if it modified a read-only tensor in place."""
+        ``fresh``, the neighbor snapshots); raise if it modified a read-only tensor in place.
+        """
 
         def neighbors(population: str) -> NeighborView:
             pop = state[population]
@@ -331,7 +332,8 @@ class Simulation:
 
     def _take(self, summary: StepSummary) -> None:
         """A step's summary: raise its flags (every rank at once), balance the load, keep the
-        figures and the metrics row."""
+        figures and the metrics row.
+        """
         if summary.raised:
             raise SimulationError(f"step {summary.step}: " + "; ".join(summary.raised))
         figures = summary.figures
@@ -354,7 +356,8 @@ class Simulation:
         """Global metrics of the current state (a collective on several ranks).
 
         Per-agent values are summed over agents and ranks exactly (:mod:`agentsim.metrics`), so
-        the result has the same bits on any number of ranks."""
+        the result has the same bits on any number of ranks.
+        """
         self.partition.settle(self.state, self.comm)
         self._take_reports()
         sums = self.model.metric_sums(self._metrics_context())

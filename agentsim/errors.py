@@ -40,7 +40,8 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 
 class UnknownParameterError(ConfigError, KeyError):
     """A parameter name that the model does not declare (also a KeyError, so ``Mapping.get``
-    and ``in`` keep working on read-only parameters)."""
+    and ``in`` keep working on read-only parameters).
+    """
 
     def __str__(self) -> str:  # KeyError would print the repr of its message
         return str(self.args[0]) if self.args else ""

@@ -77,7 +77,8 @@ class Metric:
         """This rank's values to sum: the metric (and, for a mean, its count)."""
         value = self.fn(mc)
         if not isinstance(value, Tensor):
-            raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values (got {type(value).__name__})")
+            raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values "
+                              f"(got {type(value).__name__})")
         if self.reduce == "sum":
             return {self.name: value}
         return {self.name: value, self.name + _COUNT: torch.tensor(value.numel(), device=value.device)}
@@ -98,7 +99,8 @@ class LegacyMetrics:
 
 class Derived(NamedTuple):
     """A metric computed from the global values of the others: ``fn(metrics) -> number`` (with a
-    name), or, in the deprecated form, ``fn(metrics) -> {name: number}`` (name None)."""
+    name), or, in the deprecated form, ``fn(metrics) -> {name: number}`` (name None).
+    """
 
     name: str | None
     fn: Callable[[dict[str, Any]], Any]
@@ -106,7 +108,8 @@ class Derived(NamedTuple):
 
 class MetricSums(NamedTuple):
     """Exact metric sums: entry names, which entries are floats, ``[k]`` int64 on the CPU (floats in
-    fixed point with :data:`METRIC_FRAC_BITS` fractional bits)."""
+    fixed point with :data:`METRIC_FRAC_BITS` fractional bits).
+    """
 
     names: list[str]
     is_float: list[bool]
@@ -115,7 +118,8 @@ class MetricSums(NamedTuple):
 
 def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) -> MetricSums:
     """This rank's exact sums of every metric (and ``n_<population>``); sum them over ranks
-    elementwise (int64) for the global sums."""
+    elementwise (int64) for the global sums.
+    """
     local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n) for name, pop in mc.state.populations.items()}
     for metric in metrics:
         local.update(metric.values(mc))
@@ -132,7 +136,8 @@ def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) ->
 def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMetrics],
                derived: Sequence[Derived] = ()) -> dict[str, Any]:
     """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
-    divided by their counts), then the derived ones in order."""
+    divided by their counts), then the derived ones in order.
+    """
     values: dict[str, int | float] = {}
     for k, f, v in zip(sums.names, sums.is_float, sums.values.tolist(), strict=True):
         values[k] = v * 2.0 ** -METRIC_FRAC_BITS if f else v

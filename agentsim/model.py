@@ -25,7 +25,7 @@ Examples:
     >>> walk.configure(params={"sigam": 0.5})
     Traceback (most recent call last):
     ...
-    agentsim.errors.UnknownParameterError: unknown parameter 'sigam' for model 'walk' (valid: sigma). Perhaps you meant 'sigma'?
+    agentsim.errors.UnknownParameterError: unknown parameter 'sigam' for model 'walk' (valid: sigma). Perhaps ...
 
 The same model without decorators::
 
@@ -118,7 +118,7 @@ class Model:
                       "its decorators (see the README)", DeprecationWarning, stacklevel=3)
         if len(args) > len(_LEGACY_ORDER):
             raise ConfigError(f"Model: too many positional arguments ({len(args) + 1})")
-        values = dict(zip(_LEGACY_ORDER, args))
+        values = dict(zip(_LEGACY_ORDER, args, strict=False))  # the trailing ones may be missing
         given = {"params": params, "substeps": substeps, "init": init, "metrics": metrics}
         values.update({k: v for k, v in given.items() if v is not None})
         for key in kw:
@@ -156,7 +156,8 @@ class Model:
     def substep(self, name: str | Callable[..., None] | None = None, **declarations: Any) -> Any:
         """Decorator: declare the decorated function as the next substep (see
         :class:`~agentsim.substep.Substep` for ``reads``, ``writes``, ``neighbors``, ``reach``,
-        ``births``, ``deaths``, ``agentwise``)."""
+        ``births``, ``deaths``, ``agentwise``).
+        """
         return substep_decorator(self.add_substep, name, **declarations)
 
     def init(self, fn: InitFn) -> InitFn:
@@ -177,7 +178,8 @@ class Model:
 
     def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum") -> Any:
         """Decorator: ``fn(state) -> per-agent values`` is a metric, summed exactly over agents and
-        ranks (``reduce="sum"``) or averaged (``reduce="mean"``); see :mod:`agentsim.metrics`."""
+        ranks (``reduce="sum"``) or averaged (``reduce="mean"``); see :mod:`agentsim.metrics`.
+        """
         if callable(name):  # bare @model.metric
             self.add_metric(Metric(name))
             return name
@@ -199,7 +201,8 @@ class Model:
 
     def derived(self, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
         """Decorator: ``fn(metrics) -> number`` is a metric computed from the others' global values,
-        named after the function (``metrics`` holds the metrics declared before it)."""
+        named after the function (``metrics`` holds the metrics declared before it).
+        """
         self.add_derived(getattr(fn, "__name__", ""), fn)
         return fn
 
@@ -247,13 +250,15 @@ class Model:
         """
         new = Model.__new__(Model)
         new.__dict__.update(self.__dict__)
-        # Own containers: declaring more on one copy leaves the others alone.
-        new._available, new._metrics, new._derived = dict(self._available), list(self._metrics), list(self._derived)
-        new._overrides = {**self._overrides, **dict(params or {})}
-        new._resolved = None
+        # The new copy's state is set here, by its own class (hence the noqa). Own containers:
+        # declaring more on one copy leaves the others alone.
+        new._available = dict(self._available)  # noqa: SLF001
+        new._metrics, new._derived = list(self._metrics), list(self._derived)  # noqa: SLF001
+        new._overrides = {**self._overrides, **dict(params or {})}  # noqa: SLF001
+        new._resolved = None  # noqa: SLF001
         new.params  # noqa: B018  validate now
         if substeps is not None:
-            new._order = new._check_order(substeps)
+            new._order = new._check_order(substeps)  # noqa: SLF001
         return new
 
     def same_definition(self, other: object) -> bool:
@@ -309,7 +314,8 @@ class Model:
 
     def plan(self, timings: Mapping[str, float] | None = None) -> str:
         """The execution order as a table: reads, writes, neighbors, births/deaths and, given the
-        ``timings`` of a run (substep to mean seconds per step), milliseconds per step and share."""
+        ``timings`` of a run (substep to mean seconds per step), milliseconds per step and share.
+        """
         head = ["#", "substep", "reads", "writes", "neighbors", "births/deaths"]
         if timings:
             head += ["ms/step", "share"]

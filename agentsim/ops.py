@@ -179,7 +179,8 @@ def scatter_sum(src: Tensor, index: Tensor, dim_size: int) -> Tensor:
     _check_pairs(src, index, dim_size)
     src = _as_summable(src)
     if _torch_scatter is not None:
-        return _torch_scatter.scatter(src, index.long(), dim=0, dim_size=dim_size, reduce="sum")
+        summed: Tensor = _torch_scatter.scatter(src, index.long(), dim=0, dim_size=dim_size, reduce="sum")
+        return summed
     out = src.new_zeros((dim_size, *src.shape[1:]))
     return out.index_add_(0, index, src)
 
@@ -201,7 +202,8 @@ def scatter_mean(src: Tensor, index: Tensor, dim_size: int) -> Tensor:
     _check_pairs(src, index, dim_size)
     src = _as_summable(src)
     if _torch_scatter is not None:
-        return _torch_scatter.scatter(src, index.long(), dim=0, dim_size=dim_size, reduce="mean")
+        mean: Tensor = _torch_scatter.scatter(src, index.long(), dim=0, dim_size=dim_size, reduce="mean")
+        return mean
     total = src.new_zeros((dim_size, *src.shape[1:])).index_add_(0, index, src)
     count = _counts(index, dim_size, total).clamp_(min=1)
     if total.is_floating_point() or total.is_complex():
@@ -463,5 +465,6 @@ _init_backend_from_env()
 
 def tensor_version(t: Tensor) -> int:
     """The version counter of ``t``: it grows with every in-place modification (how the engine
-    finds a substep that modified a field it only reads). torch has no public name for it."""
+    finds a substep that modified a field it only reads). torch has no public name for it.
+    """
     return int(t._version)  # noqa: SLF001  torch's own counter; no public accessor exists

@@ -19,7 +19,7 @@ Examples:
     >>> params["betta"]
     Traceback (most recent call last):
     ...
-    agentsim.errors.UnknownParameterError: unknown parameter 'betta' of model 'sir' (valid: beta). Perhaps you meant 'beta'?
+    agentsim.errors.UnknownParameterError: unknown parameter 'betta' of model 'sir' (valid: beta). Perhaps ...
 
 The form of earlier releases, ``Param(0.03, float, "doc", check=lambda v: ..., expect="...")``
 with the declarations wrapped in a ``ParamSpec``, still works for this release and warns
@@ -112,10 +112,16 @@ class Param:
 
     def bounds_text(self) -> str:
         """The bounds as a phrase: ``"in [0, 1]"``, ``"> 0"``, ``""`` without bounds."""
-        low = None if self.ge is None and self.gt is None else (
-            ("[", self.ge) if self.gt is None or (self.ge is not None and self.ge > self.gt) else ("(", self.gt))
-        high = None if self.le is None and self.lt is None else (
-            ("]", self.le) if self.lt is None or (self.le is not None and self.le < self.lt) else (")", self.lt))
+        low: tuple[str, float] | None = None  # the tighter of ge / gt
+        if self.ge is not None and (self.gt is None or self.ge > self.gt):
+            low = ("[", self.ge)
+        elif self.gt is not None:
+            low = ("(", self.gt)
+        high: tuple[str, float] | None = None  # the tighter of le / lt
+        if self.le is not None and (self.lt is None or self.le < self.lt):
+            high = ("]", self.le)
+        elif self.lt is not None:
+            high = (")", self.lt)
         if low and high:
             return f"in {low[0]}{_num(low[1])}, {_num(high[1])}{high[0]}"
         if low:

@@ -132,7 +132,8 @@ class Partitioner(Protocol):
 
     def halos(self, state: State, substep: Substep, comm: Comm) -> Halos:
         """Before ``substep``: the rows of other ranks' agents it may read (population to field to
-        ``[m, ...]``; uid and the declared neighbor fields), on every rank."""
+        ``[m, ...]``; uid and the declared neighbor fields), on every rank.
+        """
         ...
 
     def migrate(self, state: State, substep: Substep, comm: Comm) -> None:
@@ -145,7 +146,8 @@ class Partitioner(Protocol):
 
     def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:
         """Send this rank's report of the step. ``hold``: inside a run, the exchange may stay in
-        flight into the next step (its summary arrives later)."""
+        flight into the next step (its summary arrives later).
+        """
         ...
 
     def reports(self) -> list[StepSummary]:
@@ -162,7 +164,8 @@ class Partitioner(Protocol):
 
     def rebalance(self, state: State, comm: Comm, counts: list[int]) -> list[int] | None:
         """At the end of a step, given every rank's agent count: move borders if due; return the
-        new counts, or None if nothing moved."""
+        new counts, or None if nothing moved.
+        """
         ...
 
     def frame(self, state: State, spec: Recording, comm: Comm) -> Frame | None:

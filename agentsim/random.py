@@ -184,7 +184,8 @@ class CounterRNG:
 
     def at(self, step: int, stream: int | str | None = None) -> StepRNG:
         """A view of this generator with the step fixed (what substeps receive); ``stream`` is the
-        default stream of its draws (substeps: the substep's name)."""
+        default stream of its draws (substeps: the substep's name).
+        """
         return StepRNG(self, step, stream)
 
 

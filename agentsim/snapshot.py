@@ -93,7 +93,8 @@ class NeighborSnapshots:
 
     def add_births(self, population: str, born: Mapping[str, Tensor]) -> None:
         """Add newborns (``uid`` and :meth:`fields`, ``[m, ...]``, from every rank) to the
-        snapshots of ``population``."""
+        snapshots of ``population``.
+        """
         if born[UID].shape[0] == 0:
             return
         for (substep, pop), rows in self._rows.items():

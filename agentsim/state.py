@@ -103,6 +103,7 @@ class Population:
         return iter(self._fields)
 
     def keys(self) -> list[str]:
+        """The field names, ``uid`` included."""
         return list(self._fields)
 
     def __getitem__(self, key: str) -> Tensor:
@@ -138,7 +139,8 @@ class Population:
 
     def _rows(self, index_or_mask: Tensor) -> dict[str, Tensor]:
         """Every field's rows selected by a bool mask ``[n]`` or an index tensor (int64 index
-        rows gathered by :func:`~agentsim.ops.take_rows`)."""
+        rows gathered by :func:`~agentsim.ops.take_rows`).
+        """
         if isinstance(index_or_mask, Tensor) and index_or_mask.dtype == torch.int64:
             return {k: take_rows(v, index_or_mask.to(v.device)) for k, v in self._fields.items()}
         return {k: v[index_or_mask] for k, v in self._fields.items()}
@@ -200,9 +202,11 @@ class Population:
 
     def replace(self, fields: Mapping[str, Tensor]) -> None:
         """Replace every field at once, with a new number of rows (``uid`` included; each
-        ``[m, ...]``): how a partitioner swaps in the population after agents left and came."""
+        ``[m, ...]``): how a partitioner swaps in the population after agents left and came.
+        """
         if set(fields) != set(self.specs):
-            raise FieldAccessError(f"replace '{self.name}': expected fields {sorted(self.specs)} (got {sorted(fields)})")
+            raise FieldAccessError(f"replace '{self.name}': expected fields {sorted(self.specs)} "
+                                   f"(got {sorted(fields)})")
         m = fields[UID].shape[0]
         self._fields = {k: self._checked(k, fields[k], m) for k in self._fields}
 
@@ -211,10 +215,12 @@ class Population:
         self._fields = self._rows(perm)
 
     def to(self, device: torch.device | str) -> Population:
+        """Move every field to ``device`` (in place; returns the population)."""
         self._fields = {k: v.to(device) for k, v in self._fields.items()}
         return self
 
     def clone(self) -> Population:
+        """A deep copy (every field cloned)."""
         out = Population.__new__(Population)
         out.name, out.specs, out.next_uid = self.name, dict(self.specs), self.next_uid
         out._fields = {k: v.clone() for k, v in self._fields.items()}
@@ -251,12 +257,14 @@ class State:
             ) from None
 
     def to(self, device: torch.device | str) -> State:
+        """Move every population and env tensor to ``device`` (in place; returns the state)."""
         for p in self.populations.values():
             p.to(device)
         self.env = {k: v.to(device) for k, v in self.env.items()}
         return self
 
     def clone(self) -> State:
+        """A deep copy (every tensor cloned)."""
         return State({k: p.clone() for k, p in self.populations.items()},
                      {k: v.clone() for k, v in self.env.items()}, self.step)
 

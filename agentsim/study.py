@@ -31,7 +31,7 @@ def grid(params: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
         if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
             raise ConfigError(f"sweep: values of '{name}' must be a list (got {values!r})")
     names = list(params)
-    return [dict(zip(names, combo)) for combo in itertools.product(*(list(params[n]) for n in names))]
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(list(params[n]) for n in names))]
 
 
 def run_one(model: Model | str, params: Mapping[str, Any], seed: int, agents: int, steps: int,

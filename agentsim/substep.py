@@ -58,7 +58,10 @@ ENV = "env"
 
 
 class SubstepFn(Protocol):
-    def __call__(self, ctx: Context) -> None: ...
+    """A substep's function: ``fn(ctx) -> None``."""
+
+    def __call__(self, ctx: Context) -> None:
+        """Update the agents of ``ctx`` (see :class:`~agentsim.context.Context`)."""
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -78,7 +81,7 @@ def check_reach(reach: str | float) -> None:
         raise ConfigError(f"reach: expected a length >= 0 (got {reach})")
 
 
-def resolve_reach(substep: Substep, params: Mapping[str, object]) -> tuple[str, float]:
+def resolve_reach(substep: Substep, params: Mapping[str, Any]) -> tuple[str, float]:
     """``substep.reach`` as ``(kind, value)`` with parameters looked up in ``params``.
 
     Kinds: ``"global"``, ``"cell"``, ``"graph"`` (value 0), ``"moore"`` (value: radius in
@@ -100,7 +103,7 @@ def resolve_reach(substep: Substep, params: Mapping[str, object]) -> tuple[str, 
     if isinstance(reach, str) and reach.startswith("moore:"):
         radius = reach.split(":", 1)[1]
         if radius in params:
-            return "moore", float(params[radius])  # type: ignore[arg-type]
+            return "moore", float(params[radius])
         try:
             return "moore", float(int(radius))
         except ValueError:
@@ -110,7 +113,7 @@ def resolve_reach(substep: Substep, params: Mapping[str, object]) -> tuple[str, 
         if reach not in params:
             raise ConfigError(f"substep '{substep.name}': reach {reach!r} is not a parameter "
                               f"(valid: {', '.join(params)})." + did_you_mean(reach, params))
-        return "length", float(params[reach])  # type: ignore[arg-type]
+        return "length", float(params[reach])
     return "length", float(reach)
 
 
@@ -169,7 +172,7 @@ class Substep:
             name, fn, rest = fn, args[0], args[1:]
             if len(rest) > len(_LEGACY_FIELDS):
                 raise ConfigError(f"substep '{name}': too many positional arguments")
-            values = dict(zip(_LEGACY_FIELDS, rest))
+            values = dict(zip(_LEGACY_FIELDS, rest, strict=False))  # the trailing ones may be missing
             reads, writes = values.get("reads", reads), values.get("writes", writes)
             neighbors, births = values.get("neighbors", neighbors), values.get("births", births)
             deaths, doc = values.get("deaths", deaths), values.get("doc", doc)
@@ -224,13 +227,15 @@ class Substep:
         return {split_ref(r)[0] for r in self.writes}
 
     def __call__(self, ctx: Context) -> None:
+        """Run the substep's function."""
         self.fn(ctx)
 
 
 def substep_decorator(add: Callable[[Substep], object], name: str | Callable[..., None] | None = None,
                       **declarations: Any) -> Any:
     """``@owner.substep`` and ``@owner.substep(name=None, reads=..., ...)``: build the
-    :class:`Substep` and hand it to ``add``; the decorated name is bound to the Substep."""
+    :class:`Substep` and hand it to ``add``; the decorated name is bound to the Substep.
+    """
 
     def register(fn: SubstepFn) -> Substep:
         step = Substep(fn, name=name if isinstance(name, str) else None, **declarations)
@@ -260,9 +265,9 @@ class Registry:
             raise ConfigError(f"substep '{step.name}' is already registered in this registry")
         self._substeps[step.name] = step
 
-    def substep(self, name: str | None = None, **declarations: Any) -> Callable[[SubstepFn], Substep]:
+    def substep(self, name: str | None = None, **declarations: Any) -> Any:
         """Decorator that registers ``fn`` as a substep (see :class:`Substep` for the declarations)."""
-        return substep_decorator(self.add, name, **declarations)  # type: ignore[no-any-return]
+        return substep_decorator(self.add, name, **declarations)
 
     def __getitem__(self, name: str) -> Substep:
         try:

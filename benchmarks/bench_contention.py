@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_models import git_commit  # noqa: E402
+from bench_models import git_commit
 
 KERNELS = ("compute", "python", "stream", "boids")
 

@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentsim import Simulation, get_model  # noqa: E402
-from agentsim.catalog import BUILTIN  # noqa: E402
+from agentsim import Simulation, get_model
+from agentsim.catalog import BUILTIN
 
 
 def git_commit() -> str:
@@ -93,11 +93,13 @@ def main() -> int:
                   f"{r['agent_updates_per_s']:10.3g} agent-updates/s  "
                   f"{r['cost_vs_randomwalk']:6.1f}x randomwalk  (init {r['init_s']:.2f} s)", flush=True)
     meta = {"benchmark": "models", "device": args.device,
-            "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine(),
+            "device_name": (torch.cuda.get_device_name() if args.device.startswith("cuda")
+                            else platform.processor() or platform.machine()),
             "torch": torch.__version__, "python": platform.python_version(), "git_commit": git_commit(),
             "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "world_size": 1,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"models-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / f"models-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     print(f"wrote {out}")

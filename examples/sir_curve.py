@@ -13,11 +13,11 @@ import argparse
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+from agentsim.models.sir import edge_based_reference
 
-from agentsim import Simulation, get_model  # noqa: E402
-from agentsim.io.hdf5 import read_trajectory  # noqa: E402
-from agentsim.models.sir import edge_based_reference  # noqa: E402
+from agentsim import Simulation, get_model
+from agentsim.io.hdf5 import read_trajectory
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Run wolf-sheep from the command line API and plot the populations from the HDF5 file.
 
-    python examples/wolfsheep_populations.py --agents 3000 --steps 300 --out wolfsheep
+python examples/wolfsheep_populations.py --agents 3000 --steps 300 --out wolfsheep
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import argparse
 import matplotlib
 
 matplotlib.use("Agg")
-import h5py  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
+import h5py
+import matplotlib.pyplot as plt
 
-from agentsim.cli import main as agentsim_main  # noqa: E402
+from agentsim.cli import main as agentsim_main
 
 
 def main() -> None:

@@ -50,7 +50,8 @@ model = Model(
 
 
 def flock_headings(heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, delta: torch.Tensor,
-                   dist2: torch.Tensor, params: Mapping[str, float], start: int = 0, stop: int | None = None) -> torch.Tensor:
+                   dist2: torch.Tensor, params: Mapping[str, float], start: int = 0,
+                   stop: int | None = None) -> torch.Tensor:
     """New unit headings ``[2, stop - start]`` of the targets ``start .. stop - 1``, in columns.
 
     Args:
@@ -100,6 +101,7 @@ def flock(ctx: Context) -> None:
     # rows: read six times per chunk, half the bytes (less traffic for the other core).
     for c in radius_pair_chunks(nb["pos"], ctx.space, ctx.params["vision"], uid=nb["uid"],
                                 n_query=nb.n_local, with_delta=True, index_dtype=torch.int32):
+        assert c.delta is not None and c.dist2 is not None  # with_delta=True
         new[:, c.start:c.stop] = flock_headings(heading, c.i, c.j, c.delta, c.dist2, ctx.params,
                                                 c.start, c.stop)
     boids["heading"] = torch.stack(list(new), dim=1)  # [n_local, 2]; faster than new.t().contiguous()
@@ -114,6 +116,7 @@ def move(ctx: Context) -> None:
 
 @model.init
 def init(ic: InitContext) -> Box:
+    """Boids uniform in a periodic box of side sqrt(n / density), headings uniform on the circle."""
     n = ic.n_agents
     side = math.sqrt(n / ic.params["density"])
     box = Box((side, side), periodic=True)
@@ -128,13 +131,13 @@ def init(ic: InitContext) -> Box:
 # float32 columns: the exact sum converts each value exactly.
 @model.metric()
 def sum_heading_x(state: MetricsContext) -> torch.Tensor:
-    """x component of every heading."""
+    """X component of every heading."""
     return state["boid"]["heading"][:, 0]
 
 
 @model.metric()
 def sum_heading_y(state: MetricsContext) -> torch.Tensor:
-    """y component of every heading."""
+    """Y component of every heading."""
     return state["boid"]["heading"][:, 1]
 
 

@@ -47,6 +47,7 @@ def move(ctx: Context) -> None:
 
 @model.init
 def init(ic: InitContext) -> Box:
+    """Walkers uniform in a periodic box of side sqrt(n / density) (or its corner, init_extent < 1)."""
     n = ic.n_agents
     side = math.sqrt(n / ic.params["density"])
     box = Box((side, side), periodic=True)

@@ -44,6 +44,7 @@ def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: i
 
     Args:
         cell, group: ``[n]`` of every resident that can be a neighbor (local rows first).
+
     Returns:
         ``similar``, ``occupied`` (int16 ``[n_local]``) and ``happy`` (bool ``[n_local]``).
     """
@@ -92,6 +93,7 @@ def assess(ctx: Context) -> None:
 
 @model.init
 def init(ic: InitContext) -> Grid:
+    """Residents on distinct random cells of a torus sized for ``density``; groups at random; assessed."""
     n = ic.n_agents
     side = max(2, math.ceil(math.sqrt(n / ic.params["density"])))
     if n >= side * side:

@@ -28,12 +28,23 @@ import math
 import numpy as np
 import torch
 
-from agentsim import (ConfigError, Context, Graph, InitContext, MetricsContext, Model, Param, erdos_renyi,
-                      from_edge_list_csv, layered_contacts, watts_strogatz)
+from agentsim import (
+    ConfigError,
+    Context,
+    Graph,
+    InitContext,
+    MetricsContext,
+    Model,
+    Param,
+    erdos_renyi,
+    from_edge_list_csv,
+    layered_contacts,
+    watts_strogatz,
+)
 from agentsim.params import Params
 from agentsim.random import mix64_int, stream_id
 
-S, I, R = 0, 1, 2
+S, I, R = 0, 1, 2  # noqa: E741  the compartments' names
 
 NETWORKS = ("erdos_renyi", "watts_strogatz", "layered", "csv")
 
@@ -107,6 +118,7 @@ def build_network(params: Params, n: int, seed: int) -> Graph:
 
 @model.init
 def init(ic: InitContext) -> Graph:
+    """The contact network, and ``initial_prevalence`` of the people infected at day 0."""
     n = ic.n_agents
     graph = build_network(ic.params, n, ic.seed)
     graph = Graph(graph.indptr.to(ic.device), graph.indices.to(ic.device), graph.n_nodes,

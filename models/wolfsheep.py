@@ -145,6 +145,7 @@ def grass_regrow(ctx: Context) -> None:
 
 @model.init
 def init(ic: InitContext) -> Grid:
+    """Sheep and wolves on random cells with random energies; half the grass grown."""
     p = ic.params
     n = ic.n_agents
     side = max(3, round(math.sqrt(n / p["density"])))

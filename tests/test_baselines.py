@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-
 from update_baselines import PATH, compute
 
 BASELINE = json.loads(PATH.read_text())

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from agentsim import Simulation, get_model
-
 from agentsim.cli import main
 from agentsim.io.hdf5 import read_trajectory
 

@@ -8,8 +8,17 @@ import pytest
 import torch
 
 import agentsim as asim
-from agentsim import (ConfigError, FieldAccessError, FieldSpec, Model, Param, Population, Simulation,
-                      SimulationError, UnknownParameterError)
+from agentsim import (
+    ConfigError,
+    FieldAccessError,
+    FieldSpec,
+    Model,
+    Param,
+    Population,
+    Simulation,
+    SimulationError,
+    UnknownParameterError,
+)
 from agentsim.grouping import rank_in_group
 
 
@@ -114,7 +123,8 @@ def test_population_validation():
         pop["xx"]
     with pytest.raises(FieldAccessError, match="uid is assigned by the engine"):
         pop["uid"] = torch.arange(3)
-    ipop = Population("q", {"k": FieldSpec(torch.int32)}, {"uid": torch.arange(2), "k": torch.zeros(2, dtype=torch.int32)})
+    ipop = Population("q", {"k": FieldSpec(torch.int32)},
+                      {"uid": torch.arange(2), "k": torch.zeros(2, dtype=torch.int32)})
     with pytest.raises(FieldAccessError, match="expected dtype torch.int32"):
         ipop["k"] = torch.tensor([0.5, 1.5])
 

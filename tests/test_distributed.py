@@ -69,7 +69,8 @@ def test_data_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_ran
 
 # --------------------------------------------------------------------------- pieces
 def test_pack_rows_round_trip_keeps_bits():
-    fields = {"uid": torch.tensor([5, -3, 2**62]), "pos": torch.tensor([[float("nan"), -0.0], [1e-30, 2.5], [3.0, 4.0]]),
+    fields = {"uid": torch.tensor([5, -3, 2**62]),
+              "pos": torch.tensor([[float("nan"), -0.0], [1e-30, 2.5], [3.0, 4.0]]),
               "flag": torch.tensor([True, False, True]), "small": torch.tensor([[1, 2, 3]] * 3, dtype=torch.int16)}
     back = unpack_rows(pack_rows(fields), fields)
     for k, v in fields.items():
@@ -233,7 +234,7 @@ def nan_on_one_agent(comm):
 @pytest.mark.timeout(60)
 def test_a_flag_on_one_rank_is_raised_on_every_rank_at_the_same_step():
     results = run_ranks(nan_on_one_agent, 2, timeout=30.0)
-    (r0, step0, err0, uids0), (r1, step1, err1, uids1) = results
+    (_, step0, err0, uids0), (_, step1, err1, uids1) = results
     assert 0 in uids0 and 0 not in uids1  # the NaN is on rank 0 only
     assert step0 == step1 == 3
     assert err0 == err1 == "step 3: grow: NaN in a.x"

@@ -178,7 +178,8 @@ def test_near_border_finds_the_rows_of_the_full_border_distance(layout, dtype):
     pos = (torch.rand(3000, 2, generator=g, dtype=torch.float64) * torch.tensor([50.0, 30.0])).to(dtype)
     pop = Population("a", {"pos": FieldSpec(dtype, (2,))}, {"uid": torch.arange(3000), "pos": pos})
     part = placed(layout, Box((50.0, 30.0), periodic=True), State({"a": pop}))
-    cuts = torch.cat([part.regions.lo, part.regions.hi]).to(dtype)  # points on, and one ulp either side of, every border
+    # Points on, and one ulp either side of, every border.
+    cuts = torch.cat([part.regions.lo, part.regions.hi]).to(dtype)
     on = torch.cat([cuts, torch.nextafter(cuts, cuts + 1), torch.nextafter(cuts, cuts - 1), cuts + 2.0])
     pos = torch.cat([pos, on, torch.tensor([[float("nan"), 1.0], [-5.0, 60.0]], dtype=dtype)])
     pop = Population("a", {"pos": FieldSpec(dtype, (2,))}, {"uid": torch.arange(pos.shape[0]), "pos": pos})

@@ -5,10 +5,10 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+import agentsim.models
 import pytest
 
 import agentsim
-import agentsim.models
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,8 +30,11 @@ def digests(path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     with h5py.File(path) as f:
         for group in ("agents", "metrics"):
-            f[group].visititems(lambda name, obj, g=group: out.__setitem__(
-                f"{g}/{name}", hashlib.sha256(obj[...].tobytes()).hexdigest()) if isinstance(obj, h5py.Dataset) else None)
+            def add(name: str, obj: object, g: str = group) -> None:
+                if isinstance(obj, h5py.Dataset):
+                    out[f"{g}/{name}"] = hashlib.sha256(obj[...].tobytes()).hexdigest()
+
+            f[group].visititems(add)
     return out
 
 

@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from agentsim.models.boids import flock_headings
+from agentsim.models.sir import edge_based_reference
 
 from agentsim import Simulation, get_model
 from agentsim.catalog import BUILTIN
-from agentsim.models.boids import flock_headings
-from agentsim.models.sir import edge_based_reference
 
 
 def sorted_agents(sim, pop):

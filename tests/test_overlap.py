@@ -322,7 +322,8 @@ def test_merge_takes_out_the_leavers_and_puts_in_the_arrivals(n_leave, n_arrive)
     g = torch.Generator().manual_seed(n_leave * 10 + n_arrive)
     n = 12
     pop = Population("a", {"x": FieldSpec(torch.float32, (2,)), "k": FieldSpec(torch.int8)},
-                     {"uid": torch.arange(n), "x": torch.rand(n, 2, generator=g), "k": torch.arange(n, dtype=torch.int8)})
+                     {"uid": torch.arange(n), "x": torch.rand(n, 2, generator=g),
+                      "k": torch.arange(n, dtype=torch.int8)})
     state = State({"a": pop})
     leave = torch.randperm(n, generator=g)[:n_leave]
     arrived = {"uid": 100 + torch.arange(n_arrive), "x": torch.rand(n_arrive, 2, generator=g),

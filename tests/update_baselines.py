@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentsim import Simulation, get_model  # noqa: E402
-from agentsim.catalog import BUILTIN  # noqa: E402
+from agentsim import Simulation, get_model
+from agentsim.catalog import BUILTIN
 
 PATH = Path(__file__).parent / "baselines" / "models.json"
 CONFIG = {"agents": 600, "steps": 12, "seed": 7}
@@ -23,7 +23,8 @@ AGENTS = {"wolfsheep": 300}
 def compute() -> dict[str, dict[str, list]]:
     out = {}
     for name in BUILTIN:
-        res = Simulation(get_model(name), agents=AGENTS.get(name, CONFIG["agents"]), seed=CONFIG["seed"]).run(CONFIG["steps"])
+        sim = Simulation(get_model(name), agents=AGENTS.get(name, CONFIG["agents"]), seed=CONFIG["seed"])
+        res = sim.run(CONFIG["steps"])
         out[name] = {k: v.tolist() for k, v in res.metrics.items()}
     return out
 

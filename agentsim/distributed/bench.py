@@ -74,7 +74,8 @@ def _bench_rank(comm: Any, model: str, agents: int, steps: int, warmup: int, see
 def _bench_independent(comm: Any, model: str, agents: int, steps: int, warmup: int, seed: int,
                        lockstep: bool) -> float:
     """One rank's share of the agents as a separate one-process run (the ceilings' baseline);
-    with ``lockstep``, a barrier after every step."""
+    with ``lockstep``, a barrier after every step.
+    """
     sim = Simulation(get_model(model), agents=agents, seed=seed)
     comm.barrier()  # world_size >= 2: a TorchComm; start the timed parts together
     if warmup:
@@ -100,7 +101,8 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
             layout: str = "strips", world_size: int = 2, repeats: int = 3, out: str | None = None,
             timeout: float = 600.0) -> dict[str, Any]:
     """Run ``model`` on 1 and ``world_size`` processes, ``repeats`` rounds; return (and optionally
-    write as JSON) the median figures (see the module docstring)."""
+    write as JSON) the median figures (see the module docstring).
+    """
     resolved = get_model(model)
     agents = check_agents(resolved.default_agents if agents is None else agents)
     for name, value, low in (("steps", steps, 1), ("warmup", warmup, 0), ("repeats", repeats, 1),
@@ -119,7 +121,8 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
             times.append(max(run_ranks(_bench_independent, world_size,
                                        (model, share, steps, warmup, seed, held), timeout=timeout)))
     runs = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in rounds.items()}
-    speedups = [a["seconds_per_step"] / b["seconds_per_step"] for a, b in zip(rounds[1], rounds[world_size])]
+    speedups = [a["seconds_per_step"] / b["seconds_per_step"]
+                for a, b in zip(rounds[1], rounds[world_size], strict=True)]
     speedup = runs[1]["seconds_per_step"] / runs[world_size]["seconds_per_step"]
     t_independent, t_lockstep = statistics.median(independent), statistics.median(lockstep)
     figures = {
@@ -142,6 +145,7 @@ def scaling(model: str, agents: int | None = None, steps: int = 20, warmup: int 
 
 
 def format_scaling(f: dict[str, Any]) -> str:
+    """The figures of :func:`scaling` as a few lines of text."""
     w = f["world_size"]
     r1, rw = f["runs"]["1"], f["runs"][str(w)]
     spread = ", ".join(f"{x:.2f}" for x in f["speedups"])

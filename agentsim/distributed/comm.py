@@ -126,7 +126,8 @@ class TorchComm:
 
     def _all_gather_padded(self, rows: Tensor, rows_per_rank: int | None = None) -> tuple[list[Tensor], list[int]]:
         """Every rank's ``rows`` (``[n_r, *trailing]``, same trailing shape and dtype everywhere);
-        with ``rows_per_rank``, every ``n_r`` is that (one collective instead of two)."""
+        with ``rows_per_rank``, every ``n_r`` is that (one collective instead of two).
+        """
         if rows_per_rank is not None:
             if rows.shape[0] != rows_per_rank:
                 raise ValueError(f"all_gather_rows: expected {rows_per_rank} rows on every rank (got {rows.shape[0]})")
@@ -252,7 +253,8 @@ class TorchComm:
 
     def exchange_counts(self, send: list[int]) -> list[int]:
         """``send[d]``: what this rank has for rank ``d``; returns ``recv[s]``, what rank ``s`` has
-        for this one (one all_to_all_single of ``W`` int64)."""
+        for this one (one all_to_all_single of ``W`` int64).
+        """
         mine = torch.tensor(send, dtype=torch.int64, device=self.device)
         out = torch.empty_like(mine)
         self._timed(8 * self.world_size, dist.all_to_all_single, out, mine)
@@ -262,7 +264,8 @@ class TorchComm:
                         recv_splits: list[int]) -> tuple[Tensor, Work | None]:
         """Start an ``all_to_all_single`` of a flat uint8 buffer with uneven splits, without
         waiting; returns ``(receive buffer, work)``. Finish with :meth:`wait`; read the buffer
-        only after that. Every rank must post its part (a collective)."""
+        only after that. Every rank must post its part (a collective).
+        """
         send = send.to(self.device)
         out = send.new_empty(sum(recv_splits))
         work = self._timed(send.numel(), dist.all_to_all_single, out, send, output_split_sizes=recv_splits,

@@ -70,7 +70,7 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, device: str |
         result = fn(comm, *args)
         shutdown(ok=True)
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException as e:  # noqa: BLE001  reported to the launcher, which raises it
+    except BaseException as e:
         report = _describe_error(e)
         shutdown(ok=False)
         try:
@@ -211,7 +211,7 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
         ready = wait([*open_conns, *live], timeout=left)
         for obj in ready:
             if obj in open_conns:
-                receive(obj)  # type: ignore[arg-type]
+                receive(obj)
         for obj in ready:
             if obj in live:
                 rank = live.pop(obj)
@@ -259,9 +259,10 @@ def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str
     if model.name in BUILTIN and model.same_definition(get_model(model.name)):
         return model.name, params, substeps
     module = sys.modules.get(model.substeps[0].fn.__module__) if model.substeps else None
-    for attr, value in (vars(module).items() if module is not None else ()):
-        if model.same_definition(value):
-            return f"{module.__name__}:{attr}", params, substeps  # type: ignore[union-attr]
+    if module is not None:
+        for attr, value in vars(module).items():
+            if model.same_definition(value):
+                return f"{module.__name__}:{attr}", params, substeps
     raise ConfigError(f"model '{model.name}': cannot find it to import on the worker processes; "
                       "define it at module level and pass 'package.module:ATTR'")
 
@@ -339,12 +340,13 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         if not os.path.isdir(parent):
             raise errors.OutputError(f"cannot create trajectory file '{os.fspath(out)}': "
                                      f"directory '{parent}' does not exist")
-    run = {"agents": agents, "steps": steps, "seed": seed, "out": None if out is None else os.fspath(out),
-           "record": None if record is None else list(record), "every": every, "partition": partition,
-           "sync_every": sync_every, "device": device, "options": options}
+    path = None if out is None else os.fspath(out)
+    fields = None if record is None else list(record)
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
         return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every).run(
-            steps, out=run["out"], record=run["record"], every=every)
+            steps, out=path, record=fields, every=every)
+    run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
+           "partition": partition, "sync_every": sync_every, "device": device, "options": options}
     results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
                         device=None if device == "cpu" else device)
     result: RunResult = results[0]

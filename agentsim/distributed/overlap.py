@@ -80,7 +80,8 @@ MIN_CAPACITY = 4096  # bytes per pair of ranks and step, at least
 def overlap_plan(partition: SpatialPartition, substeps: Sequence[Substep], params: Mapping[str, Any],
                  comm: Comm) -> tuple[str, Substep, float] | None:
     """``(population, substep S, reach)`` when the run qualifies for the overlapped exchange
-    (see the module docstring), else None."""
+    (see the module docstring), else None.
+    """
     if (comm.world_size == 1 or not substeps or partition.discrete or partition.nodes
             or len(partition.position) != 1):
         return None
@@ -234,7 +235,8 @@ class OverlapExchange:
     def near_border(self, pop: Population, rank: int, width: float) -> tuple[Tensor, Tensor]:
         """:meth:`~agentsim.distributed.spatial.SpatialPartition.near_border` of the rows as
         they were at :meth:`post` (until :meth:`merge`), from the pass that post made when
-        ``width`` is within its width."""
+        ``width`` is within its width.
+        """
         if self._near is not None and width <= self._near[2]:
             rows, dist, _ = self._near
             close = dist <= width
@@ -356,7 +358,8 @@ class OverlapExchange:
 
     def forget_allocated(self) -> None:
         """From now on, :meth:`merge` writes into no tensor it allocated before (the
-        population's tensors may be held elsewhere)."""
+        population's tensors may be held elsewhere).
+        """
         self._allocated = {}
 
     # ------------------------------------------------------------------ the step's report
@@ -370,7 +373,8 @@ class OverlapExchange:
     def finish(self, state: State, comm: Comm, merge: bool = True) -> None:
         """Complete the posted exchange (see :meth:`complete`) and hand the step's summary, from
         every rank's header, to the partitioner: its figures count the agents after migration
-        and the migrants of the exchange."""
+        and the migrants of the exchange.
+        """
         assert self.pending is not None and self._report is not None
         at_step_end = self.pending.work is None  # waited at once, at the end of its step
         heads = self.complete(state, comm, merge=merge)
@@ -387,7 +391,8 @@ class OverlapExchange:
         """Run ``S`` while the exchange is in flight: for every agent with the agents of this rank
         as its only neighbors, then (after the exchange) again for the agents whose neighbors
         that missed; then merge leavers and arrivals (see the module docstring). Returns the
-        flags, each reduced over the agents whose values were kept."""
+        flags, each reduced over the agents whose values were kept.
+        """
         part, name = self.partition, self.name
         pop = state[name]
         out_in, flags_in = self._run_part(state, call, pop.fields(), None)
@@ -440,7 +445,8 @@ class OverlapExchange:
         """Run ``S`` for the agents ``targets`` (every field of the population, ``[m, ...]``) with
         the agents ``others`` (``S``'s neighbor fields) as their other neighbors; return the
         targets' written fields (``[m, ...]``) and the flags, one ``[m]`` bool per flag (the
-        target agents it holds for)."""
+        target agents it holds for).
+        """
         pop = state[self.name]
         part_pop = Population(self.name, pop.specs, targets, next_uid=pop.next_uid)
         effects = call(State({self.name: part_pop}, state.env, state.step), {self.name: others or {}})

@@ -123,13 +123,15 @@ def shutdown(ok: bool = True) -> None:
     finally:
         try:
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001  an error is already being reported; never mask it or hang here
+        except Exception:
             pass
 
 
 @contextmanager
 def process_group(timeout: float = DEFAULT_TIMEOUT, device: torch.device | str | None = None) -> Iterator[Comm]:
-    """``with process_group() as comm:`` -- :func:`from_env`, then :func:`shutdown` on the way out.
+    """Join the process group of torchrun's environment; leave it on the way out.
+
+    ``with process_group() as comm:`` is :func:`from_env`, then :func:`shutdown`.
 
     Examples:
         >>> with process_group() as comm:  # no torchrun here: one process

@@ -67,13 +67,14 @@ class Regions:
 
 def factor(world_size: int) -> tuple[int, int]:
     """``(px, py)`` with ``px * py = W`` and ``px >= py``, as close to square as possible."""
-    py = max(d for d in range(1, int(math.isqrt(world_size)) + 1) if world_size % d == 0)
+    py = max(d for d in range(1, math.isqrt(world_size) + 1) if world_size % d == 0)
     return world_size // py, py
 
 
 def nearest_cut(counts: Tensor, fraction: float) -> int:
     """Index ``k`` in ``[0, len(counts)]``: the cut (before bin k) whose count to the left is
-    nearest ``fraction`` of the total (the first of equals)."""
+    nearest ``fraction`` of the total (the first of equals).
+    """
     cum = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
     target = float(cum[-1]) * fraction
     return int(torch.argmin((cum.to(torch.float64) - target).abs()))
@@ -81,16 +82,20 @@ def nearest_cut(counts: Tensor, fraction: float) -> int:
 
 def bin_edges(length: float, bins: int, discrete: bool) -> Tensor:
     """``[b + 1]`` float64 histogram edges over ``[0, length]``: ``bins`` equal bins, or, for
-    discrete coordinates, at most ``length`` bins with integer edges."""
+    discrete coordinates, at most ``length`` bins with integer edges.
+    """
     if discrete:
-        return torch.unique(torch.round(torch.linspace(0, length, min(bins, int(length)) + 1, dtype=torch.float64)))
+        edges: Tensor = torch.unique(torch.round(torch.linspace(0, length, min(bins, int(length)) + 1,
+                                                                dtype=torch.float64)))
+        return edges
     return torch.linspace(0, length, bins + 1, dtype=torch.float64)
 
 
 def histogram(coords: Tensor, ex: Tensor, ey: Tensor) -> Tensor:
     """``[len(ex) - 1, len(ey) - 1]`` int64 counts of the points ``coords`` ``[n, 2]`` (float64) in
     the bins with edges ``ex``, ``ey`` (a point on an inner edge counts in the bin to its right;
-    points beyond the outer edges in the first or last bin)."""
+    points beyond the outer edges in the first or last bin).
+    """
     bx = torch.bucketize(coords[:, 0].contiguous(), ex[1:-1], right=True)
     by = torch.bucketize(coords[:, 1].contiguous(), ey[1:-1], right=True)
     shape = (len(ex) - 1, len(ey) - 1)
@@ -115,7 +120,8 @@ def uniform(extent: tuple[float, float], world_size: int, layout: str, discrete:
 def bisection(hist: Tensor, ex: Tensor, ey: Tensor, world_size: int, extent: tuple[float, float],
               periodic: bool) -> Regions:
     """Recursive coordinate bisection of the counts ``hist`` ``[bx, by]`` (bin edges ``ex``, ``ey``):
-    split the longer side at the bin edge nearest the share of the ranks on each side."""
+    split the longer side at the bin edge nearest the share of the ranks on each side.
+    """
     lo = torch.zeros(world_size, 2, dtype=torch.float64)
     hi = torch.zeros(world_size, 2, dtype=torch.float64)
 
@@ -146,7 +152,8 @@ def balanced(hist: Tensor, ex: Tensor, ey: Tensor, world_size: int, layout: str,
              periodic: bool) -> Regions:
     """Strips (``hist`` ``[bx, 1]``) or blocks (``[bx, by]``) whose cuts split the counts evenly:
     columns at the quantiles of the column counts, then, within each column, rows at the
-    quantiles of its row counts."""
+    quantiles of its row counts.
+    """
     px, py = (world_size, 1) if layout == "strips" else factor(world_size)
     col = hist.sum(1)
     xk = [0] + [nearest_cut(col, i / px) for i in range(1, px)] + [len(ex) - 1]
@@ -170,7 +177,8 @@ def bordered_axes(regions: Regions, rank: int) -> list[int]:
 def contains(regions: Regions, rank: int, n: int, column: Column) -> Tensor:
     """``[n]`` bool: which points lie in region ``rank``, half-open ``[lo, hi)``. The outer borders
     are open, so only the axes where the region has a border are compared, and only they are
-    asked of ``column(axis)`` (``[n]`` float64 coordinates)."""
+    asked of ``column(axis)`` (``[n]`` float64 coordinates).
+    """
     lo, hi = regions.lo[rank].tolist(), regions.hi[rank].tolist()
     inside = torch.full((n,), hi[0] > lo[0] and hi[1] > lo[1], dtype=torch.bool)
     for axis in bordered_axes(regions, rank):
@@ -193,7 +201,8 @@ def owner_of(regions: Regions, coords: Tensor) -> Tensor:
 def border_distance(regions: Regions, rank: int, n: int, column: Column, last: int = 0) -> Tensor:
     """``[n]`` float64 distance from each point to the nearest border of ``rank``'s region, over the
     axes where it has borders: ``min(v - lo, hi + last - v)``; negative outside the region,
-    ``inf`` if it has none (``last=-1``: cells, whose last one is ``hi - 1``)."""
+    ``inf`` if it has none (``last=-1``: cells, whose last one is ``hi - 1``).
+    """
     lo, hi = regions.lo[rank].tolist(), regions.hi[rank].tolist()
     d = torch.full((n,), math.inf, dtype=torch.float64)
     for axis in bordered_axes(regions, rank):
@@ -209,7 +218,8 @@ def halo_margin(reach: float, extent: tuple[float, float]) -> float:
 
 def halo_limit(reach: float, extent: tuple[float, float]) -> float:
     """Distance to a region border within which an agent may be within ``reach`` (plus the
-    safety margin) of another region."""
+    safety margin) of another region.
+    """
     return reach + 2 * halo_margin(reach, extent)
 
 

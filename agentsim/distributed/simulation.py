@@ -1,5 +1,6 @@
 """Deprecated: :class:`DistributedSimulation` is :class:`~agentsim.engine.Simulation` with a
-partitioner. Write ``Simulation(model, agents, seed, comm=comm, partition="data")``."""
+partitioner. Write ``Simulation(model, agents, seed, comm=comm, partition="data")``.
+"""
 
 from __future__ import annotations
 

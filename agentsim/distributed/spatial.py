@@ -190,15 +190,18 @@ class SpatialPartition(IdentityPartition):
     # ------------------------------------------------------------------ regions
     def coords(self, name: str, pop: Population, rows: Tensor | None = None) -> Tensor:
         """``[n, 2]`` float64 region coordinates of the agents on the CPU; of the agents at
-        ``rows`` (int64 ``[m]``) only, if given."""
+        ``rows`` (int64 ``[m]``) only, if given.
+        """
         field = pop[self.position[name]]
         if rows is not None:
             field = field.index_select(0, rows.to(field.device))
-        return self.space.region_coords(field).cpu()
+        coords: Tensor = self.space.region_coords(field).cpu()
+        return coords
 
     def _axis(self, name: str, pop: Population, axis: int) -> Tensor:
         """``[n]`` float64 region coordinate ``axis`` of every agent (one column of :meth:`coords`)."""
-        return self.space.region_coords(pop[self.position[name]], axis).cpu()
+        column: Tensor = self.space.region_coords(pop[self.position[name]], axis).cpu()
+        return column
 
     def owner(self, name: str, pop: Population, rank: int | None = None) -> Tensor:
         """``[n]`` int64 owning rank of every agent of ``pop`` (on CPU).
@@ -302,13 +305,15 @@ class SpatialPartition(IdentityPartition):
 
     def halo_limit(self, reach: float) -> float:
         """Distance to a region border within which an agent may be within ``reach`` (plus the
-        safety margin) of another region."""
+        safety margin) of another region.
+        """
         return geo.halo_limit(reach, self.space.region_extent)
 
     def halo_destinations(self, coords: Tensor, kind: str, reach: float, rank: int,
                           exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(row of ``coords``, destination rank) of the points within ``reach`` of another region
-        (see :func:`~agentsim.distributed.regions.halo_destinations`)."""
+        (see :func:`~agentsim.distributed.regions.halo_destinations`).
+        """
         assert self.regions is not None
         return geo.halo_destinations(self.regions, coords, kind, reach, rank, exclude)
 
@@ -321,7 +326,8 @@ class SpatialPartition(IdentityPartition):
         periodic image of one) crosses this rectangle's border, on an axis where it has one
         (a region spanning a whole axis is separated from the others along the other axis).
         A point outside the rectangle has a negative distance and is kept. Typically a few
-        percent of the agents qualify."""
+        percent of the agents qualify.
+        """
         limit = self.halo_limit(reach)
         if not self.discrete:
             return self.near_border(name, pop, rank, limit)[0]
@@ -337,7 +343,8 @@ class SpatialPartition(IdentityPartition):
 
         The same rows as ``border_distance(...) <= width``, found by comparing the raw position
         columns with the borders, widened by a rounding tolerance, then the exact float64
-        distance of those candidates only: no float64 copy of every position."""
+        distance of those candidates only: no float64 copy of every position.
+        """
         assert self.regions is not None and not self.discrete
         lo, hi = self.regions.lo[rank].tolist(), self.regions.hi[rank].tolist()
         field = pop[self.position[name]]
@@ -360,7 +367,8 @@ class SpatialPartition(IdentityPartition):
         """``[n]`` float64 distance from each agent of ``pop`` (or each point of ``coords``
         ``[n, 2]``) to the nearest border of ``rank``'s region, over the axes where it has
         borders; negative outside the region, ``inf`` if it has none. An agent farther than
-        :meth:`halo_limit` is within reach of no other region."""
+        :meth:`halo_limit` is within reach of no other region.
+        """
         assert self.regions is not None
         if coords is not None:
             return geo.border_distance(self.regions, rank, coords.shape[0], lambda axis: coords[:, axis])
@@ -381,7 +389,8 @@ class SpatialPartition(IdentityPartition):
 
     def _ghost_rows(self, pop: Population) -> Tensor:
         """Local rows of the nodes in the send lists; cached while the uid column is the same
-        tensor (any change of rows -- births, deaths, permutation -- replaces it)."""
+        tensor (any change of rows -- births, deaths, permutation -- replaces it).
+        """
         uid_t = pop[UID]
         if self._ghost_cache is None or self._ghost_cache[0] is not uid_t:
             uid = uid_t.cpu()
@@ -419,7 +428,8 @@ class SpatialPartition(IdentityPartition):
     # ------------------------------------------------------------------ migration
     def migrate(self, state: State, substep: Substep, comm: Comm) -> None:
         """After ``substep``: migrate the populations whose position it wrote or that it grew (with
-        the overlapped exchange, migration travels with the step's exchange instead)."""
+        the overlapped exchange, migration travels with the step's exchange instead).
+        """
         if comm.world_size == 1 or self.nodes or self.overlap is not None:
             return
         for name, field in self.position.items():
@@ -452,7 +462,8 @@ class SpatialPartition(IdentityPartition):
     def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:
         """Without the overlap: every rank's report now (one all_gather). With it: the report
         travels with migrants and the next halo in one exchange, posted without waiting when
-        ``hold`` (inside a run) and no rebalancing is due."""
+        ``hold`` (inside a run) and no rebalancing is due.
+        """
         ov = self.overlap
         if ov is None:
             super().end_step(state, report, comm, hold=hold)
@@ -482,7 +493,8 @@ class SpatialPartition(IdentityPartition):
 
     def rebalance(self, state: State, comm: Comm, counts: list[int]) -> list[int] | None:
         """Move the borders when due and ``max(counts) / mean(counts) > balance_threshold`` (every
-        rank passes the same per-rank agent counts, so all decide alike); return the new counts."""
+        rank passes the same per-rank agent counts, so all decide alike); return the new counts.
+        """
         if comm.world_size == 1 or not self.balance_due(state.step):
             return None
         mean = sum(counts) / len(counts)

@@ -67,7 +67,7 @@ import platform
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import h5py
 import numpy as np
@@ -103,7 +103,7 @@ def _io_errors(method: _F) -> _F:
         except OSError as e:
             raise OutputError(f"writing trajectory '{self.path}' failed: {e}") from e
 
-    return wrapper  # type: ignore[return-value]
+    return cast(_F, wrapper)
 
 
 def _json_default(value: Any) -> Any:
@@ -325,10 +325,10 @@ class TrajectoryWriter:
             raise OutputError(f"trajectory writer for '{self.path}' is closed")
 
     def _next_step(self, series: _Series | _ScalarSeries, kind: str, step: Any) -> int:
-        step = _check_int(f"{kind} step", step, -(2**63))
-        if series.last_step is not None and step <= series.last_step:
-            raise ConfigError(f"{kind}: step {step} is not after the last written step {series.last_step}")
-        return step
+        checked = _check_int(f"{kind} step", step, -(2**63))
+        if series.last_step is not None and checked <= series.last_step:
+            raise ConfigError(f"{kind}: step {checked} is not after the last written step {series.last_step}")
+        return checked
 
     def _create(self, group: h5py.Group, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> h5py.Dataset:
         """An empty extendable dataset ``[0, *shape]`` chunked along the first axis (~64 KiB chunks)."""
@@ -363,10 +363,10 @@ class TrajectoryWriter:
             if not series.rows:
                 continue
             g = series.group
-            columns = list(zip(*series.rows))
+            columns = list(zip(*series.rows, strict=True))
             if not series.is_created:
                 self._create(g, "step", np.dtype(np.int64), ())
-            for name, column in zip(series.names, columns):
+            for name, column in zip(series.names, columns, strict=True):
                 is_float = any(isinstance(v, float) for v in column)
                 if not series.is_created:
                     ds = self._create(g, name, np.dtype(np.float64 if is_float else np.int64), ())
@@ -635,6 +635,7 @@ class Trajectory:
 
     @property
     def populations(self) -> list[str]:
+        """The populations with recorded frames."""
         return list(self._pops)
 
     def _population(self, population: str) -> _Population:
@@ -651,11 +652,11 @@ class Trajectory:
 
     def steps(self, population: str) -> np.ndarray:
         """The steps of the recorded frames of ``population``, int64 ``[K]``."""
-        return self._population(population).steps.copy()
+        return np.array(self._population(population).steps, copy=True)
 
     def env_steps(self) -> np.ndarray:
         """The steps of the recorded env frames, int64 ``[K_env]``."""
-        return self._env_steps.copy()
+        return np.array(self._env_steps, copy=True)
 
     @staticmethod
     def _frame(steps: np.ndarray, step: int | None, what: str) -> int:

@@ -126,7 +126,8 @@ class Recorder:
 
     def frame_due(self, done: int, steps: int) -> bool:
         """Whether agents are recorded after ``done`` of the run's ``steps`` steps (always at 0 and
-        at the end, and every ``every`` steps)."""
+        at the end, and every ``every`` steps).
+        """
         return self.gathers and (done == 0 or done == steps or (self.every is not None and done % self.every == 0))
 
     def write_row(self, step: int, metrics: Mapping[str, Any], perf: Mapping[str, float] | None) -> None:

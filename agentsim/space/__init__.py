@@ -1,0 +1,1 @@
+"""Spaces: continuous boxes, grids of cells and static networks, behind one protocol (:mod:`.base`)."""

@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["REACH_KINDS", "Space", "SortKey"]
+__all__ = ["REACH_KINDS", "SortKey", "Space"]
 
 # Neighbor reaches (see agentsim.substep.resolve_reach): "global" fits any space.
 REACH_KINDS = ("global", "length", "cell", "moore", "graph")
@@ -84,11 +84,13 @@ class Space(Protocol):
 
     def region_coords(self, position: Tensor, axis: int | None = None) -> Tensor:
         """Region coordinates of positions: ``[n, 2]`` float64, or ``[n]`` for one ``axis``, on the
-        device of ``position``."""
+        device of ``position``.
+        """
         ...
 
     def sort_key(self, reaches: Sequence[tuple[str, float]]) -> SortKey | None:
         """A function from positions to an ``[n]`` int64 key that keeps agents which interact
         near each other in memory, for a population read within ``reaches`` (``(kind, value)``
-        pairs); None when no order helps."""
+        pairs); None when no order helps.
+        """
         ...

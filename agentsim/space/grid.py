@@ -58,7 +58,7 @@ from torch import Tensor
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space.base import SortKey
 
-__all__ = ["Grid", "NEIGHBORHOODS"]
+__all__ = ["NEIGHBORHOODS", "Grid"]
 
 NEIGHBORHOODS: tuple[str, ...] = ("moore", "von_neumann")
 

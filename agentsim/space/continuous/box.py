@@ -32,7 +32,8 @@ def min_image(d: Tensor, length: float, inplace: bool = False) -> Tensor:
 
 def wrap_dim(x: Tensor, length: float) -> Tensor:
     """Periodic wrap of coordinates along one dim into ``[0, L)``: ``remainder(x, L)``,
-    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0."""
+    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0.
+    """
     r = torch.remainder(x, length)
     return r.masked_fill_(r >= length, 0.0)
 
@@ -103,8 +104,8 @@ class Box:
             bounded boxes clamp into ``[0, L]``.
         """
         if not self.periodic:
-            length = self._lengths(pos)
-            return torch.clamp(pos, min=torch.zeros_like(length), max=length)
+            lengths = self._lengths(pos)
+            return torch.clamp(pos, min=torch.zeros_like(lengths), max=lengths)
         # One dim at a time with a scalar L: the same remainder as with a [ndim] tensor of
         # lengths (bit for bit), several times faster than the broadcast on CPU.
         if len(set(self.size)) == 1:
@@ -134,7 +135,8 @@ class Box:
 
     def distance(self, frm: Tensor, to: Tensor) -> Tensor:
         """Euclidean (minimum-image when periodic) distance, ``[...]``."""
-        return torch.linalg.vector_norm(self.displacement(frm, to), dim=-1)
+        norm: Tensor = torch.linalg.vector_norm(self.displacement(frm, to), dim=-1)
+        return norm
 
     @property
     def region_extent(self) -> tuple[float, float]:
@@ -143,12 +145,14 @@ class Box:
 
     def region_coords(self, position: Tensor, axis: int | None = None) -> Tensor:
         """The first two coordinates of ``position`` ``[n, ndim]`` as float64, ``[n, 2]`` (or
-        ``[n]`` for one ``axis``); a 3D box is cut in x and y only."""
+        ``[n]`` for one ``axis``); a 3D box is cut in x and y only.
+        """
         return (position[:, :2] if axis is None else position[:, axis]).to(torch.float64)
 
     def sort_key(self, reaches: Sequence[tuple[str, float]]) -> SortKey | None:
         """Row-major cell ids in the :class:`~agentsim.space.continuous.cells.CellGrid` of the
-        largest length reach (the cells the radius search visits); None without one."""
+        largest length reach (the cells the radius search visits); None without one.
+        """
         from .cells import CellGrid  # cells.py builds on Box
 
         lengths = [value for kind, value in reaches if kind == "length" and value > 0]

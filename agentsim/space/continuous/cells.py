@@ -21,6 +21,7 @@ MAX_CELLS = 2**62
 
 
 def check_radius(radius: float) -> float:
+    """Validate a search radius (positive, finite)."""
     try:
         r = float(radius)
     except (TypeError, ValueError):
@@ -58,7 +59,7 @@ class CellGrid:
         object.__setattr__(self, "radius", radius)
         if self.box.periodic:
             shape = tuple(max(1, math.floor(n / radius)) for n in self.box.size)
-            side = tuple(n / c for n, c in zip(self.box.size, shape))
+            side = tuple(n / c for n, c in zip(self.box.size, shape, strict=True))
         else:
             shape = tuple(max(1, math.ceil(n / radius)) for n in self.box.size)
             side = (radius,) * self.box.ndim
@@ -94,7 +95,7 @@ class CellGrid:
         less memory) must hold ``shape_d``.
         """
         out = []
-        for k, (length, side, n_k) in enumerate(zip(self.box.size, self.side, self.shape)):
+        for k, (length, side, n_k) in enumerate(zip(self.box.size, self.side, self.shape, strict=True)):
             x = pos[:, k].to(torch.float64)
             if self.box.periodic:
                 x = wrap_dim(x, length)
@@ -124,7 +125,7 @@ class CellGrid:
         ``(-1,)``: the first offset of each group landing on the same cell.
         A bounded dim with 1 cell keeps ``(0,)`` since the others leave it.
         """
-        per_dim = []
+        per_dim: list[tuple[int, ...]] = []
         for n in self.shape:
             if n >= 3:
                 per_dim.append((-1, 0, 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ def _iter_pair_chunks(
         lo_t, hi_t = lo_of.index_select(0, cy), hi_of.index_select(0, cy)
         lo = torch.empty((n_seg, t1 - t0), dtype=it, device=device)
         hi = torch.empty_like(lo)
-        for r, (b, ok) in enumerate(zip(bases, valids)):
+        for r, (b, ok) in enumerate(zip(bases, valids, strict=True)):
             assert b is not None
             b = b * width
             torch.add(b, lo_t, out=lo[r])
@@ -233,7 +234,7 @@ def _iter_pair_chunks(
             cuts = torch.searchsorted(csum, marks.to(csum.dtype), right=True).tolist()
             bounds += [k for k in cuts if 0 < k < t1 - t0]
         bounds.append(t1 - t0)
-        for c0, c1 in zip(bounds[:-1], bounds[1:]):
+        for c0, c1 in itertools.pairwise(bounds):
             if c1 <= c0:
                 continue
             yield PairChunk(t0 + c0, t0 + c1, *_expand(
@@ -296,7 +297,8 @@ def _cell_counter(entry_cell: Tensor, perm: Tensor, n_pcells: int, width: int,
 
 def _stable_argsort(key: Tensor) -> Tensor:
     """``argsort(key, stable=True)`` (int64); on CPU by NumPy's, which is faster on the
-    nearly sorted keys that a locality-sorted population gives."""
+    nearly sorted keys that a locality-sorted population gives.
+    """
     if key.device.type == "cpu":
         return torch.from_numpy(np.argsort(key.numpy(), kind="stable"))
     return torch.argsort(key, stable=True)
@@ -323,11 +325,12 @@ def _leading_tables(grid: CellGrid, device: torch.device,
     """Per leading dim ``k`` and per offset ``o`` of it (in offset order): ``[shape_k]``
     ``dtype``, the neighbor coordinate ``c + o`` of each coordinate ``c`` (wrapped when
     periodic), and, for a bounded box, ``[shape_k]`` bool, whether ``c + o`` is in the box
-    (None when periodic)."""
+    (None when periodic).
+    """
     tables = []
-    for n_k, offsets in zip(grid.shape[:-1], grid.dim_offsets()[:-1]):
+    for n_k, offsets in zip(grid.shape[:-1], grid.dim_offsets()[:-1], strict=True):
         c = torch.arange(n_k, dtype=dtype, device=device)
-        per_offset = []
+        per_offset: list[tuple[Tensor, Tensor | None]] = []
         for o in offsets:
             if grid.box.periodic:
                 per_offset.append((torch.remainder(c + o, n_k), None))

@@ -35,6 +35,7 @@ MAX_LAYER = 127
 
 # --------------------------------------------------------------------- checks
 def check_int(name: str, value: object, minimum: int | None = None) -> int:
+    """``value`` as an int (>= ``minimum``), or a ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ConfigError(f"Expected {name} to be an int (got {type(value).__name__} {value!r})")
     value = int(value)
@@ -44,6 +45,7 @@ def check_int(name: str, value: object, minimum: int | None = None) -> int:
 
 
 def check_float(name: str, value: object) -> float:
+    """``value`` as a finite float, or a ConfigError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ConfigError(f"Expected {name} to be a number (got {type(value).__name__} {value!r})")
     value = float(value)
@@ -53,6 +55,7 @@ def check_float(name: str, value: object) -> float:
 
 
 def index_tensor(name: str, x: object) -> Tensor:
+    """``x`` as a 1D integer tensor of node ids, or a ConfigError naming ``name``."""
     t = x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise ConfigError(f"Expected {name} to be an integer tensor (got dtype {t.dtype})")
@@ -149,6 +152,7 @@ class Graph:
 
     @property
     def device(self) -> torch.device:
+        """Where the CSR tensors live."""
         return self.indptr.device
 
     def degree(self) -> Tensor:
@@ -307,6 +311,7 @@ class Graph:
 
 # ------------------------------------------------------------ CSR construction
 def numpy_int64(t: Tensor) -> np.ndarray:
+    """A CPU int64 NumPy view (or copy) of ``t``."""
     return t.detach().to("cpu", torch.int64).numpy()
 
 
@@ -345,11 +350,12 @@ def build_csr(
         indptr, indices, out_layer = csr_by_lexsort(u, v, lay, n_nodes)
     idx_dtype = np.int32 if n_nodes < 2**31 else np.int64
     device = torch.device("cpu") if device is None else device
+    layers = None if out_layer is None else torch.from_numpy(out_layer.astype(np.int8, copy=False)).to(device)
     return Graph(
         torch.from_numpy(indptr).to(device),
         torch.from_numpy(indices.astype(idx_dtype, copy=False)).to(device),
         n_nodes,
-        None if layer is None else torch.from_numpy(out_layer.astype(np.int8, copy=False)).to(device),
+        layers,
         names,
     )
 
