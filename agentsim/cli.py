@@ -177,7 +177,7 @@ def _distributed_options(args: argparse.Namespace,
     process starts).
     """
     from .distributed.process_group import DEFAULT_TIMEOUT, check_timeout
-    from .partition import check_partition, check_sync_every_for, make_partition
+    from .partition import check_run_partition
 
     nprocs = pick("nprocs", 1)
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
@@ -185,10 +185,9 @@ def _distributed_options(args: argparse.Namespace,
     if nprocs > 1 and world_size_from_env() > 1:
         raise ConfigError(f"--nprocs {nprocs} under torchrun (WORLD_SIZE={world_size_from_env()}): "
                           "let torchrun start the processes and drop --nprocs")
-    partition = check_partition(pick("partition", "data"))
-    options = {k: pick(k, None) for k in ("layout", "balance_every", "balance_threshold")}
-    options = {k: v for k, v in options.items() if v is not None}
-    sync_every = check_sync_every_for(make_partition(partition, 2, **options), pick("sync_every", 1))
+    partition, options, sync_every = check_run_partition(
+        pick("partition", "data"), pick("sync_every", 1),
+        **{k: pick(k, None) for k in ("layout", "balance_every", "balance_threshold")})
     return nprocs, partition, check_timeout(pick("timeout", DEFAULT_TIMEOUT)), sync_every, options
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch import Tensor
@@ -223,7 +223,17 @@ class Context:
         self._neighbors = neighbors
         self._per_agent_flags = per_agent_flags
 
-    def __getitem__(self, population: str) -> PopulationView:
+    # ctx["env"] (as in 0.1) is ctx.env; the overlap of "env" with str is intended.
+    @overload
+    def __getitem__(self, population: Literal["env"]) -> EnvView: ...  # type: ignore[overload-overlap]
+
+    @overload
+    def __getitem__(self, population: str) -> PopulationView: ...
+
+    def __getitem__(self, population: str) -> PopulationView | EnvView:
+        """The checked view of a population (or, ``"env"``, of the environment)."""
+        if population == ENV:
+            return self.env
         pop = self._state[population]
         if not self.substep.touches(population):
             raise FieldAccessError(
@@ -331,6 +341,10 @@ class InitContext:
     def uids(self, population: str, n: int) -> Tensor:
         """``n`` new uids of ``population`` (``[n]`` int64 on the device): the next ``n`` of its
         counter, which starts at 0. Births continue from the last one reserved.
+
+        A uid is unique within its population, not across populations (sheep 3 and wolf 3 may
+        both exist): a substep that draws for two populations keyed by uid gives each its own
+        stream (or draw index), or sheep 3 and wolf 3 get the same numbers.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"uids({population!r}, n): expected an int n >= 0 (got {n!r})")

@@ -45,8 +45,9 @@ from .params import Params
 from .partition import PERF_FIGURES, Partitioner, StepReport, StepSummary, check_sync_every_for, make_partition
 from .random import CounterRNG
 from .snapshot import NeighborSnapshots
+from .space.base import check_reaches
 from .state import UID, State
-from .substep import ENV, Substep, resolve_reach
+from .substep import ENV, Substep
 
 __all__ = ["DEFAULT_SORT_EVERY", "RunResult", "Simulation", "check_agents", "resolve_device"]
 
@@ -100,7 +101,8 @@ class RunResult:
     Attributes:
         metrics: Name to numpy array ``[steps + 1]`` (index = step), including ``"step"``.
         state: This rank's final state (None from :func:`agentsim.launch`: it stays on the ranks).
-        timings: Substep name to mean seconds per step of this run (rank 0's).
+        timings: Substep name to mean seconds per step of this run (this rank's; rank 0's from
+            :func:`agentsim.launch`).
         seconds: Wall time of the stepping loop (excludes initialization and step-0 recording).
         path: The HDF5 file written, or None.
         model: The model that ran (:meth:`plan` shows it with the timings).
@@ -157,6 +159,10 @@ class Simulation:
         perf_steps: Per step, figures over all ranks (see :mod:`agentsim.perf`), the same on
             every rank; a run writes them to the file's ``/perf``.
         comm_steps: Per step, the :class:`~agentsim.comm.CommStats` of this rank's collectives.
+        step_seconds: Per step, this rank's seconds (see :mod:`agentsim.perf` for the window).
+        failed: None, or what stopped the simulation: after an error inside a step its state
+            may be partly updated (and, on several ranks, an exchange in flight), so it refuses
+            to go on; build a new one.
     """
 
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
@@ -184,36 +190,40 @@ class Simulation:
         state = state.to(self.device)
         self.model.validate_state(state)
         self.space = space
-        self._check_reaches()
+        check_reaches(self.model.substeps, self.params, space)
         self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm)
         self.locality = LocalityOrder(space, self.model.substeps, self.params, sort_every)
         self.perf_steps: list[dict[str, float]] = []
         self.comm_steps: list[CommStats] = []
+        self.step_seconds: list[float] = []
+        self.failed: str | None = None
         self._seconds: list[dict[str, float]] = []  # per step taken, this rank's seconds per substep
         self._rows: list[tuple[dict[str, Any], dict[str, float]]] = []  # metric rows arrived, not yet recorded
         self._in_run = False
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
-        self._mark_report()
+        self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
 
-    def _mark_report(self) -> None:
-        """Start the window of the next step's figures: its seconds and collectives count from here."""
-        self._t_report = time.perf_counter()
-        self._stats_at_report = self.comm.stats.snapshot()
-
-    def _check_reaches(self) -> None:
-        """Every reach a substep declares makes sense in the model's space."""
-        kinds = ("global", *getattr(self.space, "reaches", ()))
-        for s in self.model.substeps:
-            if s.neighbors:
-                kind, _ = resolve_reach(s, self.params)
-                if kind not in kinds:
-                    raise ConfigError(f"substep '{s.name}': reach {s.reach!r} is a '{kind}' reach, which a "
-                                      f"{type(self.space).__name__} space does not have (valid: {', '.join(kinds)})")
+    @property
+    def substep_seconds(self) -> dict[str, list[float]]:
+        """Substep name to this rank's seconds in it, per step taken."""
+        return {s.name: [t.get(s.name, 0.0) for t in self._seconds] for s in self.model.substeps}
 
     # ---------------------------------------------------------------- stepping
     def step(self) -> None:
         """Advance the state by one step (every substep once, in order)."""
+        if self.failed is not None:
+            raise SimulationError(f"this Simulation stopped with an error ({self.failed}); its state may be partly "
+                                  "updated: build a new Simulation")
+        computing = self.state.step + 1
+        try:
+            self._step()
+        except BaseException as e:
+            self.failed = f"{type(e).__name__} in step {computing}: {e}"
+            raise
+
+    def _step(self) -> None:
         state, part = self.state, self.partition
+        t_enter, stats_enter = time.perf_counter(), self.comm.stats.snapshot()
         sort_now = self.locality.due(state.step) and self._sorted_at != state.step
         if sort_now or self.shuffle_rows:  # nothing in flight may hold row numbers now
             part.settle(state, self.comm)
@@ -240,14 +250,19 @@ class Simulation:
             self.locality.apply(state)
             self._sorted_at = state.step
         sums = self.model.metric_sums(self._metrics_context()) if self._in_run else None
-        # The step's figures cover one window, from the last report to this one: the substeps
-        # and the collectives in between (the last report's exchange, waiting for slower ranks).
-        stats = self.comm.stats.since(self._stats_at_report)
+        # The step's figures: the step itself, and the last step's report exchange, which ended
+        # after that report was sent (see agentsim.perf).
+        carried_seconds, carried = self._carried
+        stats = self.comm.stats.since(stats_enter)
+        stats = CommStats(stats.calls + carried.calls, stats.bytes_sent + carried.bytes_sent,
+                          stats.seconds + carried.seconds)
         self.comm_steps.append(stats)
-        figures = [float(sum(p.n for p in state.populations.values())), time.perf_counter() - self._t_report,
-                   stats.seconds, float(stats.bytes_sent), 0.0, 0.0, 0.0]
-        self._mark_report()
+        figures = [float(sum(p.n for p in state.populations.values())),
+                   time.perf_counter() - t_enter + carried_seconds, stats.seconds, float(stats.bytes_sent),
+                   0.0, 0.0, 0.0]
+        t_report, stats_report = time.perf_counter(), self.comm.stats.snapshot()
         part.end_step(state, StepReport(state.step, flags, figures, sums, seconds), self.comm, hold=self._in_run)
+        self._carried = (time.perf_counter() - t_report, self.comm.stats.since(stats_report))
         self._take_reports()
 
     def _run_substep(self, s: Substep) -> list[Flag]:
@@ -269,13 +284,14 @@ class Simulation:
         """Call ``s`` on ``state`` with ``halos`` as the other agents it may read (or, not
         ``fresh``, the neighbor snapshots); raise if it modified a read-only tensor in place.
         """
+        snapshots = None if fresh else self.snapshots  # the closure holds what it needs, not the engine
 
         def neighbors(population: str) -> NeighborView:
             pop = state[population]
             fields = s.neighbors[population]
-            if fresh or self.snapshots is None:
+            if snapshots is None:
                 return NeighborView(pop, fields, s, halos.get(population))
-            local, others = self.snapshots.view(s, population, pop[UID])
+            local, others = snapshots.view(s, population, pop[UID])
             return NeighborView(pop, fields, s, others, local=local)
 
         step = state.step + 1
@@ -342,8 +358,9 @@ class Simulation:
         perf = _perf(figures, counts, moved)
         self.perf_steps.append(perf)
         self._seconds.append(summary.seconds)
+        self.step_seconds.append(float(figures[self.comm.rank, PERF_FIGURES.index("step_seconds")]))
         if summary.sums is not None:
-            row = {"step_seconds": float(figures[self.comm.rank, PERF_FIGURES.index("step_seconds")]),
+            row = {"step_seconds": self.step_seconds[-1],
                    **{f"substep_seconds/{k}": v for k, v in summary.seconds.items()}, **perf}
             self._rows.append((self.model.metric_row(summary.step, summary.sums), row))
 
@@ -358,6 +375,8 @@ class Simulation:
         Per-agent values are summed over agents and ranks exactly (:mod:`agentsim.metrics`), so
         the result has the same bits on any number of ranks.
         """
+        if self.failed is not None:
+            raise SimulationError(f"this Simulation stopped with an error ({self.failed}); build a new Simulation")
         self.partition.settle(self.state, self.comm)
         self._take_reports()
         sums = self.model.metric_sums(self._metrics_context())
@@ -382,19 +401,19 @@ class Simulation:
                             params=dict(self.params), seed=self.seed, steps=steps,
                             world_size=self.comm.world_size)
         rows: list[dict[str, Any]] = []
-        first_perf, first_comm = len(self.perf_steps), len(self.comm_steps)
         start = self.state.step
         t_run = 0.0
         self._in_run = True
+        self._rows = []
         try:
             row = self.metrics()
+            first_perf, first_comm = len(self.perf_steps), len(self.comm_steps)
             rows.append(row)
             recorder.write_row(self.state.step, row, None)
             if recorder.frame_due(0, steps):
                 recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
             bar = _progress(steps, progress)
             t0 = time.perf_counter()
-            self._mark_report()  # the first step's figures count from here
             for _ in range(steps):
                 self.step()
                 frame = recorder.frame_due(self.state.step - start, steps)
@@ -412,8 +431,10 @@ class Simulation:
             t_run = time.perf_counter() - t0
             if bar is not None:
                 bar.close()
-        except BaseException:
+        except BaseException as e:
             recorder.close(completed=False)
+            if self.failed is None:  # raised while recording, between steps
+                self.failed = f"{type(e).__name__} after step {self.state.step}: {e}"
             raise
         finally:
             self._in_run = False

@@ -88,7 +88,7 @@ class Model:
         self.name = name
         self.description = description
         self.default_agents = default_agents
-        self.definition = object()  # shared by every configured copy of this definition
+        self.definition = object()  # shared by configured copies; renewed by every declaration
         self._available: dict[str, Substep] = {}
         self._order: list[str] | None = None  # None: every substep, in definition order
         self._metrics: list[Metric | LegacyMetrics] = []
@@ -151,6 +151,7 @@ class Model:
         if step.name in self._available:
             raise ConfigError(f"model '{self.name}': substep '{step.name}' is already defined")
         self._available[step.name] = step
+        self.definition = object()  # a new definition: copies made before no longer share it
         return step
 
     def substep(self, name: str | Callable[..., None] | None = None, **declarations: Any) -> Any:
@@ -162,9 +163,13 @@ class Model:
 
     def init(self, fn: InitFn) -> InitFn:
         """Decorator: ``fn(InitContext) -> space`` builds step 0 (see the class docstring)."""
+        if isinstance(fn, InitContext):
+            raise ConfigError(f"model '{self.name}': Model.init declares the init function (a decorator); "
+                              "to build step 0 from an InitContext, call model.build(ic)")
         if not callable(fn):
             raise ConfigError(f"model '{self.name}': init must be a function init(ic) -> space (got {fn!r})")
         self.init_fn = fn
+        self.definition = object()
         return fn
 
     def add_metric(self, metric: Metric) -> Metric:
@@ -174,6 +179,7 @@ class Model:
         if metric.name in self.metric_names():
             raise ConfigError(f"model '{self.name}': metric '{metric.name}' is already defined")
         self._metrics.append(metric)
+        self.definition = object()
         return metric
 
     def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum") -> Any:
@@ -198,6 +204,7 @@ class Model:
         if name in self.metric_names():
             raise ConfigError(f"model '{self.name}': metric '{name}' is already defined")
         self._derived.append(Derived(name, fn))
+        self.definition = object()
 
     def derived(self, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
         """Decorator: ``fn(metrics) -> number`` is a metric computed from the others' global values,
@@ -262,7 +269,9 @@ class Model:
         return new
 
     def same_definition(self, other: object) -> bool:
-        """Whether ``other`` is this model or a configured copy of the same definition."""
+        """Whether ``other`` is this model or a configured copy of it with nothing declared since
+        (only parameters and the substep order differ): what workers rebuild from a name.
+        """
         return isinstance(other, Model) and other.definition is self.definition
 
     # ------------------------------------------------------------------ what the engine calls

@@ -49,10 +49,11 @@ from .substep import Substep
 if TYPE_CHECKING:
     from .io.recording import Frame, Recording
 
-__all__ = ["PARTITIONS", "PERF_FIGURES", "IdentityPartition", "Partitioner", "SplitRun", "StepReport",
-           "StepSummary", "make_partition"]
+__all__ = ["PARTITIONS", "PERF_FIGURES", "SPATIAL_OPTIONS", "IdentityPartition", "Partitioner", "SplitRun",
+           "StepReport", "StepSummary", "check_run_partition", "make_partition"]
 
 PARTITIONS = ("data", "spatial")
+SPATIAL_OPTIONS = ("layout", "balance_every", "balance_threshold", "bins", "overlap")
 # The figures every rank reports for every step (columns of StepSummary.figures).
 PERF_FIGURES = ("agents", "step_seconds", "comm_seconds", "bytes_sent", "halo_rows", "halo_bytes", "migrated")
 
@@ -201,7 +202,10 @@ class IdentityPartition:
         return f"{type(self).__name__}()"
 
     def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
-        """Keep every agent."""
+        """Keep every agent (one rank only: on several, each would run the whole population)."""
+        if comm.world_size > 1:
+            raise ConfigError(f"the identity partitioner keeps every agent on its rank; with {comm.world_size} ranks "
+                              f"use partition 'data' or 'spatial'")
         return state
 
     def halos(self, state: State, substep: Substep, comm: Comm) -> Halos:
@@ -297,6 +301,11 @@ def make_partition(partition: str | Partitioner | None = None, world_size: int =
         options: For ``"spatial"``: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``,
             ``overlap`` (None values are dropped).
     """
+    for key in options:
+        if key not in SPATIAL_OPTIONS:
+            raise ConfigError(f"unexpected option {key!r} (partition options: {', '.join(SPATIAL_OPTIONS)})."
+                              + did_you_mean(key, [*SPATIAL_OPTIONS, "sort_every", "sync_every", "check_nan",
+                                                   "shuffle_rows", "params", "comm", "device"]))
     options = {k: v for k, v in options.items() if v is not None}
     if partition is not None and not isinstance(partition, str):
         if options:
@@ -318,6 +327,16 @@ def make_partition(partition: str | Partitioner | None = None, world_size: int =
     from .distributed.data import DataPartition
 
     return DataPartition()
+
+
+def check_run_partition(partition: str | None, sync_every: object = 1,
+                        **options: Any) -> tuple[str, dict[str, Any], int]:
+    """Check a multi-rank run's partitioner name, options and ``sync_every`` before any process
+    starts; returns them (name, the options given, sync_every).
+    """
+    name = check_partition(partition or "data")
+    given = {k: v for k, v in options.items() if v is not None}
+    return name, given, check_sync_every_for(make_partition(name, 2, **given), sync_every)
 
 
 def check_sync_every_for(partition: Partitioner, sync_every: object) -> int:

@@ -10,10 +10,12 @@ rank's, each rank computes the same figures (:func:`step_figures`): ``agents/max
 ``RunResult.perf`` and writes them, with this rank's seconds per substep, to the file's
 ``/perf``. They depend on the machine, by design; nothing else in a file does.
 
-A step's seconds and collectives cover one window on each rank: from the previous step's
-report to this one (the first step of a run: from the start of its loop). That is the
-step's substeps and every collective in between, the previous report's exchange and any
-wait for a slower rank included, so ``comm/seconds_*`` never exceeds the step's seconds.
+A step's seconds and collectives cover, on each rank, the step itself (from entering
+``Simulation.step`` to sending its report: the substeps, their halos and migrations, and
+any wait for a slower rank inside them) plus the previous step's report exchange, which
+only ends after that report was sent (an all_gather, or posting the overlapped exchange).
+So ``comm/seconds_*`` never exceeds the step's seconds. What a run does between steps,
+writing metric rows and frames, is not in any step, nor is rebalancing after a report.
 
 Examples:
     >>> import torch

@@ -32,7 +32,8 @@ def run(model: Model | str, agents: int | None = None, steps: int = 100, seed: i
         nprocs: Local processes (> 1: :func:`agentsim.launch`; the result is bitwise the same).
         partition: With ``nprocs > 1``: ``"data"`` (default) or ``"spatial"``.
         progress: Show a progress bar (one process, on a terminal).
-        partition_options: ``layout``, ``balance_every``, ``balance_threshold`` (``"spatial"``).
+        partition_options: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``, ``overlap``
+            (``"spatial"``).
 
     Examples:
         >>> result = run("randomwalk", agents=100, steps=3, seed=1, params={"step_size": 0.5})

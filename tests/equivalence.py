@@ -105,6 +105,14 @@ def reference_runs(cases: list[Case], out_dir: str) -> dict[str, dict[str, Any]]
     return ref
 
 
+def check_figures(perf: list[dict[str, float]], what: str) -> None:
+    """One entry per step; a step's collectives fit in its seconds (one window, agentsim.perf)."""
+    assert len(perf) == STEPS, what
+    for step, p in enumerate(perf, 1):
+        assert 0 <= p["comm/seconds_max"] <= p["rank_step_seconds/max"], (what, step, p)
+        assert p["agents/imbalance"] >= 1.0 and p["agents/mean"] > 0, (what, step, p)
+
+
 def check_same_as_reference(ref: dict[str, Any], got: dict[str, Any], what: str) -> None:
     assert_same_bits(ref["metrics"], got["metrics"], f"{what} metrics")
     assert sorted(ref["agents"]) == sorted(got["agents"])

@@ -315,17 +315,91 @@ def test_init_context_reserves_uids_and_infers_field_specs():
     assert torch.equal(ic.rng.uniform(a), asim.CounterRNG(1).uniform(a, 0, "init"))  # default stream "init"
 
 
-def test_context_is_built_from_explicit_parts_with_no_engine_inside():
+def reachable(obj: object, depth: int = 3) -> list[object]:
+    """Objects reachable from ``obj`` through attributes, containers and closures (a few levels)."""
+    out, frontier = [], [obj]
+    for _ in range(depth):
+        nxt = []
+        for o in frontier:
+            parts = list(vars(o).values()) if hasattr(o, "__dict__") and not isinstance(o, type) else []
+            if isinstance(o, dict):
+                parts += list(o.values())
+            if isinstance(o, (list, tuple)):
+                parts += list(o)
+            parts += [c.cell_contents for c in (getattr(o, "__closure__", None) or ())]
+            nxt += parts
+        out += nxt
+        frontier = nxt
+    return out
+
+
+@pytest.mark.parametrize("sync_every", [1, 2])
+def test_context_is_built_from_explicit_parts_with_no_engine_inside(sync_every):
     seen = {}
 
     def look(ctx):
-        seen.update(vars(ctx))
-        seen["rng_stream"] = ctx.rng.stream
+        ctx.neighbors("cell")["size"]  # the neighbors function is part of the context too
+        seen["ctx"] = ctx
 
-    sim = one_step({"reads": ["cell.size"]}, look)
-    assert not any(isinstance(v, Simulation) for v in seen.values())
-    assert seen["step"] == 1 and seen["rng_stream"] == "look" and isinstance(seen["params"], asim.Params)
-    assert seen["space"] is sim.space is None and isinstance(seen["effects"], asim.context.Effects)
+    def add(model):
+        model.substep(reads=["cell.size"], neighbors={"cell": ["size"]})(look)
+
+    sim = Simulation(make_model(["look"], extra=add), agents=5, sync_every=sync_every)
+    for _ in range(2):  # with sync_every=2, the second step reads the snapshot
+        sim.step()
+        ctx = seen["ctx"]
+        assert not any(isinstance(o, Simulation) for o in reachable(ctx)), "the context reaches the engine"
+    assert ctx.step == 2 and ctx.rng.stream == "look" and isinstance(ctx.params, asim.Params)
+    assert ctx.space is sim.space is None and isinstance(ctx.effects, asim.context.Effects)
+
+
+def test_a_simulation_that_stopped_with_an_error_refuses_to_go_on():
+    def poison(ctx):
+        c = ctx["cell"]
+        c["size"] = c["size"] + (float("nan") if ctx.step == 2 else 0.0)
+
+    def add(model):
+        model.substep(writes=["cell.size"])(poison)
+
+    sim = Simulation(make_model(["poison"], extra=add), agents=5)
+    with pytest.raises(SimulationError, match="step 2: poison: NaN in cell.size"):
+        sim.run(4)
+    assert sim.state.step == 2 and sim.failed == "SimulationError in step 2: step 2: poison: NaN in cell.size"
+    with pytest.raises(SimulationError, match=r"stopped with an error \(SimulationError in step 2: .*\); its state "
+                                              r"may be partly updated: build a new Simulation"):
+        sim.step()
+    with pytest.raises(SimulationError, match="stopped with an error"):
+        sim.run(1)
+
+
+def test_misspelt_keywords_and_the_identity_partitioner_on_several_ranks_are_errors():
+    with pytest.raises(ConfigError, match="unexpected option 'sort_evry'.*Perhaps you meant 'sort_every'"):
+        Simulation(make_model(), agents=5, sort_evry=5)
+
+    class TwoRanks(asim.comm.LocalComm):
+        world_size = 2
+
+    with pytest.raises(ConfigError, match="the identity partitioner keeps every agent on its rank; with 2 ranks"):
+        Simulation(make_model(), agents=5, comm=TwoRanks(), partition=asim.partition.IdentityPartition())
+
+
+def test_env_layers_through_ctx_env_and_ctx_of_env():
+    model = Model("grazing")
+
+    @model.substep(reads=["env.food"], writes=["cow.fed", "env.food"])
+    def graze(ctx):
+        food = ctx["env"]["food"]  # the 0.1 spelling of ctx.env["food"]
+        ctx["cow"]["fed"] = ctx["cow"]["fed"] + food[ctx["cow"]["uid"] % 4]
+        ctx.env["food"] = food * 0.5
+
+    @model.init
+    def init(ic):
+        ic.add("cow", uid=ic.uids("cow", 3), fed=torch.zeros(3))
+        ic.add_env(food=torch.ones(4))
+
+    sim = Simulation(model, agents=3)
+    sim.run(2)
+    assert sim.state["cow"]["fed"].tolist() == [1.5] * 3 and sim.state.env["food"].tolist() == [0.25] * 4
 
 
 def test_mean_and_derived_metrics():
@@ -381,6 +455,17 @@ def test_the_decorator_free_form_is_the_same_model():
     b = asim.run(decorated, agents=50, steps=3, seed=4).metrics
     assert a["spread"].tolist() == b["spread"].tolist() and a["rms"][-1] == math.sqrt(a["spread"][-1])
     assert asim.Substep("move", move, (), ("w.x",)).writes == ("w.x",)  # the positional form of 0.1
+
+
+def test_figures_and_timings_of_consecutive_runs():
+    sim = Simulation(make_model(), agents=50, seed=1)
+    first, second = sim.run(3), sim.run(2)
+    assert len(first.perf) == 3 and len(second.perf) == 2 and len(sim.perf_steps) == 5
+    assert len(sim.step_seconds) == 5 and all(len(v) == 5 for v in sim.substep_seconds.values())
+    assert set(second.timings) == {"grow", "breed", "cull"} and all(v > 0 for v in second.timings.values())
+    for p in [*first.perf, *second.perf]:
+        assert p["comm/seconds_max"] <= p["rank_step_seconds/max"] and p["agents/imbalance"] == 1.0
+    assert second.metrics["step"].tolist() == [3, 4, 5]
 
 
 def test_compose_substeps_by_name_and_plan():

@@ -13,7 +13,15 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from equivalence import WORLD_SIZES, Case, assert_same_bits, check_same_as_reference, h5_datasets, run_cases
+from equivalence import (
+    WORLD_SIZES,
+    Case,
+    assert_same_bits,
+    check_figures,
+    check_same_as_reference,
+    h5_datasets,
+    run_cases,
+)
 
 import agentsim as asim
 from agentsim import AgentsimError, ConfigError, Simulation, get_model, launch
@@ -49,6 +57,7 @@ def test_data_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_ran
         for case in CASES:
             got = multi_rank[w][case.key]
             check_same_as_reference(reference[case.key], got, f"{case.key} W={w}")
+            check_figures(got["perf"], f"{case.key} W={w}")
             with h5py.File(got["path"], "r") as f:
                 assert f.attrs["world_size"] == w and f.attrs["completed"]
             # Really split: rank 0 held only its share at the end.
@@ -155,6 +164,17 @@ def test_a_stuck_rank_makes_the_others_time_out_instead_of_hanging():
 
 
 # --------------------------------------------------------------------------- launch / CLI
+def test_launch_refuses_a_copy_that_declares_more_than_its_definition():
+    """Workers rebuild a model from its name: a copy with its own metric is another model, which
+    they could not rebuild (it would run without the metric), so launch says so."""
+    copy = get_model("randomwalk").configure(params={"step_size": 0.5})
+    copy.metric(name="extra")(lambda state: state["walker"]["disp"][:, 0])
+    with pytest.raises(ConfigError, match="cannot find it to import on the worker processes"):
+        launch(copy, world_size=2, agents=10, steps=1)
+    plain = get_model("randomwalk").configure(params={"step_size": 0.5})
+    assert plain.same_definition(get_model("randomwalk")) and not copy.same_definition(get_model("randomwalk"))
+
+
 @pytest.mark.timeout(60)
 def test_launch_returns_the_one_process_metrics():
     model = get_model("sir").configure(params={"beta": 0.2})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import h5py
 import pytest
 import torch
-from equivalence import WORLD_SIZES, Case, check_same_as_reference, run_cases
+from equivalence import WORLD_SIZES, Case, check_figures, check_same_as_reference, run_cases
 
 from agentsim import ConfigError, Simulation, get_model
 from agentsim.comm import LocalComm
@@ -70,6 +70,7 @@ def test_spatial_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_
         for case in CASES:
             got = multi_rank[w][case.key]
             check_same_as_reference(reference[case.key], got, f"{case.key} W={w}")
+            check_figures(got["perf"], f"{case.key} W={w}")
             with h5py.File(got["path"], "r") as f:
                 assert f.attrs["world_size"] == w and f.attrs["completed"]
                 assert "agents/imbalance" in f["perf"] and "halo/bytes" in f["perf"]
@@ -166,6 +167,31 @@ def test_owner_from_a_ranks_view_equals_the_full_search(layout, space):
     assert len(set(full.tolist())) > 1
     for rank in range(4):
         assert torch.equal(part.owner("a", pop, rank=rank), full), rank
+
+
+@pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])
+@pytest.mark.parametrize("space", ["box", "bounded", "grid"])
+def test_the_border_filter_keeps_every_halo_agent(layout, space):
+    """The partitioner's path to a halo (border_candidates, then halo_destinations on those) gives the
+    destinations of halo_destinations over every agent, for every rank (length and Moore reaches)."""
+    g = torch.Generator().manual_seed(11)
+    if space == "grid":
+        where, kind, reach = Grid((23, 17), periodic=True), "moore", 2.0
+        pop = Population("a", {"cell": FieldSpec(torch.int64)},
+                         {"uid": torch.arange(400), "cell": torch.randint(0, 23 * 17, (400,), generator=g)})
+    else:
+        where, kind, reach = Box((60.0, 40.0), periodic=space == "box"), "length", 4.0
+        pos = torch.rand(400, 2, generator=g) * torch.tensor([60.0, 40.0])
+        pop = Population("a", {"pos": FieldSpec(torch.float32, (2,))}, {"uid": torch.arange(400), "pos": pos})
+    part = placed(layout, where, State({"a": pop}))
+    coords = part.coords("a", pop)
+    for rank in range(4):
+        row, dest = part.halo_destinations(coords, kind, reach, rank)
+        want = set(zip(row.tolist(), dest.tolist()))
+        assert want, rank  # agents near the borders exist
+        near = part.border_candidates("a", pop, kind, reach, rank)
+        row2, dest2 = part.halo_destinations(part.coords("a", pop, near), kind, reach, rank)
+        assert set(zip(near[row2].tolist(), dest2.tolist())) == want, rank
 
 
 @pytest.mark.parametrize("layout", ["strips", "blocks", "rcb"])

@@ -45,7 +45,7 @@ from ..engine import RunResult, Simulation, check_agents, check_seed, check_step
 from ..errors import AgentsimError, ConfigError
 from ..io.recording import check_every
 from ..model import Model
-from ..partition import check_partition, check_sync_every_for, make_partition
+from ..partition import check_run_partition
 from .process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
 
 __all__ = ["LaunchResult", "launch", "run_ranks"]
@@ -289,8 +289,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            out: str | os.PathLike[str] | None = None, record: Iterable[str] | None = None,
            every: int | None = None, partition: str = "data", timeout: float = DEFAULT_TIMEOUT, *,
            params: Mapping[str, Any] | None = None, sync_every: int = 1, device: str = "cpu",
-           layout: str | None = None, balance_every: int | None = None,
-           balance_threshold: float | None = None) -> RunResult:
+           layout: str | None = None, balance_every: int | None = None, balance_threshold: float | None = None,
+           bins: int | None = None, overlap: bool | None = None) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -308,11 +308,12 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         sync_every: Neighbor refresh period in steps (1: exact; K > 1: stale reads by the rule of
             :mod:`agentsim.snapshot`, partition ``"data"`` only; the result still equals one process's).
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
-        layout, balance_every, balance_threshold: Options of ``partition="spatial"``
+        layout, balance_every, balance_threshold, bins, overlap: Options of ``partition="spatial"``
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
 
     Returns:
-        Rank 0's :class:`~agentsim.engine.RunResult` (its ``state`` is None: it stays on the ranks).
+        Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
+        except with ``world_size=1``, which runs here.
 
     Raises:
         ConfigError: A bad argument (checked here, before any process starts).
@@ -323,10 +324,10 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         >>> result.metrics["step"].tolist()
         [0, 1, 2]
     """
-    check_partition(partition)
-    options = {k: v for k, v in (("layout", layout), ("balance_every", balance_every),
-                                  ("balance_threshold", balance_threshold)) if v is not None}
-    check_sync_every_for(make_partition(partition, 2, **options), sync_every)  # ConfigError on a bad option
+    partition, options, sync_every = check_run_partition(partition, sync_every, layout=layout,
+                                                         balance_every=balance_every,
+                                                         balance_threshold=balance_threshold, bins=bins,
+                                                         overlap=overlap)
     if params:
         model = (get_model(model) if isinstance(model, str) else model).configure(params=params)
     ref = _model_ref(model)

@@ -41,10 +41,11 @@ of the pair's last exchange, at least :data:`MIN_CAPACITY`. A pair that needs mo
 the rest in a second, waiting round, which every rank joins (each header says whether
 its sender overflowed). The first exchange agrees on sizes first.
 
-The exchange waits at once (no overlap) when the step is the last of a ``run``, outside
-``run``, on load-balancing steps, and before a trajectory frame; the run loop records a
+The exchange waits at once (no overlap) outside ``run`` and on load-balancing steps; at
+the last step of a ``run`` and before a trajectory frame the run loop completes it right
+after the step (:meth:`~agentsim.partition.Partitioner.settle`). The run loop records a
 step's metrics when its figures arrive (during the next step), so a NaN flag raises on
-every rank at the same point, one half step later than without overlap, naming its step.
+every rank at the same point, after the first substep of the next step, naming its step.
 Rows due for the cell sort (:mod:`agentsim.locality`) are sorted at the end of the step,
 before the exchange is posted, so that the sort does not make the next step wait.
 
@@ -106,6 +107,7 @@ def _capacity(payload: int) -> int:
 class _Pending:
     out: Tensor  # receive buffer of round one (valid after the wait)
     work: Work | None
+    waited: bool  # waited for at once, at the end of its step
     recv_splits: list[int]
     payload_out: list[int]  # bytes this rank has for each rank
     rest_out: list[Tensor]  # what did not fit the capacity, per rank
@@ -227,7 +229,7 @@ class OverlapExchange:
         recv_splits = [0 if s == rank else h + self.cap_in[s] for s in range(W)]
         send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.uint8)
         out, work = comm.post_all_to_all(send, send_splits, recv_splits)
-        self.pending = _Pending(out, work, recv_splits, payload, rest, leave, self_halo, own_header, h)
+        self.pending = _Pending(out, work, wait, recv_splits, payload, rest, leave, self_halo, own_header, h)
         if wait:
             comm.wait(work)
             self.pending.work = None
@@ -296,7 +298,7 @@ class OverlapExchange:
         device = pop[UID].device
         self.arrived = {k: v.to(device) for k, v in unpack_rows(torch.cat(mig_parts), like).items()}
         received = {k: v.to(device) for k, v in unpack_rows(torch.cat(halo_parts), nb_like).items()}
-        where = self.arrived[self.partition.position[self.name]][:, :2].to(torch.float64).cpu()
+        where = self.partition.space.region_coords(self.arrived[self.partition.position[self.name]]).cpu()
         self.arrived_dist = self.partition.border_distance(self.name, None, rank, coords=where)
         if self.arrived_dist.numel():
             self.depth = max(self.depth, float(self.arrived_dist.max()))
@@ -376,13 +378,13 @@ class OverlapExchange:
         and the migrants of the exchange.
         """
         assert self.pending is not None and self._report is not None
-        at_step_end = self.pending.work is None  # waited at once, at the end of its step
+        at_step_end = self.pending.waited
         heads = self.complete(state, comm, merge=merge)
         got = {k: torch.cat([h[k] for h in heads]) for k in heads[0]}  # every rank's header, rank order
         sent = got["ints"][:, 4:].to(torch.float64)  # [W, W] migrants from row rank to column rank
         figures = got["v"]
         figures[:, PERF_FIGURES.index("agents")] += sent.sum(0) - sent.sum(1)
-        figures[:, PERF_FIGURES.index("migrated")] = sent.sum(1)
+        figures[:, PERF_FIGURES.index("migrated")] += sent.sum(1)  # and any of a rebalance, counted before
         report, self._report = self._report, None
         self.partition.add_summary(report.summary(got, at_step_end))
 
@@ -395,8 +397,8 @@ class OverlapExchange:
         """
         part, name = self.partition, self.name
         pop = state[name]
-        out_in, flags_in = self._run_part(state, call, pop.fields(), None)
         try:
+            out_in, flags_in = self._run_part(state, call, pop.fields(), None)
             self.finish(state, comm, merge=False)
             assert self.arrived is not None and self.halo is not None
             limit = part.halo_limit(self.reach)

@@ -63,7 +63,7 @@ from ..errors import ConfigError, did_you_mean
 from ..ops import flatnonzero
 from ..params import Params
 from ..partition import IdentityPartition, SplitRun, StepReport
-from ..space.base import Space
+from ..space.base import Space, check_reaches
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
 from . import regions as geo
@@ -167,9 +167,13 @@ class SpatialPartition(IdentityPartition):
     def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
         """Compute the regions from the (global) initial state and keep this rank's agents."""
         self.bind(space, params)
+        check_reaches(substeps, params, space)
         self.position = {name: self._position_field(pop) for name, pop in state.populations.items()}
         W = comm.world_size
         if self.nodes:
+            if not callable(getattr(space, "edges", None)):
+                raise ConfigError(f"partition 'spatial': a {type(space).__name__} places agents by uid (a network) "
+                                  "but has no edges() for the ghost nodes; use partition 'data'")
             n = int(self.space.region_extent[0])
             self.bounds = torch.tensor([n * r // W for r in range(W + 1)], dtype=torch.int64)
             self._graph_send_lists(comm)
@@ -230,17 +234,21 @@ class SpatialPartition(IdentityPartition):
         assert self.regions is not None
         return geo.owner_of(self.regions, coords)
 
-    def _histogram2d(self, state: State, comm: Comm | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Global agent counts ``[bx, by]`` int64 and the bin edges per axis."""
-        nb = min(self.bins, 256)
-        extent = self.space.region_extent
-        ex, ey = geo.bin_edges(extent[0], nb, self.discrete), geo.bin_edges(extent[1], nb, self.discrete)
+    def _histogram(self, state: State, ex: Tensor, ey: Tensor, comm: Comm | None = None) -> Tensor:
+        """Agent counts ``[len(ex) - 1, len(ey) - 1]`` int64 in the bins of edges ``ex``, ``ey``, of
+        every population (of every rank, with ``comm``: a collective).
+        """
         hist = torch.zeros(len(ex) - 1, len(ey) - 1, dtype=torch.int64)
         for name, pop in state.populations.items():
             hist += geo.histogram(self.coords(name, pop), ex, ey)
-        if comm is not None:
-            hist = comm.sum_int64(hist.reshape(-1)).reshape(hist.shape)
-        return hist, ex, ey
+        return hist if comm is None else comm.sum_int64(hist.reshape(-1)).reshape(hist.shape)
+
+    def _histogram2d(self, state: State, comm: Comm | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Agent counts ``[bx, by]`` int64 in at most 256 bins per axis, and the bin edges per axis."""
+        nb = min(self.bins, 256)
+        extent = self.space.region_extent
+        ex, ey = geo.bin_edges(extent[0], nb, self.discrete), geo.bin_edges(extent[1], nb, self.discrete)
+        return self._histogram(state, ex, ey, comm), ex, ey
 
     def _balanced_regions(self, state: State, comm: Comm) -> Regions:
         """New borders from the global position histogram (collective)."""
@@ -248,14 +256,9 @@ class SpatialPartition(IdentityPartition):
         hist, ex, ey = self._histogram2d(state, comm)
         if self.layout == "rcb":
             return geo.bisection(hist, ex, ey, W, extent, periodic)
-        if self.layout == "strips":  # finer cuts from the 1D marginal
+        if self.layout == "strips":  # finer cuts from the 1D marginal: one bin along the other axis
             ex = geo.bin_edges(extent[0], self.bins, self.discrete)
-            counts = torch.zeros(len(ex) - 1, dtype=torch.int64)
-            for name, pop in state.populations.items():
-                c = self.coords(name, pop)
-                counts += torch.bincount(torch.bucketize(c[:, 0].contiguous(), ex[1:-1], right=True),
-                                         minlength=len(counts))
-            hist = comm.sum_int64(counts).reshape(-1, 1)
+            hist = self._histogram(state, ex, torch.tensor([0.0, extent[1]], dtype=torch.float64), comm)
         return geo.balanced(hist, ex, ey, W, self.layout, extent, periodic)
 
     # ------------------------------------------------------------------ env (per-cell layers)
@@ -274,10 +277,9 @@ class SpatialPartition(IdentityPartition):
     def owned_env(self, state: State, name: str, comm: Comm) -> Tensor:
         """The cells of env layer ``name`` this rank owns (per-cell layers), or all on rank 0 (others)."""
         t = state.env[name]
-        flat = t.reshape(-1)
         if self._is_layer(t) and self._owned_cells is not None:
-            return flat[self._owned_cells.to(flat.device)]
-        return flat if comm.rank == 0 else flat[:0]
+            return t.reshape(-1)[self._owned_cells.to(t.device)]
+        return super().owned_env(state, name, comm)
 
     def sync_env(self, state: State, comm: Comm) -> None:
         """Make every per-cell env layer whole on every rank: each cell's value from its owner."""
@@ -295,13 +297,6 @@ class SpatialPartition(IdentityPartition):
             state.env[k] = flat.reshape(state.env[k].shape)
 
     # ------------------------------------------------------------------ halos
-    def resolve_reach(self, substep: Substep) -> tuple[str, float]:
-        """``substep``'s reach as ``(kind, value)``; a kind the space does not have is a ConfigError."""
-        kind, value = resolve_reach(substep, self.params)
-        if kind != "global" and kind not in self.space.reaches:
-            raise ConfigError(f"substep '{substep.name}': reach {substep.reach!r} needs a space with '{kind}' "
-                              f"reaches (a {type(self.space).__name__} has {', '.join(self.space.reaches)})")
-        return kind, value
 
     def halo_limit(self, reach: float) -> float:
         """Distance to a region border within which an agent may be within ``reach`` (plus the
@@ -406,7 +401,7 @@ class SpatialPartition(IdentityPartition):
         if ov is not None and substep is ov.substep and ov.halo is not None:
             halo, ov.halo = ov.halo, None  # received with the last step's exchange (counted there)
             return {ov.name: halo}
-        kind, reach = self.resolve_reach(substep)
+        kind, reach = resolve_reach(substep, self.params)  # checked against the space by place()
         out = {}
         for name, fields in substep.neighbors.items():
             pop = state[name]
@@ -507,5 +502,6 @@ class SpatialPartition(IdentityPartition):
             self.move_agents(state, name, comm)
         if self.overlap is not None:
             self.overlap.halo = None  # borders moved: the halo received with the last exchange is stale
+            self.overlap.depth = 0.0  # and the arrivals' depth is measured against the new borders
         n_local = torch.tensor([[sum(p.n for p in state.populations.values())]], dtype=torch.int64)
         return [int(v) for v in comm.all_gather_rows({"n": n_local}, rows_per_rank=1)["n"][:, 0].tolist()]

@@ -35,12 +35,15 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["REACH_KINDS", "SortKey", "Space"]
+from ..errors import ConfigError
+from ..substep import Substep, resolve_reach
+
+__all__ = ["REACH_KINDS", "SortKey", "Space", "check_reaches"]
 
 # Neighbor reaches (see agentsim.substep.resolve_reach): "global" fits any space.
 REACH_KINDS = ("global", "length", "cell", "moore", "graph")
@@ -94,3 +97,24 @@ class Space(Protocol):
         pairs); None when no order helps.
         """
         ...
+
+
+def check_reaches(substeps: Iterable[Substep], params: Mapping[str, Any], space: Any) -> None:
+    """Every reach the substeps declare fits ``space`` (a :class:`Space`; a space that does not
+    implement the protocol, or None, is not checked: one process ignores reach).
+
+    A space whose agents are placed by ``uid`` (a network) must also give its edges
+    (``space.edges() -> (src, dst)``) for the ghost nodes of a ``"graph"`` reach.
+
+    Raises:
+        ConfigError: a reach kind the space does not have, naming the valid ones.
+    """
+    if not isinstance(space, Space):
+        return
+    kinds = ("global", *space.reaches)
+    for s in substeps:
+        if s.neighbors:
+            kind, _ = resolve_reach(s, params)
+            if kind not in kinds:
+                raise ConfigError(f"substep '{s.name}': reach {s.reach!r} is a '{kind}' reach, which a "
+                                  f"{type(space).__name__} space does not have (valid: {', '.join(kinds)})")
