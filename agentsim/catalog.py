@@ -2,7 +2,7 @@
 
 Examples:
     >>> sorted(BUILTIN)
-    ['boids', 'randomwalk', 'schelling', 'sir', 'wolfsheep']
+    ['boids', 'randomwalk', 'schelling', 'sir', 'spillover', 'wolfsheep']
     >>> get_model("sir").name
     'sir'
 """
@@ -20,6 +20,7 @@ BUILTIN: dict[str, str] = {
     "schelling": "agentsim.models.schelling:MODEL",
     "wolfsheep": "agentsim.models.wolfsheep:MODEL",
     "randomwalk": "agentsim.models.randomwalk:MODEL",
+    "spillover": "agentsim.models.spillover:MODEL",
 }
 
 

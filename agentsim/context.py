@@ -202,6 +202,7 @@ class Context:
         space: The model's space (Box, Grid, Graph) or None.
         device: The device of the state.
         neighbors: ``neighbors(population) -> NeighborView`` (None: the substep reads no neighbors).
+        policies: Policy name to the actor that chooses its actions (see :mod:`agentsim.policy`).
         per_agent_flags: Keep the conditions of an agentwise substep's flags per agent (``[n]``)
             instead of reducing them: the engine runs it for a subset of its agents and keeps
             the flags of the agents whose values it keeps.
@@ -211,7 +212,8 @@ class Context:
     """
 
     def __init__(self, substep: Substep, state: State, *, step: int, params: Params, rng: StepRNG, space: Any,
-                 device: torch.device, neighbors: NeighborsFn | None, per_agent_flags: bool = False) -> None:
+                 device: torch.device, neighbors: NeighborsFn | None, per_agent_flags: bool = False,
+                 policies: Mapping[str, Any] | None = None) -> None:
         self.substep = substep
         self.step = step
         self.params = params
@@ -222,6 +224,7 @@ class Context:
         self._state = state
         self._neighbors = neighbors
         self._per_agent_flags = per_agent_flags
+        self._policies = policies or {}
 
     # ctx["env"] (as in 0.1) is ctx.env; the overlap of "env" with str is intended.
     @overload
@@ -254,6 +257,14 @@ class Context:
                 f"neighbors={dict(self.substep.neighbors)}"
             )
         return self._neighbors(population)
+
+    def actor(self, policy: str) -> Any:
+        """The actor of ``policy`` in this run (what a policy substep asks for its actions)."""
+        try:
+            return self._policies[policy]
+        except KeyError:
+            raise ConfigError(f"substep '{self.substep.name}': no actor for policy {policy!r} in this run "
+                              f"(actors: {', '.join(self._policies) or 'none'})") from None
 
     def spawn(self, population: str, parent_uid: Tensor, fields: Mapping[str, Tensor]) -> None:
         """Add one child per parent uid (applied when the substep returns).

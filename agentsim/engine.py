@@ -43,6 +43,7 @@ from .locality import LocalityOrder
 from .model import Model
 from .params import Params
 from .partition import PERF_FIGURES, Partitioner, StepReport, StepSummary, check_sync_every_for, make_partition
+from .policy import resolve_actors
 from .random import CounterRNG
 from .snapshot import NeighborSnapshots
 from .space.base import check_reaches
@@ -152,6 +153,8 @@ class Simulation:
         sync_every: Refresh what substeps read through ``ctx.neighbors`` every this many
             steps (1: always current, exact; K > 1: stale between refreshes by the rule of
             :mod:`agentsim.snapshot`, the same on any number of ranks).
+        policies: Policy name to the actor that chooses its agents' actions: an actor, a rule
+            ``obs -> actions``, or ``"random"`` (the default); see :mod:`agentsim.policy`.
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.
 
@@ -169,7 +172,7 @@ class Simulation:
                  device: str | torch.device | None = "cpu", *, params: Mapping[str, Any] | None = None,
                  partition: str | Partitioner | None = None, comm: Comm | None = None, check_nan: bool = True,
                  shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY, sync_every: int = 1,
-                 **partition_options: Any) -> None:
+                 policies: Mapping[str, Any] | None = None, **partition_options: Any) -> None:
         if not isinstance(model, Model):
             raise ConfigError(f"model: expected an agentsim.Model (got {type(model).__name__}); "
                               "agentsim.get_model(name) loads one by name")
@@ -185,6 +188,7 @@ class Simulation:
         self.shuffle_rows = shuffle_rows
         self.params: Params = self.model.params
         self.rng = CounterRNG(self.seed)
+        self.actors = resolve_actors(self.model.policies, policies)
         rng: Any = self.rng if self.model.legacy else self.rng.at(0, "init")
         state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
         state = state.to(self.device)
@@ -249,7 +253,7 @@ class Simulation:
             # row numbers, so the next step could not sort without waiting for it.
             self.locality.apply(state)
             self._sorted_at = state.step
-        sums = self.model.metric_sums(self._metrics_context()) if self._in_run else None
+        sums = self.model.metric_sums(self.view()) if self._in_run else None
         # The step's figures: the step itself, and the last step's report exchange, which ended
         # after that report was sent (see agentsim.perf).
         carried_seconds, carried = self._carried
@@ -297,7 +301,7 @@ class Simulation:
         step = state.step + 1
         ctx = Context(s, state, step=step, params=self.params, rng=self.rng.at(step, s.name), space=self.space,
                       device=self.device, neighbors=neighbors if s.neighbors else None,
-                      per_agent_flags=per_agent_flags)
+                      per_agent_flags=per_agent_flags, policies=self.actors)
         versions = _read_only_versions(s, state)
         s(ctx)
         for (pop, key), (tensor_id, version) in versions.items():
@@ -365,7 +369,10 @@ class Simulation:
             self._rows.append((self.model.metric_row(summary.step, summary.sums), row))
 
     # ---------------------------------------------------------------- metrics
-    def _metrics_context(self) -> MetricsContext:
+    def view(self) -> MetricsContext:
+        """A read-only view of this rank's state for metrics and rewards (``view()["pop"]["field"]``,
+        ``view().owned_env(name)``).
+        """
         return MetricsContext(self.state, self.params, self.space, self.state.step,
                               partial(self.partition.owned_env, self.state, comm=self.comm))
 
@@ -379,7 +386,7 @@ class Simulation:
             raise SimulationError(f"this Simulation stopped with an error ({self.failed}); build a new Simulation")
         self.partition.settle(self.state, self.comm)
         self._take_reports()
-        sums = self.model.metric_sums(self._metrics_context())
+        sums = self.model.metric_sums(self.view())
         total = self.comm.sum_int64(sums.values)
         return self.model.metric_row(self.state.step, sums._replace(values=total))
 

@@ -47,10 +47,14 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from .context import InitContext, MetricsContext
 from .errors import ConfigError, did_you_mean
 from .metrics import Derived, LegacyMetrics, Metric, MetricSums, check_metric_name, local_sums, metric_row
 from .params import Param, Params, ParamTable
+from .policy import PolicySpec
 from .state import State
 from .substep import ENV, Registry, Substep, split_ref, substep_decorator
 
@@ -93,6 +97,8 @@ class Model:
         self._order: list[str] | None = None  # None: every substep, in definition order
         self._metrics: list[Metric | LegacyMetrics] = []
         self._derived: list[Derived] = []
+        self._policies: dict[str, PolicySpec] = {}
+        self._rewards: dict[str, Callable[[MetricsContext], Any]] = {}
         self._overrides: dict[str, Any] = {}
         self._resolved: Params | None = None
         self.legacy = bool(legacy or legacy_kw)
@@ -213,6 +219,66 @@ class Model:
         self.add_derived(getattr(fn, "__name__", ""), fn)
         return fn
 
+    def policy(self, population: str, *, action: str, observations: int, actions: int = 0, action_dim: int = 0,
+               name: str | None = None, reads: Iterable[str] = (), neighbors: Mapping[str, Iterable[str]] | None = None,
+               reach: str | float = "global") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: the decorated ``observe(ctx) -> [n, observations]`` float32 is the observation
+        function of a policy whose agents, the ``population``, write their action to ``action``
+        (int64 ``[n]``, one of ``actions`` choices; or float32 ``[n, action_dim]``). It runs as the
+        next substep, named after the function (see :mod:`agentsim.policy`); ``reads``,
+        ``neighbors`` and ``reach`` declare what the observation reads, as for a substep.
+        """
+        what_policy = f"policy '{name}'" if name else f"policy of '{population}'"
+        for what, value in (("observations", observations), ("actions", actions), ("action_dim", action_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{what_policy}: {what}: expected an int >= 0 (got {value!r})")
+        if observations < 1 or (actions > 0) == (action_dim > 0) or actions == 1:
+            raise ConfigError(f"{what_policy}: expected observations >= 1 and either actions=K >= 2 (discrete) "
+                              f"or action_dim=D >= 1 (continuous) (got observations={observations}, "
+                              f"actions={actions}, action_dim={action_dim})")
+
+        def register(observe: Callable[..., Any]) -> Callable[..., Any]:
+            key = str(name or getattr(observe, "__name__", ""))
+            spec = PolicySpec(key, population, action, observations, actions, action_dim, observe)
+
+            def act(ctx: Any) -> None:
+                obs = observe(ctx)
+                agents = ctx[population]
+                if not isinstance(obs, Tensor) or tuple(obs.shape) != (agents.n, observations):
+                    got = list(obs.shape) if isinstance(obs, Tensor) else type(obs).__name__
+                    raise ConfigError(f"policy '{key}': observe must return [{agents.n}, {observations}] (got {got})")
+                agents[action] = ctx.actor(key).act(agents["uid"], obs.to(torch.float32), ctx.rng)
+
+            self.add_substep(Substep(act, name=key, reads=reads, writes=[f"{population}.{action}"],
+                                     neighbors=neighbors, reach=reach, doc=(observe.__doc__ or "").strip()))
+            self._policies[key] = spec
+            return observe
+
+        return register
+
+    def reward(self, population: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: ``fn(state) -> [n]`` float, each agent of ``population``'s reward for the step
+        just taken (``state`` as a metric's, after the step).
+        """
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if population in self._rewards:
+                raise ConfigError(f"model '{self.name}': population '{population}' already has a reward")
+            self._rewards[population] = fn
+            self.definition = object()
+            return fn
+
+        return register
+
+    @property
+    def policies(self) -> dict[str, PolicySpec]:
+        """The declared policies, by name."""
+        return dict(self._policies)
+
+    @property
+    def rewards(self) -> dict[str, Callable[[MetricsContext], Any]]:
+        """Population to its reward function."""
+        return dict(self._rewards)
+
     def metric_names(self) -> list[str]:
         """The names of the declared metrics and derived metrics (not ``n_<population>``)."""
         return [m.name for m in self._metrics if m.name] + [d.name for d in self._derived if d.name]
@@ -261,6 +327,7 @@ class Model:
         # declaring more on one copy leaves the others alone.
         new._available = dict(self._available)  # noqa: SLF001
         new._metrics, new._derived = list(self._metrics), list(self._derived)  # noqa: SLF001
+        new._policies, new._rewards = dict(self._policies), dict(self._rewards)  # noqa: SLF001
         new._overrides = {**self._overrides, **dict(params or {})}  # noqa: SLF001
         new._resolved = None  # noqa: SLF001
         new.params  # noqa: B018  validate now
@@ -320,6 +387,15 @@ class Model:
                                       f"{sorted(p.specs)}." + did_you_mean(field, p.specs))
             for pop in (*s.births, *s.deaths):
                 state[pop]
+        for spec in self._policies.values():
+            declared = state[spec.population].specs.get(spec.action)
+            want = (torch.int64, ()) if spec.discrete else (torch.float32, (spec.action_dim,))
+            if declared is None or (declared.dtype, declared.shape) != want:
+                got = "no such field" if declared is None else f"{declared.dtype} {list(declared.shape)}"
+                raise ConfigError(f"policy '{spec.name}': the action field '{spec.population}.{spec.action}' must be "
+                                  f"{want[0]} with per-agent shape {list(want[1])} (got {got})")
+        for pop in self._rewards:
+            state[pop]
 
     def plan(self, timings: Mapping[str, float] | None = None) -> str:
         """The execution order as a table: reads, writes, neighbors, births/deaths and, given the

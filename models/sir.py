@@ -64,7 +64,7 @@ model = Model(
 )
 
 
-def _infection_table(beta: float, max_k: int, device: torch.device) -> torch.Tensor:
+def infection_table(beta: float, max_k: int, device: torch.device) -> torch.Tensor:
     """``q[k] = (1 - beta)**k``: probability of escaping ``k`` infectious contacts (float64)."""
     k = torch.arange(max_k + 1, dtype=torch.float64, device=device)
     return torch.exp(k * math.log1p(-beta)) if beta < 1 else (k == 0).to(torch.float64)
@@ -83,7 +83,7 @@ def infect(ctx: Context) -> None:
     # Draws are keyed by uid, so drawing only for the candidates gives the same numbers.
     cand = torch.nonzero((status == S) & (k > 0)).squeeze(1)
     k_cand = k.index_select(0, cand)
-    escape = _infection_table(ctx.params["beta"], int(k_cand.max()) if k_cand.numel() else 0, ctx.device)
+    escape = infection_table(ctx.params["beta"], int(k_cand.max()) if k_cand.numel() else 0, ctx.device)
     u = ctx.rng.uniform(uid.index_select(0, cand))  # stream "infect"
     new = cand[u >= escape.index_select(0, k_cand)]
     people["status"] = status.index_fill(0, new, I)
