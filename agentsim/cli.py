@@ -9,7 +9,13 @@
                        [--balance-every K] [--balance-threshold X] [--sync-every K] [--timeout SECONDS]
     torchrun --nproc_per_node W -m agentsim run MODEL [--partition spatial --layout rcb] ...
     agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--repeats R] [--out FILE.json]
+    agentsim train MODEL [--agents N] [--updates U] [--horizon H] [--seed S] [--set name=value ...]
+                         [--nprocs W | torchrun] [--partition data|spatial] [--precision fp32|bf16]
+                         [--compress none|fp16|bf16|powersgd] [--lr X] [--epochs E] [--minibatches M]
+                         [--hidden 64,64] [--policy NAME] [--checkpoint-dir DIR] [--checkpoint-every K]
+                         [--keep N] [--resume] [--out train.h5] [--plot curve.png] [--quiet]
     agentsim models
+    agentsim info [--json]
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
 over W processes (see :mod:`agentsim.distributed`); rank 0 writes the one output file,
@@ -21,6 +27,15 @@ seconds in collectives, halo size, max/mean agents per rank, step time), also in
 processes (one torch thread each) and prints speedup, parallel efficiency, the share of
 step time spent in collectives and the halo bytes per step (see
 :mod:`agentsim.distributed.bench`).
+
+``agentsim train`` trains the model's policy with PPO (:mod:`agentsim.learn`): one line per
+update (mean return, losses, entropy, KL, clip fraction, agent-steps/s, seconds in the gradient
+all-reduce); the same log in ``--out`` (HDF5, one ``/metrics`` row per update), the learning
+curve in ``--plot``, checkpoints in ``--checkpoint-dir`` (rank 0, atomic), ``--resume`` from the
+newest. The same seed gives the same parameters on any number of processes.
+
+``agentsim info`` prints versions, cores and threads, native bf16, CUDA devices, the distributed
+backends and optional packages, with advice when something is missing (``--json``: machine-readable).
 
 Exit status: 0 on success, 2 for a configuration error (unknown model or parameter,
 bad value, malformed config file), 1 for any other error (unwritable output, a
@@ -66,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
                           "same result on any number of processes; partition data only)")
     run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
     sub.add_parser("models", help="list the models with their parameters and defaults")
+    info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
+    info.add_argument("--json", action="store_true", help="print the facts as JSON")
+    _train_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks: --scaling MODEL (1 vs 2 processes, spatial partition)")
     bench.add_argument("--scaling", metavar="MODEL", required=True, help="model to run on 1 and 2 processes")
     bench.add_argument("--agents", type=int, help="number of agents (default: the model's)")
@@ -78,6 +96,39 @@ def _parser() -> argparse.ArgumentParser:
                        help="rounds of (1 process, W processes), medians reported (default 3)")
     bench.add_argument("--out", help="write the figures as JSON to this path")
     return p
+
+
+def _train_parser(sub: Any) -> None:
+    from .learn.hooks import COMPRESSIONS
+    from .learn.ppo import PRECISIONS
+
+    train = sub.add_parser("train", help="train a model's policy with PPO (one process, --nprocs W, or torchrun)")
+    train.add_argument("model", help="model name with a policy (e.g. spillover) or module:ATTR")
+    train.add_argument("--agents", type=int, help="agents per episode (default: the model's)")
+    train.add_argument("--updates", type=int, default=50, help="PPO updates (default 50)")
+    train.add_argument("--horizon", type=int, help="steps per episode (default 40)")
+    train.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    train.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a model parameter (repeatable)")
+    train.add_argument("--policy", help="which policy (default: the model's only one)")
+    train.add_argument("--nprocs", type=int, default=1, help="local processes (default 1; torchrun sets its own)")
+    train.add_argument("--partition", help="how episodes split agents over processes: data (default) or spatial")
+    train.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    train.add_argument("--precision", choices=PRECISIONS, help="fp32 (default) or bf16 (autocast; needs native bf16)")
+    train.add_argument("--compress", choices=COMPRESSIONS, help="gradient compression hook (default none)")
+    train.add_argument("--lr", type=float, help="Adam learning rate (default 1e-3, annealed to 0)")
+    train.add_argument("--epochs", type=int, help="passes per update (default 4)")
+    train.add_argument("--minibatches", type=int, help="minibatches per epoch (default 4)")
+    train.add_argument("--hidden", help="hidden layer widths, comma-separated (default 64,64)")
+    train.add_argument("--checkpoint-dir", dest="checkpoint_dir", help="write checkpoints here (rank 0, atomic)")
+    train.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=1,
+                       help="updates between checkpoints (default 1)")
+    train.add_argument("--keep", type=int, default=3, help="checkpoints kept (default 3)")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
+    train.add_argument("--out", help="training log, HDF5 (one /metrics row per update)")
+    train.add_argument("--plot", help="learning curve image (PNG, SVG or PDF)")
+    train.add_argument("--quiet", action="store_true", help="no per-update lines and no summary")
+    train.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
 
 
 def _parse_sets(items: Sequence[str]) -> dict[str, str]:
@@ -191,6 +242,76 @@ def _distributed_options(args: argparse.Namespace,
     return nprocs, partition, check_timeout(pick("timeout", DEFAULT_TIMEOUT)), sync_every, options
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """``agentsim train``: one process, ``--nprocs`` local processes, or one rank under torchrun."""
+    import dataclasses
+
+    from .catalog import get_model
+    from .distributed.process_group import DEFAULT_TIMEOUT, check_timeout
+    from .learn import PPOConfig, Trainer, plot_training, train
+
+    model = get_model(args.model).configure(params=_parse_sets(args.sets))
+    changes: dict[str, Any] = {k: getattr(args, k) for k in ("horizon", "precision", "compress", "lr", "epochs",
+                                                              "minibatches") if getattr(args, k) is not None}
+    if args.hidden:
+        try:
+            changes["hidden"] = tuple(int(w) for w in args.hidden.split(","))
+        except ValueError:
+            raise ConfigError(f"--hidden: expected comma-separated widths like 64,64 (got {args.hidden!r})") from None
+    config = dataclasses.replace(PPOConfig(), **changes)
+    if args.nprocs < 1:
+        raise ConfigError(f"--nprocs: expected an int >= 1 (got {args.nprocs})")
+    if args.nprocs > 1 and world_size_from_env() > 1:
+        raise ConfigError(f"--nprocs {args.nprocs} under torchrun (WORLD_SIZE={world_size_from_env()}): "
+                          "let torchrun start the processes and drop --nprocs")
+    if args.resume and not args.checkpoint_dir:
+        raise ConfigError("--resume needs --checkpoint-dir DIR (where the checkpoints are)")
+    timeout = check_timeout(DEFAULT_TIMEOUT if args.timeout is None else args.timeout)
+    progress = not args.quiet
+    run = {"out": args.out, "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
+           "keep": args.keep, "resume": args.resume, "progress": progress}
+    rank = 0
+    if world_size_from_env() > 1:  # under torchrun: this process is one rank
+        from .distributed.process_group import process_group
+
+        with process_group(timeout=timeout, device=args.device) as comm:
+            rank = comm.rank
+            trainer = Trainer(model, args.policy, args.agents, args.seed, updates=args.updates, config=config,
+                              comm=comm, partition=args.partition, device=args.device)
+            result = trainer.train(**run)
+    else:
+        result = train(model, args.agents, args.updates, args.seed, world_size=args.nprocs, config=config,
+                       policy=args.policy, partition=args.partition, device=args.device, timeout=timeout, **run)
+    if rank != 0:
+        return 0
+    if args.plot:
+        plot_training(result.history, args.plot, title=f"{model.name}: PPO, {result.world_size} process(es)")
+    if not args.quiet:
+        from .learn.trainer import summarize_training
+
+        print(summarize_training(result))
+        for path in (args.out, args.plot):
+            if path:
+                print(f"wrote {path}")
+        if result.checkpoints:
+            print(f"checkpoint {result.checkpoints[-1]}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """``agentsim info``: see :mod:`agentsim.info`."""
+    from .info import collect, format_info, recommendations
+
+    facts = collect()
+    if args.json:
+        import json
+
+        print(json.dumps({**facts, "recommendations": recommendations(facts)}, indent=2))
+    else:
+        print(format_info(facts))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """``agentsim bench --scaling``: see :mod:`agentsim.distributed.bench`."""
     from .distributed.bench import format_scaling, scaling
@@ -222,6 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_models()
         if args.command == "bench":
             return cmd_bench(args)
+        if args.command == "train":
+            return cmd_train(args)
+        if args.command == "info":
+            return cmd_info(args)
         return cmd_run(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)

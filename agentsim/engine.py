@@ -44,6 +44,7 @@ from .model import Model
 from .params import Params
 from .partition import PERF_FIGURES, Partitioner, StepReport, StepSummary, check_sync_every_for, make_partition
 from .policy import resolve_actors
+from .progress import progress_bar
 from .random import CounterRNG
 from .snapshot import NeighborSnapshots
 from .space.base import check_reaches
@@ -419,7 +420,7 @@ class Simulation:
             recorder.write_row(self.state.step, row, None)
             if recorder.frame_due(0, steps):
                 recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
-            bar = _progress(steps, progress)
+            bar = progress_bar(steps, progress, "step")
             t0 = time.perf_counter()
             for _ in range(steps):
                 self.step()
@@ -482,11 +483,3 @@ def _perf(figures: Tensor, counts: list[int], moved: list[int] | None) -> dict[s
     return step_figures({name: figures[:, i] for i, name in enumerate(PERF_FIGURES)}, counts, moved)
 
 
-def _progress(total: int, enabled: bool) -> Any:
-    import sys
-
-    if not enabled or total < 1 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="step", leave=False)

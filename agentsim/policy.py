@@ -16,7 +16,9 @@ random actions by default (:class:`RandomActor`), a rule (:class:`RuleActor`), o
 network is evaluated in fixed zero-padded tiles of rows sorted by uid (the bits of a row do
 not depend on the other rows of its tile, see DISTRIBUTED_NOTES), and every action is drawn
 with the counter-based generator keyed by (seed, uid, step, policy name). No autograd history
-is kept while acting.
+is kept while acting. The network runs on one thread (:func:`one_thread`): with more threads,
+torch's CPU kernels split some reductions differently (a 64 -> 1 linear layer gave other bits on
+2 threads than on 1), and training must not depend on how many threads a process has.
 
 Examples:
     >>> import torch
@@ -31,8 +33,9 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,7 +46,7 @@ from .errors import ConfigError
 from .random import StepRNG
 
 __all__ = ["TILE", "Actor", "NetworkActor", "PolicyNet", "PolicySpec", "RandomActor", "RuleActor", "Step",
-           "evaluate_tiled"]
+           "evaluate_tiled", "one_thread"]
 
 TILE = 256  # rows per tile: a multiple of 64, so elementwise ops never take a scalar tail
 
@@ -150,6 +153,22 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block with one torch intra-op thread (restored after): network bits that do not
+    depend on the thread count (see the module docstring). About 7 us per use.
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def evaluate_tiled(net: nn.Module, obs: Tensor, tile: int = TILE) -> tuple[Tensor, Tensor]:
     """``net(obs)`` row by row independent of the batch: rows go through the network in tiles of
     ``tile`` rows, the last one zero-padded, so a row's output has the same bits however many
@@ -208,7 +227,7 @@ class NetworkActor:
         """Sample actions (see the module docstring)."""
         order = torch.argsort(uid)
         uid_s, obs_s = uid[order], obs[order]
-        with torch.no_grad():
+        with torch.no_grad(), one_thread():
             head, value = evaluate_tiled(self.net, obs_s, self.tile)
             action_s, logp_s = sample(head, self.net.log_std, uid_s, rng)
         if self.record:
@@ -243,8 +262,8 @@ class RuleActor:
 
 
 def resolve_actors(specs: Mapping[str, PolicySpec], given: Mapping[str, Any] | None) -> dict[str, Actor]:
-    """An actor per declared policy: the given one (an actor, a rule ``obs -> actions``, or
-    ``"random"``), random for the others.
+    """An actor per declared policy: the given one (an actor, a :class:`PolicyNet`, a rule
+    ``obs -> actions``, or ``"random"``), random for the others.
     """
     given = dict(given or {})
     for name in given:
@@ -253,8 +272,10 @@ def resolve_actors(specs: Mapping[str, PolicySpec], given: Mapping[str, Any] | N
     out: dict[str, Actor] = {}
     for name, spec in specs.items():
         actor = given.get(name, "random")
-        if actor == "random":
+        if isinstance(actor, str) and actor == "random":
             out[name] = RandomActor(spec)
+        elif isinstance(actor, PolicyNet):
+            out[name] = NetworkActor(actor)
         elif hasattr(actor, "act"):
             out[name] = actor
         elif callable(actor):

@@ -48,7 +48,7 @@ from ..model import Model
 from ..partition import check_run_partition
 from .process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
 
-__all__ = ["LaunchResult", "launch", "run_ranks"]
+__all__ = ["LaunchResult", "launch", "model_ref", "resolve_model", "run_ranks"]
 
 _GRACE_SECONDS = 1.0  # after a first failure, how long to collect the other ranks' reports
 _TERMINATE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long
@@ -248,7 +248,7 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
 LaunchResult = RunResult  # the name of earlier releases
 
 
-def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
+def model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
     """A picklable reference to a model: (name or 'module:ATTR', params, substep names)."""
     if isinstance(model, str):
         get_model(model)  # fail here, not on every rank
@@ -267,7 +267,8 @@ def _model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str
                       "define it at module level and pass 'package.module:ATTR'")
 
 
-def _resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> Model:
+def resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> Model:
+    """The model a :func:`model_ref` names (on a worker process)."""
     name, params, substeps = ref
     model = get_model(name)
     return model.configure(params=params, substeps=substeps) if params is not None or substeps else model
@@ -275,7 +276,7 @@ def _resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> 
 
 def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str] | None],
                     run: dict[str, Any]) -> RunResult | None:
-    sim = Simulation(_resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
+    sim = Simulation(resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
                      partition=run["partition"], sync_every=run["sync_every"], **run["options"])
     result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"])
     if comm.rank != 0:
@@ -330,8 +331,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
                                                          overlap=overlap)
     if params:
         model = (get_model(model) if isinstance(model, str) else model).configure(params=params)
-    ref = _model_ref(model)
-    resolved = _resolve_model(ref)
+    ref = model_ref(model)
+    resolved = resolve_model(ref)
     agents = check_agents(resolved.default_agents if agents is None else agents)
     steps = check_steps(steps)
     check_every(every)

@@ -1,11 +1,22 @@
-"""Gradient synchronization for training on several ranks: DistributedDataParallel on a process
-group of its own, with an optional compression hook, timed.
+"""Gradient synchronization for training on several ranks: exact fixed-point sums (the default),
+or DistributedDataParallel on a process group of its own with an optional compression hook; timed.
 
-The policy network is wrapped in ``torch.nn.parallel.DistributedDataParallel`` on a new group of
-the simulation's ranks (DDP's collectives never interleave with the simulation's). Every trainer
-creates one, with local synchronization (only its ranks take part), so trainers on sub-groups of
-one job must be created in the same order on their ranks, and a job should not run trainers on
-overlapping sub-groups one after another (the ranks' group counters would then differ). DDP averages
+**Exact** (``sync="exact"``): the trainer computes the gradient of each *chunk* of a minibatch
+(the rows of one tile of :data:`~agentsim.policy.TILE` uids, at most :data:`CHUNK` rows; a tile
+always sits whole on one rank, so the chunks and their gradients do not depend on the number of
+ranks) and :meth:`GradientSync.reduce_exact` sums them in int64 fixed point, over chunks and over
+ranks: integer sums are associative, so the result has the same bits on any number of ranks. The
+scale is per parameter element, from the largest chunk gradient over all ranks (an order-free max):
+``step = 2**(e + h - 62)`` with ``|g| < 2**e`` and ``2**h`` above the number of chunks, so no
+sum overflows and the resolution is about ``2**-40`` of the largest chunk's gradient. Two
+collectives per minibatch (an all-gather of the maxima, an int64 all-reduce of the sums).
+
+**DDP** (``sync="ddp"``): the policy network is wrapped in
+``torch.nn.parallel.DistributedDataParallel`` on a new group of the simulation's ranks (DDP's
+collectives never interleave with the simulation's). Every such trainer creates one, with local
+synchronization (only its ranks take part), so trainers on sub-groups of one job must be created
+in the same order on their ranks, and a job should not run trainers on overlapping sub-groups one
+after another (the ranks' group counters would then differ). DDP averages
 gradients over ranks; the trainer scales each rank's summed loss by ``W / N_global``, so the
 average is the gradient of the global mean over samples, right also when ranks hold uneven
 numbers of samples (LEARNING_NOTES.md: a per-rank mean is wrong by 0.45-0.72 there).
@@ -20,7 +31,8 @@ Compression (``compress=``), as DDP communication hooks:
   thin factors.
 
 Compression changes the gradients, so the equality across numbers of ranks holds for ``"none"``
-only. :attr:`GradientSync.compression` is the fraction of the gradient's bytes that travel.
+only (to rounding with DDP, bitwise with exact sums). :attr:`GradientSync.compression` is the
+fraction of the gradient's bytes that travel.
 """
 
 # No postponed annotations here: DDP checks a hook's annotations against the real
@@ -35,9 +47,10 @@ from torch import nn
 from ..comm import Comm
 from ..errors import ConfigError
 
-__all__ = ["COMPRESSIONS", "GradientSync"]
+__all__ = ["CHUNK", "COMPRESSIONS", "GradientSync", "chunk_bounds"]
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+CHUNK = 2048  # most rows in one chunk's backward pass (bounded shapes: thread-count-independent bits)
 
 
 Future = torch.futures.Future[torch.Tensor]
@@ -67,8 +80,9 @@ class GradientSync:
 
     Args:
         net: The network (identical on every rank; DDP broadcasts rank 0's parameters anyway).
-        comm: The run's communication (its ranks form the new group).
+        comm: The run's communication (its ranks form DDP's new group).
         compress: One of :data:`COMPRESSIONS`.
+        sync: ``"exact"`` (:meth:`reduce_exact`, no DDP) or ``"ddp"``.
 
     Attributes:
         module: What to call for a forward pass.
@@ -77,15 +91,20 @@ class GradientSync:
         compression: The fraction of the gradient's bytes that travel per all-reduce.
     """
 
-    def __init__(self, net: nn.Module, comm: Comm, compress: str = "none") -> None:
+    def __init__(self, net: nn.Module, comm: Comm, compress: str = "none", sync: str = "ddp") -> None:
         if compress not in COMPRESSIONS:
             raise ConfigError(f"compress: expected one of {', '.join(COMPRESSIONS)} (got {compress!r})")
+        if sync not in ("exact", "ddp") or (sync == "exact" and compress != "none"):
+            raise ConfigError(f"sync: expected 'exact' (without compression) or 'ddp' (got {sync!r} with "
+                              f"compress={compress!r})")
         self.net = net
+        self.comm = comm
         self.compress = compress
+        self.exact = sync == "exact"
         self.seconds = 0.0
         self.compression = _compression(net, compress)
         self.module: nn.Module = net
-        if comm.world_size == 1:
+        if comm.world_size == 1 or self.exact:
             return
         base = getattr(comm, "group", None)
         ranks = dist.get_process_group_ranks(base) if base is not None else list(range(dist.get_world_size()))
@@ -122,10 +141,54 @@ class GradientSync:
 
         return timed
 
+    def reduce_exact(self, grads: torch.Tensor, chunks_bound: int) -> torch.Tensor:
+        """The sum over chunks and ranks of per-chunk gradients (a collective on several ranks).
+
+        Args:
+            grads: ``[c, P]`` this rank's chunk gradients (flattened parameters), any float dtype.
+            chunks_bound: An upper bound of the number of chunks over all ranks (the same on every rank).
+
+        Returns:
+            ``[P]`` float64, the same bits on any number of ranks for the same chunks.
+        """
+        t0 = time.perf_counter()
+        width = grads.shape[1]
+        peak = grads.abs().amax(0).double() if grads.shape[0] else grads.new_zeros(width, dtype=torch.float64)
+        if self.comm.world_size > 1:
+            peak = self.comm.all_gather_rows({"peak": peak[None]}, rows_per_rank=1)["peak"].amax(0)
+        if not bool(torch.isfinite(peak).all()):  # every rank sees the gathered peak: all raise together
+            from ..errors import SimulationError
+
+            raise SimulationError("gradient is not finite (NaN or inf) on some rank: lower the learning rate "
+                                  "or check the reward and observations for NaN")
+        _, exponent = torch.frexp(peak)  # peak < 2**exponent
+        shift = 62 - exponent.to(torch.int64) - max(int(chunks_bound), 1).bit_length()
+        fixed = torch.ldexp(grads.double(), shift).round_().to(torch.int64).sum(0) if grads.shape[0] \
+            else torch.zeros(width, dtype=torch.int64)
+        total = self.comm.sum_int64(fixed) if self.comm.world_size > 1 else fixed
+        self.seconds += time.perf_counter() - t0
+        return torch.ldexp(total.double(), -shift)
+
     def take_seconds(self) -> float:
         """The all-reduce seconds since the last call (and start counting anew)."""
         seconds, self.seconds = self.seconds, 0.0
         return seconds
+
+
+def chunk_bounds(uid: torch.Tensor, tile: int, cap: int = CHUNK) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]``: the rows of ``uid`` (``[m]``, sorted) cut where the tile ``uid // tile``
+    changes, and every ``cap`` rows within a tile.
+    """
+    m = int(uid.shape[0])
+    if m == 0:
+        return []
+    tile_of = torch.div(uid, tile, rounding_mode="floor")
+    new_tile = torch.ones(m, dtype=torch.bool)
+    new_tile[1:] = tile_of[1:] != tile_of[:-1]
+    start_of_tile = torch.cummax(torch.where(new_tile, torch.arange(m), 0), 0).values
+    cut = new_tile | ((torch.arange(m) - start_of_tile) % cap == 0)
+    starts = torch.nonzero(cut).squeeze(1).tolist()
+    return list(zip(starts, [*starts[1:], m], strict=True))
 
 
 def _compression(net: nn.Module, compress: str) -> float:

@@ -18,10 +18,12 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..policy import PolicyNet, gaussian_logp
+from .hooks import COMPRESSIONS
 
 __all__ = ["PPOConfig", "ppo_loss"]
 
 PRECISIONS = ("fp32", "bf16")
+SYNCS = ("auto", "exact", "ddp")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class PPOConfig:
         replica_check_every: Check every this many updates that every rank holds the same parameters.
         precision: ``"fp32"``, or ``"bf16"`` (autocast of the training forward pass).
         compress: Gradient compression (see :mod:`agentsim.learn.hooks`).
+        sync: How gradients are summed over ranks: ``"exact"`` (per chunk of uids in int64 fixed
+            point: the same bits on any number of ranks), ``"ddp"`` (DistributedDataParallel's
+            float all-reduce: the same to rounding, 1e-6 relative; needed for compression), or
+            ``"auto"`` (the default: ``"exact"`` without compression, ``"ddp"`` with).
         dtype: The network's dtype (``torch.float32``; float64 for exactness tests).
     """
 
@@ -64,6 +70,7 @@ class PPOConfig:
     replica_check_every: int = 10
     precision: str = "fp32"
     compress: str = "none"
+    sync: str = "auto"
     dtype: torch.dtype = field(default=torch.float32)
 
     def __post_init__(self) -> None:
@@ -79,10 +86,27 @@ class PPOConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise ConfigError(f"{name}: expected a number in [0, 1] (got {value!r})")
+        if (not isinstance(self.hidden, tuple) or not self.hidden
+                or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden)):
+            raise ConfigError(f"hidden: expected a tuple of layer widths >= 1, like (64, 64) (got {self.hidden!r})")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision: expected one of {', '.join(PRECISIONS)} (got {self.precision!r})")
+        if self.compress not in COMPRESSIONS:
+            raise ConfigError(f"compress: expected one of {', '.join(COMPRESSIONS)} (got {self.compress!r})")
+        if self.sync not in SYNCS:
+            raise ConfigError(f"sync: expected one of {', '.join(SYNCS)} (got {self.sync!r})")
+        if self.sync == "exact" and self.compress != "none":
+            raise ConfigError(f"compress={self.compress!r} needs sync='ddp' (compression hooks are DDP's; "
+                              "exact sums travel as int64)")
         if self.dtype not in (torch.float32, torch.float64):
             raise ConfigError(f"dtype: expected torch.float32 or torch.float64 (got {self.dtype})")
+
+    @property
+    def gradient_sync(self) -> str:
+        """``"exact"`` or ``"ddp"``: :attr:`sync` with ``"auto"`` resolved."""
+        if self.sync == "auto":
+            return "exact" if self.compress == "none" else "ddp"
+        return self.sync
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as JSON-friendly values."""

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..comm import Comm
 from ..policy import TILE, Step
 
-__all__ = ["Rollout", "gae", "owner_of"]
+__all__ = ["Rollout", "gae", "owner_of", "to_owners"]
 
 
 def owner_of(uid: Tensor, world_size: int) -> Tensor:
@@ -74,8 +74,8 @@ class Rollout:
         paid = _concat([{"uid": uid, "step": torch.full_like(uid, t), "reward": r.to(torch.float32)}
                         for t, uid, r in rewards],
                        {"uid": like.uid, "step": like.uid, "reward": like.logp})
-        fields = _to_owners(fields, comm)
-        paid = _to_owners(paid, comm)
+        fields = to_owners(fields, comm)
+        paid = to_owners(paid, comm)
         horizon = int(max([int(fields["step"].max()) if fields["uid"].numel() else 0, 0])) + 2
         key = fields["uid"] * horizon + fields["step"]
         order = torch.argsort(key)
@@ -100,8 +100,10 @@ def _concat(parts: list[dict[str, Tensor]], like: dict[str, Tensor]) -> dict[str
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _to_owners(fields: dict[str, Tensor], comm: Comm) -> dict[str, Tensor]:
-    """Rows stay on their training owner or travel to it (one exchange)."""
+def to_owners(fields: dict[str, Tensor], comm: Comm) -> dict[str, Tensor]:
+    """Rows (``fields["uid"]`` ``[m]`` and columns of ``m`` rows) stay on their training owner or
+    travel to it (one exchange, a collective).
+    """
     if comm.world_size == 1:
         return fields
     owner = owner_of(fields["uid"], comm.world_size)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import zlib
 from collections.abc import Mapping
@@ -44,20 +45,21 @@ from torch import Tensor
 
 from .. import ops
 from ..comm import Comm, LocalComm
-from ..engine import Simulation, check_agents, check_seed
+from ..engine import check_agents, check_seed
 from ..errors import ConfigError, SimulationError
 from ..model import Model
-from ..policy import NetworkActor, PolicyNet, PolicySpec, Step
+from ..policy import TILE, NetworkActor, PolicyNet, Step, one_thread
+from ..progress import progress_bar
 from ..random import CounterRNG, mix64_int, stream_id
 from . import checkpoint
-from .hooks import GradientSync
+from .episode import exact_sums, mean_return, policy_spec, reward_of, run_episode
+from .hooks import GradientSync, chunk_bounds
 from .ppo import PPOConfig, ppo_loss
 from .rollout import Rollout, gae
 
-__all__ = ["TrainResult", "Trainer", "bf16_supported"]
+_FIGURE_BITS = 20  # fixed-point bits of the logged loss sums (|sum| < 2**42)
 
-_FRAC = 24  # fixed-point bits of the exact sums (advantage statistics, returns)
-
+__all__ = ["TrainResult", "Trainer", "bf16_supported", "format_update", "summarize_training"]
 
 def bf16_supported(device: torch.device) -> tuple[bool, str]:
     """Whether ``device`` computes bf16 natively, and what was found."""
@@ -83,12 +85,15 @@ class TrainResult:
         history: One row per update since the first (mean return, losses, ..., timings).
         net: The trained network (the same on every rank).
         path: The training log written (rank 0), or None.
+        checkpoints: The checkpoints written by this call (rank 0).
+        world_size: The number of ranks that trained.
     """
 
     history: list[dict[str, float]]
     net: PolicyNet
     path: str | None = None
     checkpoints: list[str] = field(default_factory=list)
+    world_size: int = 1
 
 
 class Trainer:
@@ -111,12 +116,8 @@ class Trainer:
                  partition: str | None = None, device: str = "cpu", params: Mapping[str, Any] | None = None,
                  **partition_options: Any) -> None:
         self.model = model.configure(params=params) if params else model
-        self.spec = _policy(self.model, policy)
-        rewards = self.model.rewards
-        if self.spec.population not in rewards:
-            raise ConfigError(f"model '{self.model.name}' has no reward for '{self.spec.population}': declare one "
-                              f"with @model.reward({self.spec.population!r})")
-        self.reward_fn = rewards[self.spec.population]
+        self.spec = policy_spec(self.model, policy)
+        reward_of(self.model, self.spec)  # a model without a reward fails here
         self.agents = check_agents(self.model.default_agents if agents is None else agents)
         self.seed = check_seed(seed)
         if isinstance(updates, bool) or not isinstance(updates, int) or updates < 1:
@@ -130,11 +131,12 @@ class Trainer:
             ok, found = bf16_supported(self.device)
             if not ok:
                 raise ConfigError(f"precision bf16: this machine has no native bf16 ({found}); use --precision fp32")
-        with torch.random.fork_rng(devices=[]):  # the same initial network on every rank, global RNG untouched
+        # the same initial network on every rank and thread count (QR of the orthogonal init), global RNG untouched
+        with torch.random.fork_rng(devices=[]), one_thread():
             torch.manual_seed(mix64_int(self.seed ^ stream_id("policy-init")) & (2**63 - 1))
             self.net = PolicyNet(self.spec.observations, self.spec.actions, self.spec.action_dim,
                                  self.config.hidden).to(device=self.device, dtype=self.config.dtype)
-        self.sync = GradientSync(self.net, self.comm, self.config.compress)
+        self.sync = GradientSync(self.net, self.comm, self.config.compress, self.config.gradient_sync)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=self.config.lr, eps=1e-5)
         self.update_index = 0  # updates done
         self.history: list[dict[str, float]] = []
@@ -145,31 +147,23 @@ class Trainer:
         return mix64_int(mix64_int(self.seed ^ stream_id("episode")) ^ update) & (2**62 - 1)
 
     def collect(self, update: int) -> tuple[Rollout, float, int]:
-        """Run the episode of ``update``; return its rollout (gathered by training owner), the summed
-        rewards and the number of agents that acted, over all ranks.
+        """Run the episode of ``update``; return its rollout (gathered by training owner), the mean
+        return per agent and the number of agents rewarded, over all ranks.
         """
         actor = NetworkActor(self.net, record=True)
-        sim = Simulation(self.model, self.agents, self.episode_seed(update), self.device, comm=self.comm,
-                         partition=self.partition, policies={self.spec.name: actor}, **self.partition_options)
-        pop = self.spec.population
-        rewards: list[tuple[int, Tensor, Tensor]] = []
         self.net.eval()
-        for _ in range(self.config.horizon):
-            sim.step()
-            view = sim.view()
-            reward = torch.as_tensor(self.reward_fn(view))
-            if tuple(reward.shape) != (view[pop].n,):
-                raise ConfigError(f"reward of '{pop}': expected [{view[pop].n}] values (got {list(reward.shape)})")
-            rewards.append((sim.state.step, view[pop]["uid"], reward))
+        rewards = run_episode(self.model, self.spec, actor, self.agents, self.episode_seed(update),
+                              self.config.horizon, comm=self.comm, device=self.device, partition=self.partition,
+                              **self.partition_options)
         rollout = Rollout.gather(actor.steps, rewards, self.comm, self._empty_step())
-        total = self._exact_sums([rollout.reward.to(torch.float64)], counts=[torch.unique(rollout.uid).numel()])
-        return rollout, float(total[0]), int(total[1])
+        per_agent, n_agents = mean_return(rewards, self.comm)
+        return rollout, per_agent, n_agents
 
     def update(self) -> dict[str, float]:
         """One PPO update (collect, gather, optimize); returns its row of figures."""
         config, update = self.config, self.update_index + 1
         t0 = time.perf_counter()
-        rollout, total_reward, n_agents = self.collect(update)
+        rollout, mean_ret, _ = self.collect(update)
         t_collect = time.perf_counter() - t0
         adv, ret = gae(rollout, config.gamma, config.lam)
         n_samples = int(self._exact_sums([], counts=[rollout.n])[0])
@@ -184,31 +178,23 @@ class Trainer:
         batch_all = {"obs": rollout.obs, "action": rollout.action, "logp": rollout.logp, "value": rollout.value,
                      "adv": adv, "ret": ret}
         batch_all = {k: v if k == "action" else v.to(config.dtype) for k, v in batch_all.items()}
+        batch_all["uid"] = rollout.uid
         if not self.spec.discrete:
             batch_all["action"] = batch_all["action"].to(config.dtype)
-        sums = torch.zeros(5, dtype=torch.float64)
-        rng = CounterRNG(self.seed)
         self.net.train()
         self.sync.take_seconds()
         t1 = time.perf_counter()
-        for epoch in range(config.epochs):
-            minibatch = rng.integers(rollout.uid, update, f"minibatch/{epoch}", config.minibatches)
-            counts = self._exact_sums([], counts=[int((minibatch == m).sum()) for m in range(config.minibatches)])
-            for m in range(config.minibatches):
-                rows = torch.nonzero(minibatch == m).squeeze(1)
-                figures = self.gradient({k: v.index_select(0, rows) for k, v in batch_all.items()}, int(counts[m]))
-                torch.nn.utils.clip_grad_norm_(self.net.parameters(), config.max_grad_norm)
-                self.optimizer.step()
-                sums += torch.stack([v.detach().to(torch.float64) for v in figures.values()])
+        with one_thread():  # the same bits whatever the thread count (see agentsim.policy)
+            sums = self._optimize(batch_all, rollout.uid, update)
         t_update = time.perf_counter() - t1
         seconds_reduce = self.sync.take_seconds()
         self.update_index = update
         if update % config.replica_check_every == 0 or update == self.updates:
             self.check_replicas()
-        total = self._sum_floats(sums)
+        total = self.comm.sum_int64(sums).double() * 2.0**-_FIGURE_BITS
         n_opt = max(n_samples * config.epochs, 1)
         wall = t_collect + t_update
-        row = {"update": float(update), "mean_return": total_reward / max(n_agents, 1),
+        row = {"update": float(update), "mean_return": mean_ret,
                "policy_loss": float(total[0]) / n_opt, "value_loss": float(total[1]) / n_opt,
                "entropy": float(total[2]) / n_opt, "approx_kl": float(total[3]) / n_opt,
                "clip_fraction": float(total[4]) / n_opt, "samples": float(n_samples),
@@ -220,30 +206,58 @@ class Trainer:
         self.history.append(row)
         return row
 
-    def gradient(self, batch: Mapping[str, Tensor], n_global: int) -> dict[str, Tensor]:
+    def _optimize(self, batch_all: Mapping[str, Tensor], uid: Tensor, update: int) -> Tensor:
+        """The epochs of one update; returns the fixed-point sums of the loss figures (``[5]`` int64)."""
+        config = self.config
+        sums = torch.zeros(5, dtype=torch.int64)
+        rng = CounterRNG(self.seed)
+        for epoch in range(config.epochs):
+            minibatch = rng.integers(uid, update, f"minibatch/{epoch}", config.minibatches)
+            counts = self._exact_sums([], counts=[int((minibatch == m).sum()) for m in range(config.minibatches)])
+            for m in range(config.minibatches):
+                rows = torch.nonzero(minibatch == m).squeeze(1)
+                figures = self.gradient({k: v.index_select(0, rows) for k, v in batch_all.items()}, int(counts[m]))
+                torch.nn.utils.clip_grad_norm_(self.net.parameters(), config.max_grad_norm)
+                self.optimizer.step()
+                sums += ops.to_fixed(figures, _FIGURE_BITS).sum(0)
+        return sums
+
+    def gradient(self, batch: Mapping[str, Tensor], n_global: int) -> Tensor:
         """Set every rank's ``.grad`` to the gradient of the mean PPO loss over the ``n_global``
-        samples of a minibatch, of which ``batch`` holds this rank's (a collective on several
-        ranks); return this rank's summed figures.
+        samples of a minibatch, of which ``batch`` holds this rank's, sorted by uid (a collective on
+        several ranks).
+
+        Returns:
+            ``[c, 5]`` float64 sums of (policy loss, value loss, entropy, KL, clipped) per chunk
+            (exact sync; one row with DDP).
         """
-        with self._precision():
-            loss, figures = ppo_loss(self.sync.module, self.net, dict(batch), self.config)
         self.optimizer.zero_grad(set_to_none=False)
-        (loss * (self.comm.world_size / max(n_global, 1))).backward()  # DDP averages over ranks
-        return figures
+        if not self.sync.exact:
+            with self._precision():
+                loss, figures = ppo_loss(self.sync.module, self.net, dict(batch), self.config)
+            (loss * (self.comm.world_size / max(n_global, 1))).backward()  # DDP averages over ranks
+            return torch.stack([v.detach().to(torch.float64) for v in figures.values()])[None]
+        params = list(self.net.parameters())
+        grads, rows = [], []
+        for start, stop in chunk_bounds(batch["uid"], TILE):
+            chunk = {k: v[start:stop] for k, v in batch.items() if k != "uid"}
+            with self._precision():
+                loss, figures = ppo_loss(self.net, self.net, chunk, self.config)
+            parts = torch.autograd.grad(loss / max(n_global, 1), params)
+            grads.append(torch.cat([g.reshape(-1) for g in parts]))
+            rows.append(torch.stack([v.detach().to(torch.float64) for v in figures.values()]))
+        width = sum(p.numel() for p in params)
+        stacked = torch.stack(grads) if grads else torch.zeros(0, width, dtype=params[0].dtype)
+        total = self.sync.reduce_exact(stacked, n_global)
+        offset = 0
+        for p in params:
+            p.grad = total[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        return torch.stack(rows) if rows else torch.zeros(0, 5, dtype=torch.float64)
 
     # ---------------------------------------------------------------- across ranks
     def _exact_sums(self, values: list[Tensor], counts: list[int] | None = None) -> list[float]:
-        """Exact sums over every rank (fixed point for floats, so the same on any number of ranks)."""
-        parts = [ops.to_fixed(v, _FRAC).sum() for v in values] + [torch.tensor(c) for c in (counts or [])]
-        total = self.comm.sum_int64(torch.stack(parts).to(torch.int64)) if parts else torch.zeros(0)
-        n = len(values)
-        return [v * 2.0 ** -_FRAC if k < n else float(v) for k, v in enumerate(total.tolist())]
-
-    def _sum_floats(self, values: Tensor) -> Tensor:
-        """A float64 vector summed over ranks, in rank order (figures, not training math)."""
-        if self.comm.world_size == 1:
-            return values
-        return self.comm.all_gather_rows({"v": values[None]}, rows_per_rank=1)["v"].sum(0)
+        return exact_sums(self.comm, values, counts or [])
 
     def check_replicas(self) -> None:
         """Raise unless every rank holds the same parameters (a checksum each, gathered)."""
@@ -268,19 +282,17 @@ class Trainer:
             checkpoint_dir: Where rank 0 writes checkpoints, every ``checkpoint_every`` updates,
                 keeping the newest ``keep``.
             resume: Continue from the newest checkpoint in ``checkpoint_dir``.
-            progress: A progress bar (rank 0, on a terminal).
+            progress: Rank 0 shows a progress bar on a terminal, else prints one line per update
+                to stderr (:func:`format_update`).
         """
         target = self.updates if updates is None else updates
         if resume:
             if checkpoint_dir is None:
                 raise ConfigError("resume needs a checkpoint directory (--checkpoint-dir)")
-            found = checkpoint.load_latest(checkpoint_dir)
-            if found is None:
-                raise ConfigError(f"resume: no checkpoint in '{os.fspath(checkpoint_dir)}'")
-            self.load_state_dict(found)
+            self.resume(checkpoint_dir)
         log = _TrainingLog(out, self) if out is not None and self.comm.rank == 0 else None
         saved: list[str] = []
-        bar = _progress(target - self.update_index, progress and self.comm.rank == 0)
+        bar = progress_bar(target - self.update_index, progress and self.comm.rank == 0, "update")
         try:
             if log is not None:
                 for row in self.history:
@@ -295,6 +307,8 @@ class Trainer:
                 if bar is not None:
                     bar.set_postfix(mean_return=f"{row['mean_return']:.3g}", kl=f"{row['approx_kl']:.2g}")
                     bar.update(1)
+                elif progress and self.comm.rank == 0:
+                    print(format_update(row, target), file=sys.stderr, flush=True)
         except BaseException:
             if log is not None:
                 log.close(completed=False)
@@ -303,7 +317,8 @@ class Trainer:
             bar.close()
         if log is not None:
             log.close(completed=True)
-        return TrainResult(list(self.history), self.net, None if out is None else os.fspath(out), saved)
+        return TrainResult(list(self.history), self.net, None if out is None else os.fspath(out), saved,
+                           self.comm.world_size)
 
     # ---------------------------------------------------------------- checkpoints
     def identity(self) -> dict[str, Any]:
@@ -316,14 +331,24 @@ class Trainer:
         return {"identity": self.identity(), "update": self.update_index, "net": self.net.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "history": list(self.history)}
 
+    def resume(self, checkpoint_dir: str | os.PathLike[str]) -> int:
+        """Load the newest checkpoint in ``checkpoint_dir``; return its update count."""
+        found = checkpoint.load_latest(checkpoint_dir)
+        if found is None:
+            raise ConfigError(f"resume: no checkpoint in '{os.fspath(checkpoint_dir)}'")
+        self.load_state_dict(found)
+        return self.update_index
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint of the same training (a different one is a ConfigError)."""
         mine = self.identity()
         theirs = state.get("identity", {})
         diff = sorted(k for k in mine if _jsonable(theirs.get(k)) != _jsonable(mine[k]))
         if diff:
+            hint = (" (the learning rate anneals over the planned updates: resume with the same number)"
+                    if "updates" in diff else "")
             raise ConfigError("checkpoint is from another training (differs in " + ", ".join(
-                f"{k}: {theirs.get(k)!r} here {mine[k]!r}" for k in diff) + ")")
+                f"{k}: {theirs.get(k)!r} there, {mine[k]!r} here" for k in diff) + ")" + hint)
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.update_index = int(state["update"])
@@ -343,17 +368,33 @@ class Trainer:
         return Step(0, torch.zeros(0, dtype=torch.int64), torch.zeros(0, d), action, empty, empty)
 
 
-def _policy(model: Model, name: str | None) -> PolicySpec:
-    policies = model.policies
-    if not policies:
-        raise ConfigError(f"model '{model.name}' declares no policy (see @model.policy)")
-    if name is None:
-        if len(policies) > 1:
-            raise ConfigError(f"model '{model.name}' has several policies ({', '.join(policies)}): name one")
-        return next(iter(policies.values()))
-    if name not in policies:
-        raise ConfigError(f"model '{model.name}' has no policy {name!r} (policies: {', '.join(policies)})")
-    return policies[name]
+def format_update(row: Mapping[str, float], total: int | None = None) -> str:
+    """One update's figures on one line."""
+    of = f"/{total}" if total else ""
+    return (f"update {int(row['update'])}{of}: return {row['mean_return']:.4g} | policy {row['policy_loss']:.3g} "
+            f"value {row['value_loss']:.3g} entropy {row['entropy']:.3g} kl {row['approx_kl']:.2g} "
+            f"clip {row['clip_fraction']:.2f} | {row['agent_steps_per_s']:.3g} agent-steps/s, "
+            f"all-reduce {row['allreduce_seconds']:.3f} s")
+
+
+def summarize_training(result: TrainResult) -> str:
+    """What a training run did: first and last mean return, throughput, time in the all-reduce."""
+    rows = result.history
+    if not rows:
+        return "no updates"
+    collect = sum(r["collect_seconds"] for r in rows)
+    optimize = sum(r["update_seconds"] for r in rows)
+    reduce = sum(r["allreduce_seconds"] for r in rows)
+    samples = sum(r["samples"] for r in rows)
+    wall = collect + optimize
+    lines = [f"{len(rows)} updates on {result.world_size} process(es): mean return {rows[0]['mean_return']:.4g} "
+             f"(update {int(rows[0]['update'])}) -> {rows[-1]['mean_return']:.4g} (update {int(rows[-1]['update'])})",
+             f"{samples:.0f} agent-steps in {wall:.2f} s ({samples / wall if wall > 0 else float('inf'):.3g} "
+             f"agent-steps/s): collect {collect:.2f} s, optimize {optimize:.2f} s of which gradient all-reduce "
+             f"{reduce:.3f} s ({reduce / optimize if optimize > 0 else 0.0:.1%})",
+             "compression: none" if rows[-1]["compression"] == 1.0
+             else f"compression: {rows[-1]['compression']:.1%} of the gradient bytes travel"]
+    return "\n".join(lines)
 
 
 def _jsonable(value: Any) -> Any:
@@ -383,14 +424,4 @@ class _TrainingLog:
 
     def close(self, completed: bool) -> None:
         self.writer.close(completed=completed)
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    import sys
-
-    if not enabled or total < 1 or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="update", leave=False)
 
