@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 from agentsim.models.spillover import MODEL, protect_if_exposed
 
 from agentsim.learn import PPOConfig, evaluate, train
@@ -77,6 +78,7 @@ def main() -> None:
     learned = stats["learned (W=1)"]
     ax.axhline(learned["mean"], color="tab:blue", lw=1, ls=":",
                label=f"learned, held-out seeds: {learned['mean']:.2f} ± {learned['sd']:.2f}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("PPO update")
     ax.set_ylabel("mean return per person (episode)")
     ax.set_title(f"spillover: {args.agents // 2:,} people learn when to protect ({args.eval_seeds} eval seeds)",

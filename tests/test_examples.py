@@ -56,3 +56,36 @@ def test_custom_model_gives_the_known_mean_squared_displacement(tmp_path):
     with h5py.File(tmp_path / "walk.h5") as f:
         assert f["metrics"]["msd"][-1] == pytest.approx(msd, abs=1e-3)
         assert f["agents"]["walker"]["pos"].shape == (2000, 2)  # the first and last frames of 1000 walkers
+
+
+def test_train_spillover_learns_the_same_curve_on_one_and_two_processes(tmp_path):
+    import json
+
+    out = run_example("train_spillover.py", "--agents", "600", "--updates", "4", "--horizon", "10",
+                      "--hidden", "16", "--eval-seeds", "3", "--out", str(tmp_path / "ppo"))
+    assert "learning curves at W=1 and W=2 equal: True" in out
+    assert_png(tmp_path / "ppo.png")
+    figures = json.loads((tmp_path / "ppo.json").read_text())
+    assert figures["curves"]["W=1"] == figures["curves"]["W=2"] and len(figures["curves"]["W=1"]) == 4
+    ev = figures["eval"]
+    assert ev["learned (W=1)"] == ev["learned (W=2)"]  # the same network, bit for bit
+    assert len(ev["random"]) == 3 and ev["random"] != ev["rule (protect if exposed)"]
+    for w in (1, 2):
+        with h5py.File(tmp_path / f"ppo-w{w}.h5") as f:
+            assert list(f["metrics/step"][:]) == [1, 2, 3, 4] and int(f.attrs["world_size"]) == w
+
+
+@pytest.mark.slow
+def test_train_spillover_at_full_size_beats_random_and_the_rule(tmp_path):
+    """The issue's bar: the learned policy beats random by >= 3 seed standard deviations and the rule."""
+    import json
+
+    run_example("train_spillover.py", "--out", str(tmp_path / "ppo"))
+    figures = json.loads((tmp_path / "ppo.json").read_text())
+    s = figures["summary"]
+    assert figures["curves_equal"]
+    for w in (1, 2):
+        learned = s[f"learned (W={w})"]
+        for other in ("random", "rule (protect if exposed)"):
+            sd = max(learned["sd"], s[other]["sd"])
+            assert learned["mean"] - s[other]["mean"] >= 3 * sd, (w, other)
