@@ -24,8 +24,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import MaxNLocator
 from agentsim.models.spillover import MODEL, protect_if_exposed
+from matplotlib.ticker import MaxNLocator
 
 from agentsim.learn import PPOConfig, evaluate, train
 

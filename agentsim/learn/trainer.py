@@ -161,10 +161,15 @@ class Trainer:
 
     def update(self) -> dict[str, float]:
         """One PPO update (collect, gather, optimize); returns its row of figures."""
-        config, update = self.config, self.update_index + 1
         t0 = time.perf_counter()
-        rollout, mean_ret, _ = self.collect(update)
-        t_collect = time.perf_counter() - t0
+        rollout, mean_ret, _ = self.collect(self.update_index + 1)
+        return self.learn(rollout, mean_ret, time.perf_counter() - t0)
+
+    def learn(self, rollout: Rollout, mean_ret: float, t_collect: float = 0.0) -> dict[str, float]:
+        """The optimization of an update from its collected ``rollout`` (GAE, advantage statistics,
+        epochs of minibatches); returns the update's row of figures.
+        """
+        config, update = self.config, self.update_index + 1
         adv, ret = gae(rollout, config.gamma, config.lam)
         n_samples = int(self._exact_sums([], counts=[rollout.n])[0])
         if config.norm_adv:
