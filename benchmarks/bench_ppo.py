@@ -144,7 +144,13 @@ def scaling(people: int, horizon: int, repeats: int) -> dict[str, Any]:
             "speedup": med["w1_seconds"] / med["w2_seconds"],
             "ceiling": med["w1_seconds"] / med["apart_seconds"],
             "speedup_per_round": [r["w1_seconds"] / r["w2_seconds"] for r in rounds],
+            "ceiling_per_round": [r["w1_seconds"] / r["apart_seconds"] for r in rounds],
+            "speedup_median_of_rounds": statistics.median(r["w1_seconds"] / r["w2_seconds"] for r in rounds),
             "replica_check_share": med["w2_replica_check_seconds"] / med["w2_seconds"]}
+
+
+def _range(values: list[float]) -> str:
+    return f"median {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:
@@ -176,7 +182,8 @@ def main() -> None:
         m = s["median"]
         print(f"update at {a.scaling_agents:,} people: W=1 {m['w1_seconds']:.2f} s, W=2 {m['w2_seconds']:.2f} s "
               f"(speedup {s['speedup']:.2f}), two independent halves {m['apart_seconds']:.2f} s (host ceiling "
-              f"{s['ceiling']:.2f}); all-reduce {m['w2_allreduce_seconds']:.3f} s; replica check "
+              f"{s['ceiling']:.2f}); per round: speedup {_range(s['speedup_per_round'])}, ceiling "
+              f"{_range(s['ceiling_per_round'])}; all-reduce {m['w2_allreduce_seconds']:.3f} s; replica check "
               f"{m['w2_replica_check_seconds'] * 1e3:.2f} ms ({s['replica_check_share']:.3%} of the update)")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w") as f:
