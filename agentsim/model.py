@@ -257,8 +257,15 @@ class Model:
         return register
 
     def reward(self, population: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: ``fn(state) -> [n]`` float, each agent of ``population``'s reward for the step
-        just taken (``state`` as a metric's, after the step).
+        """Decorator: ``fn(state) -> reward`` or ``fn(state) -> (reward, done)``: each agent of
+        ``population``'s reward ``[n]`` float for the step just taken (``state`` as a metric's, after
+        the step) and, optionally, ``done`` ``[n]`` bool: the agent's episode ended with this step.
+
+        ``done`` only cuts the agent's trajectory for the advantage estimate (nothing is bootstrapped
+        across it); the agent keeps acting in the same run. Putting the agent back to a start state
+        is the model's own business: a substep that resets the fields of agents flagged done (for
+        instance through a ``reset`` field written by the same substep that ends the episode).
+        Death and the horizon end trajectories without a ``done``.
         """
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             if population in self._rewards:

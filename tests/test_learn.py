@@ -250,6 +250,11 @@ def test_observation_and_action_fields_are_checked():
         asim.Simulation(bad, agents=5).step()
     with pytest.raises(ConfigError, match=r"policies: the model has no policy 'b' \(policies: <lambda>\)"):
         asim.Simulation(bad, agents=5, policies={"b": "random"})
+    sneaky = asim.Model("sneaky")  # an observation that reads a field it did not declare
+    sneaky.policy("a", action="act", observations=1, actions=2, reads=[])(lambda ctx: ctx["a"]["x"].unsqueeze(1))
+    sneaky.init(lambda ic: ic.add("a", uid=ic.uids("a", 5), x=torch.zeros(5), act=torch.zeros(5, dtype=torch.int64)))
+    with pytest.raises(asim.FieldAccessError, match=r"reads 'a.x' but does not declare it .* add 'a.x' to reads="):
+        asim.Simulation(sneaky, agents=5).step()
 
 
 def test_rule_and_random_actors_and_same_actions_for_any_row_order():

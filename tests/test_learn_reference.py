@@ -134,14 +134,15 @@ def seekers() -> asim.Model:
     def near(state: asim.MetricsContext) -> torch.Tensor:
         return -(state["walker"]["pos"] - 5.0).norm(dim=-1) / 5.0
 
-    @model.init
-    def init(ic: asim.InitContext) -> asim.Box:
-        uid = ic.uids("walker", ic.n_agents)
-        ic.add("walker", uid=uid, pos=ic.rng.uniform(uid, "pos", draws=2, dtype=torch.float32) * 10.0,
-               velocity=torch.zeros(ic.n_agents, 2))
-        return asim.Box((10.0, 10.0))
-
+    model.init(init_walkers)
     return model
+
+
+def init_walkers(ic: asim.InitContext) -> asim.Box:
+    uid = ic.uids("walker", ic.n_agents)
+    ic.add("walker", uid=uid, pos=ic.rng.uniform(uid, "pos", draws=2, dtype=torch.float32) * 10.0,
+           velocity=torch.zeros(ic.n_agents, 2))
+    return asim.Box((10.0, 10.0))
 
 
 SEEKERS = seekers()
@@ -164,3 +165,83 @@ def test_a_gaussian_policy_learns_and_trains_the_same_bits_on_two_ranks():
     two = run_ranks(train_seekers, 2, (3,), timeout=100.0)[0]
     assert one is not None and two is not None
     assert torch.equal(one[0], two[0]) and one[1] == two[1]
+
+
+
+def arrive(state: asim.MetricsContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """+1 on reaching the centre (and the episode ends), -0.1 a step until then."""
+    arrived = (state["walker"]["pos"] - 5.0).norm(dim=-1) < 1.0
+    return torch.where(arrived, 1.0, -0.1), arrived
+
+
+def episodic_seekers(reward=arrive) -> asim.Model:
+    """Seekers whose episode ends on reaching the centre: the reward flags them done and the model's
+    own substep puts them back at a random place on the next step."""
+    model = asim.Model("episodic_seekers")
+
+    @model.substep(reads=["walker.pos"], writes=["walker.pos"])
+    def respawn(ctx: asim.Context) -> None:
+        w = ctx["walker"]
+        arrived = (w["pos"] - 5.0).norm(dim=-1) < 1.0
+        fresh = ctx.rng.uniform(w["uid"], draws=2, dtype=torch.float32) * 10.0
+        w["pos"] = torch.where(arrived.unsqueeze(1), fresh, w["pos"])
+
+    @model.policy("walker", action="velocity", observations=2, action_dim=2, reads=["walker.pos"])
+    def look(ctx: asim.Context) -> torch.Tensor:
+        return (ctx["walker"]["pos"] - 5.0) / 5.0
+
+    @model.substep(reads=["walker.velocity"], writes=["walker.pos"])
+    def move(ctx: asim.Context) -> None:
+        w = ctx["walker"]
+        w["pos"] = (w["pos"] + w["velocity"].clamp(-1.0, 1.0)).clamp(0.0, 10.0)
+
+    model.reward("walker")(reward)
+    model.init(init_walkers)
+    return model
+
+
+EPISODIC = episodic_seekers()
+
+
+def collect_episodic(comm) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+    """The first update's rollout and advantages (on rank 0, sorted by uid and step) and the
+    parameters after two updates."""
+    trainer = Trainer(EPISODIC, agents=400, seed=5, updates=2, config=CONTINUOUS, comm=comm)
+    rollout, _, _ = trainer.collect(1)
+    adv, _ = gae(rollout, CONTINUOUS.gamma, CONTINUOUS.lam)
+    trainer.train()
+    params = torch.cat([p.detach().reshape(-1) for p in trainer.net.parameters()])
+    mine = {"uid": rollout.uid, "step": rollout.step, "done": rollout.done, "reward": rollout.reward,
+            "value": rollout.value, "adv": adv}
+    got = comm.gather_rows(mine) if comm.world_size > 1 else mine
+    if comm.rank != 0:
+        return None
+    order = torch.argsort(got["uid"] * 1000 + got["step"])
+    return {k: v[order] for k, v in got.items()}, params
+
+
+@pytest.mark.timeout(120)
+def test_a_done_flag_cuts_the_trajectory_and_trains_the_same_bits_on_two_ranks():
+    got, params = collect_episodic(LocalComm())
+    arrived = got["reward"] == 1.0
+    assert int(arrived.sum()) > 20  # episodes do end mid-run (and the agents go on acting)
+    last = torch.ones_like(arrived)
+    last[:-1] = got["uid"][1:] != got["uid"][:-1]
+    assert torch.equal(got["done"], arrived | last)
+    assert int((arrived & ~last).sum()) > 0
+    # nothing is bootstrapped across a done: the advantage there is the reward minus the value
+    assert torch.allclose(got["adv"][arrived], got["reward"][arrived] - got["value"][arrived], atol=1e-6)
+    two = run_ranks(collect_episodic, 2, (), timeout=100.0)[0]
+    assert two is not None
+    assert all(torch.equal(got[k], two[0][k]) for k in got) and torch.equal(params, two[1])
+
+
+@pytest.mark.parametrize(("wrong", "message"), [
+    (lambda s: (torch.zeros(s["walker"].n), torch.zeros(s["walker"].n)), "done must be a bool tensor"),
+    (lambda s: (torch.zeros(s["walker"].n), torch.zeros(3, dtype=torch.bool)), r"expected \[50\] done flags"),
+    (lambda s: (torch.zeros(s["walker"].n),), r"a \(reward, done\) pair \(got a tuple of 1\)"),
+    (lambda s: torch.zeros(2, 2), r"expected \[50\] real values \(got \[2, 2\]"),
+])
+def test_a_reward_function_with_a_bad_result_gets_a_clear_message(wrong, message):
+    with pytest.raises(asim.ConfigError, match=message):
+        asim.learn.evaluate(episodic_seekers(wrong), "random", agents=50, horizon=2)

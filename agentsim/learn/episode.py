@@ -30,8 +30,9 @@ __all__ = ["EpisodeRewards", "evaluate", "exact_sums", "policy_spec", "run_episo
 
 FRAC_BITS = 24  # fixed-point bits of the exact sums (advantage statistics, returns)
 
-EpisodeRewards = list[tuple[int, Tensor, Tensor]]
-"""Per step: (step, uid ``[n]`` int64, reward ``[n]``) of this rank's agents of the policy's population."""
+EpisodeRewards = list[tuple[int, Tensor, Tensor, Tensor]]
+"""Per step: (step, uid ``[n]`` int64, reward ``[n]``, done ``[n]`` bool) of this rank's agents of the
+policy's population."""
 
 
 def exact_sums(comm: Comm, values: Iterable[Tensor], counts: Iterable[int] = ()) -> list[float]:
@@ -84,19 +85,39 @@ def run_episode(model: Model, spec: PolicySpec, actor: Actor | Any, agents: int,
     for _ in range(horizon):
         sim.step()
         view = sim.view()
-        reward = torch.as_tensor(reward_fn(view))
-        if tuple(reward.shape) != (view[pop].n,):
-            raise ConfigError(f"reward of '{pop}': expected [{view[pop].n}] values (got {list(reward.shape)})")
-        rewards.append((sim.state.step, view[pop]["uid"], reward))
+        reward, done = split_reward(reward_fn(view), view[pop].n, pop)
+        rewards.append((sim.state.step, view[pop]["uid"], reward, done))
     return rewards
+
+
+def split_reward(value: Any, n: int, population: str) -> tuple[Tensor, Tensor]:
+    """A reward function's result as (reward ``[n]`` float, done ``[n]`` bool), or a ConfigError
+    that says what was expected.
+    """
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise ConfigError(f"reward of '{population}': expected a tensor or a (reward, done) pair "
+                              f"(got a tuple of {len(value)})")
+        reward, done = torch.as_tensor(value[0]), torch.as_tensor(value[1])
+        if done.dtype != torch.bool:
+            raise ConfigError(f"reward of '{population}': done must be a bool tensor (got {done.dtype})")
+        if tuple(done.shape) != (n,):
+            raise ConfigError(f"reward of '{population}': expected [{n}] done flags (got {list(done.shape)})")
+    else:
+        reward = torch.as_tensor(value)
+        done = torch.zeros(reward.shape[:1], dtype=torch.bool, device=reward.device)
+    if tuple(reward.shape) != (n,) or reward.is_complex():
+        raise ConfigError(f"reward of '{population}': expected [{n}] real values "
+                          f"(got {list(reward.shape)} {reward.dtype})")
+    return reward if reward.is_floating_point() else reward.to(torch.float32), done
 
 
 def mean_return(rewards: EpisodeRewards, comm: Comm) -> tuple[float, int]:
     """(summed reward over all steps, agents and ranks, divided by the number of agents that were
     rewarded at least once; that number), exact on any number of ranks.
     """
-    paid = {"uid": torch.cat([u for _, u, _ in rewards]) if rewards else torch.zeros(0, dtype=torch.int64),
-            "reward": torch.cat([r.to(torch.float64) for _, _, r in rewards]) if rewards
+    paid = {"uid": torch.cat([u for _, u, _, _ in rewards]) if rewards else torch.zeros(0, dtype=torch.int64),
+            "reward": torch.cat([r.to(torch.float64) for _, _, r, _ in rewards]) if rewards
             else torch.zeros(0, dtype=torch.float64)}
     paid = to_owners(paid, comm)  # an agent that migrated is counted once, by its owner
     total, n = exact_sums(comm, [paid["reward"]], [torch.unique(paid["uid"]).numel()])

@@ -9,8 +9,9 @@ trajectory then sits on one rank, whatever the partitioner did, and which rank t
 agents does not depend on where they wandered.
 
 A sample at step ``t`` is the action taken while computing step ``t``; its reward is the agent's
-reward after that step (0 if the agent died during it). A trajectory ends at the agent's last
-sample (death, or the episode's horizon: episodes are finite, nothing is bootstrapped past it).
+reward after that step (0 if the agent died during it). A trajectory ends where the reward function
+flagged the agent done after a step, and at the agent's last sample (death, or the episode's
+horizon: episodes are finite, nothing is bootstrapped past it).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class Rollout:
         uid, step: ``[m]`` int64.
         obs: ``[m, d]`` float32; action ``[m]`` int64 or ``[m, D]`` float32; logp, value ``[m]`` float32.
         reward: ``[m]`` float32 (0 where the agent died during the step).
-        done: ``[m]`` bool: the last sample of its uid.
+        done: ``[m]`` bool: the agent's trajectory ends with this sample (flagged done by the reward
+            function, or the last sample of its uid).
     """
 
     uid: Tensor
@@ -59,21 +61,23 @@ class Rollout:
         return int(self.uid.shape[0])
 
     @staticmethod
-    def gather(steps: list[Step], rewards: list[tuple[int, Tensor, Tensor]], comm: Comm, like: Step) -> Rollout:
+    def gather(steps: list[Step], rewards: list[tuple[int, Tensor, Tensor, Tensor]], comm: Comm,
+               like: Step) -> Rollout:
         """Bring every sample and reward to its training owner and join them (a collective).
 
         Args:
             steps: What this rank's actor recorded (one :class:`~agentsim.policy.Step` per step).
-            rewards: ``(step, uid [k], reward [k])`` of this rank's agents after each step.
+            rewards: ``(step, uid [k], reward [k], done [k] bool)`` of this rank's agents after each
+                step.
             like: An empty step of the right dtypes and shapes (for ranks that recorded nothing).
         """
         fields = _concat([{"uid": s.uid, "step": torch.full_like(s.uid, s.step), "obs": s.obs,
                            "action": s.action, "logp": s.logp, "value": s.value} for s in steps],
                          {"uid": like.uid, "step": like.uid, "obs": like.obs, "action": like.action,
                           "logp": like.logp, "value": like.value})
-        paid = _concat([{"uid": uid, "step": torch.full_like(uid, t), "reward": r.to(torch.float32)}
-                        for t, uid, r in rewards],
-                       {"uid": like.uid, "step": like.uid, "reward": like.logp})
+        paid = _concat([{"uid": uid, "step": torch.full_like(uid, t), "reward": r.to(torch.float32),
+                         "done": d.to(torch.int8)} for t, uid, r, d in rewards],
+                       {"uid": like.uid, "step": like.uid, "reward": like.logp, "done": like.uid.to(torch.int8)})
         fields = to_owners(fields, comm)
         paid = to_owners(paid, comm)
         horizon = int(max([int(fields["step"].max()) if fields["uid"].numel() else 0, 0])) + 2
@@ -83,13 +87,15 @@ class Rollout:
         key = key[order]
         paid_key = paid["uid"] * horizon + paid["step"]
         paid_order = torch.argsort(paid_key)
-        paid_key, paid_reward = paid_key[paid_order], paid["reward"][paid_order]
+        paid_key, paid_reward, paid_done = paid_key[paid_order], paid["reward"][paid_order], paid["done"][paid_order]
         at = torch.searchsorted(paid_key, key).clamp(max=max(paid_key.numel() - 1, 0))
         found = (paid_key.index_select(0, at) == key) if paid_key.numel() else torch.zeros_like(key, dtype=torch.bool)
         reward = torch.where(found, paid_reward.index_select(0, at) if paid_key.numel() else key.float(), 0.0)
+        flagged = found & (paid_done.index_select(0, at) != 0) if paid_key.numel() else found
         nxt = torch.ones_like(key, dtype=torch.bool)  # the last sample of each uid
         if key.numel() > 1:
             nxt[:-1] = key[1:] != key[:-1] + 1
+        nxt |= flagged
         return Rollout(fields["uid"], fields["step"], fields["obs"], fields["action"], fields["logp"],
                        fields["value"], reward.to(torch.float32), nxt)
 
