@@ -21,6 +21,7 @@ BUILTIN: dict[str, str] = {
     "wolfsheep": "agentsim.models.wolfsheep:MODEL",
     "randomwalk": "agentsim.models.randomwalk:MODEL",
     "spillover": "agentsim.models.spillover:MODEL",
+    "flu": "agentsim.models.flu:MODEL",
 }
 
 

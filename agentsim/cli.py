@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     _train_parser(sub)
+    _calibrate_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks: --scaling MODEL (1 vs 2 processes, spatial partition)")
     bench.add_argument("--scaling", metavar="MODEL", required=True, help="model to run on 1 and 2 processes")
     bench.add_argument("--agents", type=int, help="number of agents (default: the model's)")
@@ -129,6 +130,72 @@ def _train_parser(sub: Any) -> None:
     train.add_argument("--plot", help="learning curve image (PNG, SVG or PDF)")
     train.add_argument("--quiet", action="store_true", help="no per-update lines and no summary")
     train.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
+
+
+def _calibrate_parser(sub: Any) -> None:
+    cal = sub.add_parser("calibrate", help="fit model parameters to an observed time series")
+    cal.add_argument("model", help="model name (e.g. flu) or module:ATTR")
+    cal.add_argument("--data", required=True, help="CSV file ('#' lines are comments)")
+    cal.add_argument("--column", required=True, help="the observed column (e.g. in_bed)")
+    cal.add_argument("--time-column", dest="time_column", default="day", help="the time column (default day)")
+    cal.add_argument("--metric", required=True, help="the model's metric compared with the column (e.g. I)")
+    cal.add_argument("--fit", required=True, help="float parameters to fit, comma-separated (e.g. beta,gamma)")
+    cal.add_argument("--loss", default="sse", help="sse (default), poisson or negbin")
+    cal.add_argument("--method", default="nelder-mead", help="nelder-mead (default), spsa or adam")
+    cal.add_argument("--seeds", type=int, default=1, help="runs per evaluation, seeds 0..K-1 (default 1)")
+    cal.add_argument("--agents", type=int, help="agents per run (default: the model's)")
+    cal.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                     help="fix a model parameter (repeatable)")
+    cal.add_argument("--start", action="append", default=[], metavar="NAME=VALUE", help="starting value (repeatable)")
+    cal.add_argument("--bounds", action="append", default=[], metavar="NAME=LOW:HIGH", help="bounds (repeatable)")
+    cal.add_argument("--replicates", help="integer field keying replicates inside a run (e.g. school)")
+    cal.add_argument("--takeoff", type=float, help="leave out replicates whose series never exceeds this")
+    cal.add_argument("--aggregate", default="mean",
+                     help="mean (default: loss of the mean series) or each (mean of each replicate's loss)")
+    cal.add_argument("--iterations", type=int, help="evaluations (nelder-mead) or iterations (spsa, adam)")
+    cal.add_argument("--nprocs", type=int, default=1, help="local processes per run (default 1; same numbers)")
+    cal.add_argument("--out", help="write the fit as JSON here")
+    cal.add_argument("--plot", help="data against the fitted model's band (PNG, SVG or PDF)")
+    cal.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``agentsim calibrate``: fit, print the result, write fit.json and the figure."""
+    from .calibrate import calibrate, plot_fit, read_series
+    from .calibrate.objective import Objective
+    from .catalog import get_model
+
+    model = get_model(args.model)
+    data = read_series(args.data, args.column, args.time_column)
+    fit_names = [n.strip() for n in args.fit.split(",") if n.strip()]
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds: expected an int >= 1 (got {args.seeds})")
+    start = {k: _number("--start", k, v) for k, v in _parse_sets(args.start).items()}
+    bounds = {}
+    for name, text in _parse_sets(args.bounds).items():
+        low, sep, high = text.partition(":")
+        if not sep:
+            raise ConfigError(f"--bounds: expected NAME=LOW:HIGH (got {name}={text})")
+        bounds[name] = (_number("--bounds", name, low), _number("--bounds", name, high))
+    settings = {"agents": args.agents, "seeds": tuple(range(args.seeds)), "params": _parse_sets(args.sets),
+                "loss": args.loss, "replicates": args.replicates, "takeoff": args.takeoff, "aggregate": args.aggregate}
+    result = calibrate(model, data, fit_names, args.metric, method=args.method, world_size=args.nprocs,
+                       start=start, bounds=bounds, iterations=args.iterations, progress=not args.quiet, **settings)
+    print(result.summary())
+    if args.out:
+        result.to_json(args.out)
+        print(f"wrote {args.out}")
+    if args.plot:
+        plot_fit(Objective(model, data, tuple(fit_names), args.metric, **settings), result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _number(option: str, name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{option}: expected a number for {name} (got {text!r})") from None
 
 
 def _parse_sets(items: Sequence[str]) -> dict[str, str]:
@@ -345,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_bench(args)
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
         if args.command == "info":
             return cmd_info(args)
         return cmd_run(args)

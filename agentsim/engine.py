@@ -131,6 +131,32 @@ class RunResult:
         return self.model.plan(self.timings)
 
 
+def grad_parameters(model: Model, grad: bool | Iterable[str], world_size: int) -> dict[str, Tensor]:
+    """The parameters a run differentiates (``Simulation(grad=...)``): name to a float64 leaf
+    tensor that requires a gradient; a ConfigError for a name that is not a float parameter.
+    """
+    if grad is False or grad is None:
+        return {}
+    floats = [name for name, p in model.param_table.params.items() if p.type is float]
+    if grad is True:
+        names = floats
+    elif isinstance(grad, str) or not isinstance(grad, Iterable):
+        raise ConfigError(f"grad: expected True, False or a list of parameter names (got {grad!r})")
+    else:
+        names = list(grad)
+        for name in names:
+            if name not in floats:
+                raise ConfigError(f"grad: {name!r} is not a float parameter of model '{model.name}' "
+                                  f"(float parameters: {', '.join(floats) or 'none'})")
+    if not names:
+        raise ConfigError(f"grad: model '{model.name}' has no float parameter to differentiate")
+    if world_size > 1:
+        raise ConfigError("grad: differentiable runs work on one process for now (gradients through the "
+                          "exchanges of several ranks are not built yet); run with one rank")
+    values = model.params
+    return {name: torch.tensor(float(values[name]), dtype=torch.float64, requires_grad=True) for name in names}
+
+
 class Simulation:
     """One run of a model: state, RNG, space, partitioner and the step loop.
 
@@ -156,6 +182,13 @@ class Simulation:
             :mod:`agentsim.snapshot`, the same on any number of ranks).
         policies: Policy name to the actor that chooses its agents' actions: an actor, a rule
             ``obs -> actions``, or ``"random"`` (the default); see :mod:`agentsim.policy`.
+        grad: A differentiable run: ``True`` (every float parameter) or a list of float
+            parameter names. Those parameters become float64 leaf tensors that require a
+            gradient (:attr:`grad_params`, also what ``ctx.params`` holds), and every substep
+            runs with autograd on, so float fields carry gradients to them (discrete draws
+            pass gradients only through :mod:`agentsim.relax`). ``False`` (the default): the
+            whole run, initialization included, records no autograd history. One process
+            only for now: gradients through the exchanges of several ranks are not built.
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.
 
@@ -173,7 +206,8 @@ class Simulation:
                  device: str | torch.device | None = "cpu", *, params: Mapping[str, Any] | None = None,
                  partition: str | Partitioner | None = None, comm: Comm | None = None, check_nan: bool = True,
                  shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY, sync_every: int = 1,
-                 policies: Mapping[str, Any] | None = None, **partition_options: Any) -> None:
+                 policies: Mapping[str, Any] | None = None, grad: bool | Iterable[str] = False,
+                 **partition_options: Any) -> None:
         if not isinstance(model, Model):
             raise ConfigError(f"model: expected an agentsim.Model (got {type(model).__name__}); "
                               "agentsim.get_model(name) loads one by name")
@@ -187,11 +221,14 @@ class Simulation:
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan = check_nan
         self.shuffle_rows = shuffle_rows
-        self.params: Params = self.model.params
+        self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad, self.comm.world_size)
+        self.params: Params = Params({**self.model.params, **self.grad_params}, self.model.name) \
+            if self.grad_params else self.model.params
         self.rng = CounterRNG(self.seed)
         self.actors = resolve_actors(self.model.policies, policies)
         rng: Any = self.rng if self.model.legacy else self.rng.at(0, "init")
-        state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
+        with torch.set_grad_enabled(self.differentiable):
+            state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
         state = state.to(self.device)
         self.model.validate_state(state)
         self.space = space
@@ -209,6 +246,11 @@ class Simulation:
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
 
     @property
+    def differentiable(self) -> bool:
+        """Whether this run records autograd history (``grad=``)."""
+        return bool(self.grad_params)
+
+    @property
     def substep_seconds(self) -> dict[str, list[float]]:
         """Substep name to this rank's seconds in it, per step taken."""
         return {s.name: [t.get(s.name, 0.0) for t in self._seconds] for s in self.model.substeps}
@@ -221,7 +263,8 @@ class Simulation:
                                   "updated: build a new Simulation")
         computing = self.state.step + 1
         try:
-            self._step()
+            with torch.set_grad_enabled(self.differentiable):
+                self._step()
         except BaseException as e:
             self.failed = f"{type(e).__name__} in step {computing}: {e}"
             raise

@@ -1,0 +1,11 @@
+"""Calibration: fit model parameters to an observed time series, and the gradient estimators
+that a fit can use (see :mod:`~agentsim.calibrate.estimators`).
+"""
+
+from .api import calibrate
+from .data import Series, read_series
+from .fit import METHODS, FitResult, fit, plot_fit
+from .objective import LOSSES, Objective, loss_value
+
+__all__ = ["LOSSES", "METHODS", "FitResult", "Objective", "Series", "calibrate", "fit", "loss_value", "plot_fit",
+           "read_series"]

@@ -1,0 +1,173 @@
+"""Calibration: relaxed draws against the hard ones, differentiable runs against finite
+differences, the gradient estimators against common-random-number finite differences on the
+boarding-school SIR, fits that recover known parameters, the CLI, and the same fit on 2 ranks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import agentsim as asim
+from agentsim.calibrate import Objective, Series, calibrate, fit, read_series
+from agentsim.calibrate.estimators import crn_difference, pathwise, score_function, spsa
+from agentsim.cli import main
+from agentsim.relax import bernoulli, categorical
+
+FLU = asim.get_model("flu")
+DATA = read_series("data/boarding_school_flu.csv", "in_bed")
+
+
+def test_the_boarding_school_data_are_the_published_series():
+    assert DATA.times == tuple(float(d) for d in range(1, 15))
+    assert DATA.values[:6] == (3, 8, 26, 76, 225, 298) and max(DATA.values) == 298 and sum(DATA.values) == 1559
+
+
+def test_relaxed_draws_see_the_same_noise_as_hard_ones():
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(10_000, generator=g, dtype=torch.float64).requires_grad_()
+    u = torch.rand(10_000, generator=g, dtype=torch.float64)
+    hard, logp = bernoulli(p, u)
+    assert torch.equal(hard, (u < p).double())
+    assert torch.allclose(logp, torch.distributions.Bernoulli(probs=p).log_prob(hard), atol=1e-9)
+    for mode in ("straight_through", "gumbel_hard", "score"):
+        x, _ = bernoulli(p, u, mode)
+        assert torch.equal(x.detach(), hard), mode
+    st, _ = bernoulli(p, u, "straight_through")
+    (grad,) = torch.autograd.grad(st.sum(), p)
+    assert torch.equal(grad, torch.ones_like(p))  # d x / d p = 1: the straight-through estimator
+    soft, _ = bernoulli(p, u, "gumbel", tau=0.05)
+    assert torch.equal(soft.detach() > 0.5, hard > 0.5)  # crosses 1/2 where the hard draw switches
+    logits = torch.tensor([[0.0, 1.0, -1.0]]).expand(60_000, 3).double()
+    onehot, _ = categorical(logits, torch.rand(60_000, 3, generator=g, dtype=torch.float64))
+    freq = onehot.mean(0)
+    probs = torch.softmax(logits[0], 0)
+    assert ((freq - probs).abs() < 4 * (probs * (1 - probs) / 60_000).sqrt()).all(), (freq, probs)
+    with pytest.raises(asim.ConfigError, match="relax: expected one of hard, straight_through"):
+        bernoulli(p, u, "soft")
+
+
+def test_runs_without_grad_record_no_history_and_differentiable_runs_match_finite_differences():
+    plain = asim.Simulation(FLU, agents=763, seed=1, params={"steps_per_day": 4})
+    plain.run(12)
+    assert all(t.grad_fn is None and not t.requires_grad for t in plain.state["person"].fields().values())
+    assert plain.grad_params == {}
+
+    def infectious(beta: float, grad: bool) -> tuple[torch.Tensor, asim.Simulation]:
+        sim = asim.Simulation(FLU, agents=763, seed=1, grad=["beta"] if grad else False,
+                              params={"steps_per_day": 4, "relax": "gumbel", "beta": beta})
+        sim.run(12)
+        return sim.state["person"]["i"].sum(), sim
+
+    total, sim = infectious(1.7, True)
+    assert total.grad_fn is not None
+    (grad,) = torch.autograd.grad(total, [sim.grad_params["beta"]])
+    h = 1e-5  # the relaxed run is a smooth function of beta for a fixed seed: autograd = its derivative
+    fd = (float(infectious(1.7 + h, False)[0]) - float(infectious(1.7 - h, False)[0])) / (2 * h)
+    assert float(grad) == pytest.approx(fd, rel=1e-5)
+    with pytest.raises(asim.ConfigError, match=r"grad: 'steps_per_day' is not a float parameter of model 'flu' "
+                                                r"\(float parameters: beta, gamma, tau\)"):
+        asim.Simulation(FLU, agents=10, grad=["steps_per_day"])
+
+
+# dE[Q]/d(beta, gamma) at the published values, 4 steps a day, 4 schools a run, 32 runs.
+ESTIMATOR = Objective(FLU, DATA, ("beta", "gamma"), "I", agents=763 * 4, replicates="school",
+                      params={"schools": 4, "steps_per_day": 4})
+AT = {"beta": 1.7, "gamma": 0.45}
+SEEDS = list(range(32))
+
+
+def on_day_6(series: torch.Tensor) -> torch.Tensor:
+    return series[5].mean()
+
+
+def mean_se(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return samples.mean(0), samples.std(0) / samples.shape[0] ** 0.5
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[torch.Tensor, torch.Tensor]:
+    return mean_se(crn_difference(ESTIMATOR, on_day_6, AT, SEEDS))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("estimator", [spsa, score_function])
+def test_unbiased_estimators_agree_with_crn_finite_differences(reference, estimator):
+    ref, ref_se = reference
+    got, se = mean_se(estimator(ESTIMATOR, on_day_6, AT, SEEDS))
+    assert ((got - ref).abs() <= 3 * (se**2 + ref_se**2).sqrt()).all(), (got, se, ref, ref_se)
+    assert ref[0] > 0 > ref[1]  # more transmission, more boys in bed on day 6; faster recovery, fewer
+
+
+@pytest.mark.timeout(300)
+def test_relaxed_pathwise_estimators_are_biased_as_documented(reference):
+    ref, ref_se = reference
+    hard_gumbel, _ = mean_se(pathwise(ESTIMATOR, on_day_6, AT, SEEDS, "gumbel_hard"))
+    assert hard_gumbel[0] > 3 * ref[0]  # explodes (measured 11x at 64 runs of 8 schools)
+    soft, soft_se = mean_se(pathwise(ESTIMATOR, on_day_6, AT, SEEDS, "gumbel"))
+    assert soft[0] < ref[0] - 3 * (soft_se[0] ** 2 + ref_se[0] ** 2).sqrt()  # far too low (measured negative)
+    loss = ESTIMATOR.loss_of
+    st, _ = mean_se(pathwise(ESTIMATOR, loss, AT, SEEDS[:16], "straight_through"))
+    crn, _ = mean_se(crn_difference(ESTIMATOR, loss, AT, SEEDS[:16]))
+    assert st[0] > 0 > crn[0]  # on the loss the straight-through gradient points the wrong way
+
+
+def synthetic(beta: float, gamma: float) -> Series:
+    """The mean school of 64 schools (seed 99) at known parameters, 2 steps a day."""
+    obj = Objective(FLU, DATA, ("beta", "gamma"), "I", agents=763 * 64, replicates="school",
+                    params={"schools": 64, "steps_per_day": 2})
+    series = obj.simulate({"beta": beta, "gamma": gamma}, seed=99)[0]
+    return Series(DATA.times, tuple(series[:, series.max(0).values > 20].mean(1).tolist()), "synthetic")
+
+
+@pytest.mark.timeout(300)
+def test_a_fit_recovers_known_parameters_within_5_percent():
+    truth = {"beta": 1.5, "gamma": 0.4}
+    data = synthetic(**truth)
+    objective = Objective(FLU, data, ("beta", "gamma"), "I", agents=763 * 16, replicates="school", takeoff=20,
+                          params={"schools": 16, "steps_per_day": 2}, seeds=(0, 1))
+    result = fit(objective, "nelder-mead", start={"beta": 2.0, "gamma": 0.6}, iterations=120)
+    for name, value in truth.items():
+        assert abs(result.params[name] / value - 1) < 0.05, result.params
+    assert result.stderr["beta"] > 0 and result.kept <= result.replicates == 32
+
+
+CLI = ["calibrate", "flu", "--data", "data/boarding_school_flu.csv", "--column", "in_bed", "--metric", "I",
+       "--fit", "beta,gamma", "--set", "schools=4", "--set", "steps_per_day=2", "--agents", "3052",
+       "--replicates", "school", "--takeoff", "20", "--iterations", "12", "--quiet"]
+
+
+@pytest.mark.timeout(300)
+def test_the_cli_writes_the_fit_and_two_ranks_give_the_same_numbers(tmp_path, capsys):
+    out1, out2 = tmp_path / "fit1.json", tmp_path / "fit2.json"
+    assert main([*CLI, "--out", str(out1), "--plot", str(tmp_path / "fit.png")]) == 0
+    assert "beta = " in capsys.readouterr().out and (tmp_path / "fit.png").stat().st_size > 0
+    assert main([*CLI, "--out", str(out2), "--nprocs", "2"]) == 0
+    one, two = json.loads(out1.read_text()), json.loads(out2.read_text())
+    assert set(one) >= {"params", "loss", "stderr"}
+    assert one["derived"]["R0"] == one["params"]["beta"] / one["params"]["gamma"]
+    assert (one["params"], one["loss"], one["stderr"]) == (two["params"], two["loss"], two["stderr"])
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--column", "in_bedd"], "has no column 'in_bedd' .*columns: day, date, in_bed"),
+    (["--metric", "X"], "model 'flu' has no metric 'X' .*metrics: S, I, R"),
+    (["--fit", "beta,schools"], "'schools' is not a float parameter of model 'flu'"),
+    (["--loss", "l1"], "loss: expected one of sse, poisson, negbin"),
+    (["--method", "bfgs"], "method: expected one of nelder-mead, spsa, adam"),
+    (["--bounds", "beta=2"], "expected NAME=LOW:HIGH"),
+])
+def test_bad_calibrations_get_clear_messages(args, message, capsys):
+    base = ["calibrate", "flu", "--data", "data/boarding_school_flu.csv", "--column", "in_bed", "--metric", "I",
+            "--fit", "beta,gamma", "--iterations", "1", "--quiet"]
+    for k in range(0, len(args), 2):
+        at = base.index(args[k]) if args[k] in base else len(base)
+        base[at:at + 2] = args[k:k + 2]
+    assert main(base) == 2
+    assert pytest.importorskip("re").search(message, capsys.readouterr().err)
+
+
+def test_calibrate_checks_its_settings_before_starting():
+    with pytest.raises(asim.ConfigError, match="takeoff|aggregate: expected one of mean, each"):
+        calibrate(FLU, DATA, ["beta"], "I", aggregate="median")
