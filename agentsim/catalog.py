@@ -2,7 +2,7 @@
 
 Examples:
     >>> sorted(BUILTIN)
-    ['boids', 'randomwalk', 'schelling', 'sir', 'spillover', 'wolfsheep']
+    ['boids', 'flu', 'randomwalk', 'schelling', 'sir', 'spillover', 'wolfsheep']
     >>> get_model("sir").name
     'sir'
 """

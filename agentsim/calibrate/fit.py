@@ -83,7 +83,7 @@ def fit(objective: Objective, method: str = "nelder-mead", *, start: Mapping[str
         method: ``nelder-mead`` (scipy; the default), ``spsa`` or ``adam`` (pathwise gradients
             through straight-through draws; biased, see the README).
         start: Starting values (default: the model's values).
-        bounds: ``name -> (low, high)`` (default: (1e-3, 1e3) times nothing: ``(1e-6, 1e6)``).
+        bounds: ``name -> (low, high)``, both > 0 (default ``(1e-6, 1e6)``).
         iterations: Nelder-Mead: at most this many evaluations (default 200); SPSA and Adam:
             iterations (default 60 and 40).
         seed: Draws SPSA's directions.
