@@ -117,9 +117,8 @@ def test_chunks_follow_tiles_of_uids_and_the_cap():
     assert chunk_bounds(uid[:0], 256) == []
 
 
-def seekers() -> asim.Model:
-    """Walkers that choose a 2-D velocity (Gaussian policy) and are rewarded for nearness to (5, 5)."""
-    model = asim.Model("seekers")
+def add_walking(model: asim.Model) -> None:
+    """The seekers' policy (a 2-D velocity seen from the offset to (5, 5)) and their move."""
 
     @model.policy("walker", action="velocity", observations=2, action_dim=2, reads=["walker.pos"])
     def look(ctx: asim.Context) -> torch.Tensor:
@@ -129,6 +128,12 @@ def seekers() -> asim.Model:
     def move(ctx: asim.Context) -> None:
         w = ctx["walker"]
         w["pos"] = (w["pos"] + w["velocity"].clamp(-1.0, 1.0)).clamp(0.0, 10.0)
+
+
+def seekers() -> asim.Model:
+    """Walkers that choose a 2-D velocity (Gaussian policy) and are rewarded for nearness to (5, 5)."""
+    model = asim.Model("seekers")
+    add_walking(model)
 
     @model.reward("walker")
     def near(state: asim.MetricsContext) -> torch.Tensor:
@@ -186,15 +191,7 @@ def episodic_seekers(reward=arrive) -> asim.Model:
         fresh = ctx.rng.uniform(w["uid"], draws=2, dtype=torch.float32) * 10.0
         w["pos"] = torch.where(arrived.unsqueeze(1), fresh, w["pos"])
 
-    @model.policy("walker", action="velocity", observations=2, action_dim=2, reads=["walker.pos"])
-    def look(ctx: asim.Context) -> torch.Tensor:
-        return (ctx["walker"]["pos"] - 5.0) / 5.0
-
-    @model.substep(reads=["walker.velocity"], writes=["walker.pos"])
-    def move(ctx: asim.Context) -> None:
-        w = ctx["walker"]
-        w["pos"] = (w["pos"] + w["velocity"].clamp(-1.0, 1.0)).clamp(0.0, 10.0)
-
+    add_walking(model)
     model.reward("walker")(reward)
     model.init(init_walkers)
     return model
