@@ -131,7 +131,8 @@ class RunResult:
         return self.model.plan(self.timings)
 
 
-def grad_parameters(model: Model, grad: bool | Iterable[str], world_size: int) -> dict[str, Tensor]:
+def grad_parameters(model: Model, grad: bool | Iterable[str], world_size: int,
+                    partition: str = "data") -> dict[str, Tensor]:
     """The parameters a run differentiates (``Simulation(grad=...)``): name to a float64 leaf
     tensor that requires a gradient; a ConfigError for a name that is not a float parameter.
     """
@@ -150,9 +151,9 @@ def grad_parameters(model: Model, grad: bool | Iterable[str], world_size: int) -
                                   f"(float parameters: {', '.join(floats) or 'none'})")
     if not names:
         raise ConfigError(f"grad: model '{model.name}' has no float parameter to differentiate")
-    if world_size > 1:
-        raise ConfigError("grad: differentiable runs work on one process for now (gradients through the "
-                          "exchanges of several ranks are not built yet); run with one rank")
+    if world_size > 1 and partition != "data":
+        raise ConfigError(f"grad: differentiable runs on several ranks work with the data partitioner only (got "
+                          f"{partition!r}: gradients through the spatial exchange and migration are not built yet)")
     values = model.params
     return {name: torch.tensor(float(values[name]), dtype=torch.float64, requires_grad=True) for name in names}
 
@@ -187,8 +188,10 @@ class Simulation:
             gradient (:attr:`grad_params`, also what ``ctx.params`` holds), and every substep
             runs with autograd on, so float fields carry gradients to them (discrete draws
             pass gradients only through :mod:`agentsim.relax`). ``False`` (the default): the
-            whole run, initialization included, records no autograd history. One process
-            only for now: gradients through the exchanges of several ranks are not built.
+            whole run, initialization included, records no autograd history. On several
+            ranks with the data partitioner gradients flow back through the halos
+            (:mod:`agentsim.distributed.autograd`; add the parameters' gradients over ranks
+            with :meth:`parameter_gradients`); the spatial partitioner refuses ``grad``.
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.
 
@@ -221,7 +224,8 @@ class Simulation:
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan = check_nan
         self.shuffle_rows = shuffle_rows
-        self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad, self.comm.world_size)
+        self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad, self.comm.world_size,
+                                                              self.partition.name)
         self.params: Params = Params({**self.model.params, **self.grad_params}, self.model.name) \
             if self.grad_params else self.model.params
         self.rng = CounterRNG(self.seed)
@@ -244,6 +248,17 @@ class Simulation:
         self._in_run = False
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
+
+    def parameter_gradients(self, loss: Tensor) -> dict[str, Tensor]:
+        """``d loss / d`` each of :attr:`grad_params`, added over ranks (a collective: every rank
+        calls it with its copy of a loss that is the same on every rank).
+        """
+        from .distributed.autograd import sum_gradients
+
+        names = list(self.grad_params)
+        got = torch.autograd.grad(loss, [self.grad_params[n] for n in names], allow_unused=True)
+        grads = [g if g is not None else torch.zeros((), dtype=torch.float64) for g in got]
+        return dict(zip(names, sum_gradients(grads, self.comm), strict=True))
 
     @property
     def differentiable(self) -> bool:

@@ -13,6 +13,8 @@ import agentsim as asim
 from agentsim.calibrate import Objective, Series, calibrate, fit, read_series
 from agentsim.calibrate.estimators import crn_difference, pathwise, score_function, spsa
 from agentsim.cli import main
+from agentsim.comm import LocalComm
+from agentsim.distributed import run_ranks
 from agentsim.relax import bernoulli, categorical
 
 FLU = asim.get_model("flu")
@@ -171,3 +173,31 @@ def test_bad_calibrations_get_clear_messages(args, message, capsys):
 def test_calibrate_checks_its_settings_before_starting():
     with pytest.raises(asim.ConfigError, match="takeoff|aggregate: expected one of mean, each"):
         calibrate(FLU, DATA, ["beta"], "I", aggregate="median")
+
+
+def gradients_of_the_loss(comm, relax: str) -> tuple[torch.Tensor, float] | None:
+    """d loss / d(beta, gamma) through 14 days of a relaxed run (2 steps a day, 2 schools)."""
+    objective = Objective(FLU, DATA, ("beta", "gamma"), "I", agents=763 * 2, replicates="school",
+                          params={"schools": 2, "steps_per_day": 2}, comm=comm)
+    series, sim = objective.simulate(AT, 3, grad=True, relax=relax)
+    loss = objective.loss_of(series)
+    grads = sim.parameter_gradients(loss)
+    return torch.stack([grads["beta"], grads["gamma"]]), float(loss.detach())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("relax", ["straight_through", "gumbel"])
+def test_gradients_through_the_data_partitioner_equal_one_process(relax):
+    one, loss = gradients_of_the_loss(LocalComm(), relax)
+    assert (one.abs() > 0).all()
+    for world_size in (2, 4):
+        for grad, got_loss in run_ranks(gradients_of_the_loss, world_size, (relax,), timeout=240.0):
+            assert got_loss == pytest.approx(loss, rel=1e-12)
+            assert ((grad - one).abs() <= 1e-6 * one.abs()).all(), (world_size, grad, one)
+
+
+def test_the_spatial_partitioner_refuses_a_differentiable_run():
+    with pytest.raises(asim.ConfigError, match="data partitioner only .*'spatial'"):
+        from agentsim.engine import grad_parameters
+
+        grad_parameters(FLU, ["beta"], 2, "spatial")

@@ -84,9 +84,8 @@ def score_function(objective: Objective, quantity: Quantity, at: Mapping[str, fl
     values, scores = [], []
     for seed in seeds:
         series, sim = objective.simulate({n: at[n] for n in names}, seed, grad=True, relax="score")
-        total = sim.view()[pop][field].sum()
-        grads = torch.autograd.grad(total, [sim.grad_params[n] for n in names], allow_unused=True)
-        scores.append(torch.stack([g if g is not None else torch.zeros((), dtype=torch.float64) for g in grads]))
+        grads = sim.parameter_gradients(sim.view()[pop][field].sum())  # log P: summed over ranks
+        scores.append(torch.stack([grads[n] for n in names]))
         values.append(float(quantity(series.detach())))
     q = torch.tensor(values, dtype=torch.float64)
     baseline = (q.sum() - q) / (len(seeds) - 1)
@@ -100,6 +99,6 @@ def pathwise(objective: Objective, quantity: Quantity, at: Mapping[str, float], 
     out = torch.zeros(len(seeds), len(names), dtype=torch.float64)
     for k, seed in enumerate(seeds):
         series, sim = objective.simulate({n: at[n] for n in names}, seed, grad=True, relax=relax)
-        grads = torch.autograd.grad(quantity(series), [sim.grad_params[n] for n in names], allow_unused=True)
-        out[k] = torch.stack([g if g is not None else torch.zeros((), dtype=torch.float64) for g in grads])
+        grads = sim.parameter_gradients(quantity(series))
+        out[k] = torch.stack([grads[n] for n in names])
     return out

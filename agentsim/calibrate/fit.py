@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..distributed.autograd import sum_gradients
 from ..errors import ConfigError
 from ..random import CounterRNG
 from .objective import Objective
@@ -182,9 +183,10 @@ def _adam(objective: Objective, names: Sequence[str], z0: np.ndarray, lo: np.nda
         loss = objective.loss_of(torch.cat(runs, dim=1))
         leaves = [sim.grad_params[n] for sim in sims for n in names]
         got = torch.autograd.grad(loss, leaves, allow_unused=True)
-        for k, g in enumerate(got):
-            if g is not None:
-                grads[k % len(names)] += g * values[names[k % len(names)]]  # d/dlog x = x d/dx
+        summed = sum_gradients([g if g is not None else torch.zeros((), dtype=torch.float64) for g in got],
+                               objective.comm)
+        for k, g in enumerate(summed):
+            grads[k % len(names)] += g * values[names[k % len(names)]]  # d/dlog x = x d/dx
         opt.zero_grad()
         z.grad = grads
         opt.step()

@@ -32,6 +32,7 @@ from torch import Tensor
 from .. import ops
 from ..comm import Comm, LocalComm
 from ..context import MetricsContext
+from ..distributed.autograd import sum_over_ranks
 from ..engine import Simulation
 from ..errors import ConfigError
 from ..metrics import Metric
@@ -166,8 +167,9 @@ class Objective:
         else:
             key = self._replicate_key(view, values)
         count = self._replicate_count(key)
-        if grad:  # one process: a plain float sum that autograd follows
-            return torch.zeros(count, dtype=torch.float64, device=values.device).index_add(0, key, values)
+        if grad:  # a float sum that autograd follows (over ranks: the identity backward)
+            local = torch.zeros(count, dtype=torch.float64, device=values.device).index_add(0, key, values)
+            return sum_over_ranks(local, self.comm)
         # Exact: per-agent fixed point summed in int64, the same bits in any order and on any ranks.
         fixed = torch.zeros(count, dtype=torch.int64, device=values.device).index_add(
             0, key, ops.to_fixed(values, _FRAC_BITS))

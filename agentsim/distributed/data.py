@@ -14,6 +14,9 @@
 - halo: before each substep that declares ``neighbors={pop: fields}``, every rank
   receives the ``uid`` and those fields of all agents of ``pop`` on the other ranks
   (one packed all_gather per population). Models see local rows, then these rows.
+  In a differentiable run (``grad=``) the float fields that carry gradients are joined to
+  the autograd graph, so gradients return to the agents' ranks
+  (:mod:`agentsim.distributed.autograd`).
 
 Every rank thus sees every agent exactly as one process would, so results are
 bitwise identical to a one-process run (the models key every random draw by uid or
@@ -39,6 +42,7 @@ from ..params import Params
 from ..partition import IdentityPartition
 from ..state import UID, State
 from ..substep import Substep
+from .autograd import halo_with_grad
 
 __all__ = ["DataPartition"]
 
@@ -81,7 +85,11 @@ class DataPartition(IdentityPartition):
             return {}
         out = {}
         for name, fields in substep.neighbors.items():
-            rows = comm.all_gather_rows(state[name].select(fields), include_self=False)
+            local = state[name].select(fields)
+            tracked = {k for k, v in local.items() if v.requires_grad} if torch.is_grad_enabled() else set()
+            rows = comm.all_gather_rows({k: v.detach() for k, v in local.items()}, include_self=False)
+            for k in sorted(tracked):  # a differentiable run: gradients go back to the agents' ranks
+                rows[k] = halo_with_grad(local[k], rows[k], comm)
             self.count_halo(rows)
             out[name] = rows
         return out
