@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -131,8 +132,18 @@ class RunResult:
         return self.model.plan(self.timings)
 
 
-def grad_parameters(model: Model, grad: bool | Iterable[str], world_size: int,
-                    partition: str = "data") -> dict[str, Tensor]:
+@dataclass
+class SavedState:
+    """What :meth:`Simulation.save_state` keeps: a copy of the state, the step after which rows
+    were last sorted by cell, and the per-step figures taken so far (perf, comm, seconds, substep seconds).
+    """
+
+    state: State
+    sorted_at: int
+    figures: tuple[list[dict[str, float]], list[CommStats], list[float], list[dict[str, float]]]
+
+
+def grad_parameters(model: Model, grad: bool | Iterable[str]) -> dict[str, Tensor]:
     """The parameters a run differentiates (``Simulation(grad=...)``): name to a float64 leaf
     tensor that requires a gradient; a ConfigError for a name that is not a float parameter.
     """
@@ -151,9 +162,6 @@ def grad_parameters(model: Model, grad: bool | Iterable[str], world_size: int,
                                   f"(float parameters: {', '.join(floats) or 'none'})")
     if not names:
         raise ConfigError(f"grad: model '{model.name}' has no float parameter to differentiate")
-    if world_size > 1 and partition != "data":
-        raise ConfigError(f"grad: differentiable runs on several ranks work with the data partitioner only (got "
-                          f"{partition!r}: gradients through the spatial exchange and migration are not built yet)")
     values = model.params
     return {name: torch.tensor(float(values[name]), dtype=torch.float64, requires_grad=True) for name in names}
 
@@ -189,9 +197,10 @@ class Simulation:
             runs with autograd on, so float fields carry gradients to them (discrete draws
             pass gradients only through :mod:`agentsim.relax`). ``False`` (the default): the
             whole run, initialization included, records no autograd history. On several
-            ranks with the data partitioner gradients flow back through the halos
-            (:mod:`agentsim.distributed.autograd`; add the parameters' gradients over ranks
-            with :meth:`parameter_gradients`); the spatial partitioner refuses ``grad``.
+            ranks, with either partitioner, gradients flow back through the halos, migrations
+            and env exchanges (:mod:`agentsim.distributed.autograd`); take them with
+            :meth:`parameter_gradients`, which every rank calls together and which adds the
+            ranks' parts (``loss.backward()`` alone may leave ranks waiting).
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.
 
@@ -224,8 +233,7 @@ class Simulation:
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan = check_nan
         self.shuffle_rows = shuffle_rows
-        self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad, self.comm.world_size,
-                                                              self.partition.name)
+        self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad)
         self.params: Params = Params({**self.model.params, **self.grad_params}, self.model.name) \
             if self.grad_params else self.model.params
         self.rng = CounterRNG(self.seed)
@@ -248,17 +256,55 @@ class Simulation:
         self._in_run = False
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
+        self._history = True  # a differentiable run's steps record autograd history (see without_history)
 
     def parameter_gradients(self, loss: Tensor) -> dict[str, Tensor]:
         """``d loss / d`` each of :attr:`grad_params`, added over ranks (a collective: every rank
         calls it with its copy of a loss that is the same on every rank).
         """
-        from .distributed.autograd import sum_gradients
+        from .distributed.autograd import reach_exchanges, sum_gradients
 
         names = list(self.grad_params)
+        loss = reach_exchanges(loss, self.partition.grad_links)
         got = torch.autograd.grad(loss, [self.grad_params[n] for n in names], allow_unused=True)
         grads = [g if g is not None else torch.zeros((), dtype=torch.float64) for g in got]
         return dict(zip(names, sum_gradients(grads, self.comm), strict=True))
+
+    def rollout_gradients(self, steps: int, observe: Callable[[Simulation], Tensor], loss: Callable[[Tensor], Tensor],
+                          checkpoint_every: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Run ``steps`` steps; ``(loss, d loss / d parameters)`` in bounded memory, from the
+        observations ``observe(self)`` after each step and ``loss(stacked observations)``, with a
+        state checkpoint every ``checkpoint_every`` steps (see :mod:`agentsim.rollout_grad`).
+        """
+        from .rollout_grad import rollout_gradients
+
+        return rollout_gradients(self, steps, observe, loss, checkpoint_every)
+
+    def save_state(self) -> SavedState:
+        """A copy of the state (every tensor) and of what the engine keeps about it, for :meth:`load_state`."""
+        return SavedState(self.state.clone(), self._sorted_at, (list(self.perf_steps), list(self.comm_steps),
+                                                                list(self.step_seconds), list(self._seconds)))
+
+    def load_state(self, saved: SavedState) -> None:
+        """Go back (or forward) to a state saved by :meth:`save_state` of this simulation: a copy of
+        it becomes the state, and the per-step figures become those taken when it was saved.
+        """
+        self.partition.settle(self.state, self.comm)
+        self._take_reports()
+        self.partition.release()
+        self.state, self._sorted_at = saved.state.clone(), saved.sorted_at
+        perf, comm, seconds, substeps = saved.figures
+        self.perf_steps, self.comm_steps, self.step_seconds, self._seconds = \
+            list(perf), list(comm), list(seconds), list(substeps)
+
+    @contextmanager
+    def without_history(self) -> Iterator[None]:
+        """Steps taken inside record no autograd history, even in a differentiable run."""
+        old, self._history = self._history, False
+        try:
+            yield
+        finally:
+            self._history = old
 
     @property
     def differentiable(self) -> bool:
@@ -278,7 +324,7 @@ class Simulation:
                                   "updated: build a new Simulation")
         computing = self.state.step + 1
         try:
-            with torch.set_grad_enabled(self.differentiable):
+            with torch.set_grad_enabled(self.differentiable and self._history):
                 self._step()
         except BaseException as e:
             self.failed = f"{type(e).__name__} in step {computing}: {e}"

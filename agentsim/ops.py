@@ -349,6 +349,10 @@ def take_rows(src: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor:
     """
     per_row = math.prod(src.shape[1:])
     row_dtype = _ROW_DTYPES.get(per_row * src.element_size()) if src.dim() > 1 else None
+    if src.requires_grad and torch.is_grad_enabled():  # autograd follows index_select, not the integer view
+        if out is not None:
+            raise ValueError("take_rows: out= cannot hold rows that carry gradients")
+        return src.index_select(0, index)
     if row_dtype is None or not src.is_contiguous():
         return src.index_select(0, index) if out is None else torch.index_select(src, 0, index, out=out)
     rows = src.reshape(src.shape[0], per_row).view(row_dtype).reshape(-1)  # one integer per row, no copy

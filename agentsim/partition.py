@@ -123,9 +123,16 @@ class StepSummary:
 
 
 class Partitioner(Protocol):
-    """What the engine asks of a partitioner (see the module docstring)."""
+    """What the engine asks of a partitioner (see the module docstring).
+
+    Attributes:
+        name: The partitioner's name.
+        grad_links: In a differentiable run, the received rows that carry gradients back to
+            other ranks, in the order they arrived (see :mod:`agentsim.distributed.autograd`).
+    """
 
     name: str
+    grad_links: list[Tensor]
 
     def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
         """Keep this rank's share of the initial state (every rank built the same global state)."""
@@ -188,6 +195,8 @@ class IdentityPartition:
     Attributes:
         halo_rows, halo_bytes: Halo rows and bytes this rank received since the last report.
         migrated: Agents this rank sent away since the last report.
+        grad_links: In a differentiable run on several ranks, the received rows that carry
+            gradients, in the order they arrived (:func:`~agentsim.distributed.autograd.reach_exchanges`).
     """
 
     name = "identity"
@@ -196,6 +205,7 @@ class IdentityPartition:
         self.halo_rows = 0
         self.halo_bytes = 0
         self.migrated = 0
+        self.grad_links: list[Tensor] = []
         self._summaries: list[StepSummary] = []
 
     def __repr__(self) -> str:

@@ -187,6 +187,9 @@ class Population:
             raise FieldAccessError(f"extend '{self.name}': expected fields {sorted(self.specs)} (got {sorted(fields)})")
         m = fields[UID].shape[0]
         new = {k: self._checked(k, fields[k].to(self._fields[k].device), m) for k in self._fields}
+        if keep is not None and torch.is_grad_enabled() and any(v.requires_grad for v in self._fields.values()):
+            self._fields = self._rows(keep.to(self._fields[UID].device))  # a differentiable run: no out= buffers
+            keep = None
         if keep is None:
             self._fields = {k: torch.cat([v, new[k]]) for k, v in self._fields.items()}
             return

@@ -195,9 +195,3 @@ def test_gradients_through_the_data_partitioner_equal_one_process(relax):
             assert got_loss == pytest.approx(loss, rel=1e-12)
             assert ((grad - one).abs() <= 1e-6 * one.abs()).all(), (world_size, grad, one)
 
-
-def test_the_spatial_partitioner_refuses_a_differentiable_run():
-    with pytest.raises(asim.ConfigError, match="data partitioner only .*'spatial'"):
-        from agentsim.engine import grad_parameters
-
-        grad_parameters(FLU, ["beta"], 2, "spatial")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..distributed.autograd import sum_gradients
+from ..distributed.autograd import reach_exchanges, sum_gradients
 from ..errors import ConfigError
 from ..random import CounterRNG
 from .objective import Objective
@@ -174,14 +174,11 @@ def _adam(objective: Objective, names: Sequence[str], z0: np.ndarray, lo: np.nda
     for _ in range(iterations):
         values = {n: float(v) for n, v in zip(names, z.detach().exp(), strict=True)}
         grads = torch.zeros(len(names), dtype=torch.float64)
-        runs = []
-        sims = []
-        for s in objective.seeds:
-            series, sim = objective.simulate(values, s, grad=True, relax="straight_through")
-            runs.append(series)
-            sims.append(sim)
-        loss = objective.loss_of(torch.cat(runs, dim=1))
-        leaves = [sim.grad_params[n] for sim in sims for n in names]
+        runs = [objective.simulate(values, s, grad=True, relax="straight_through") for s in objective.seeds]
+        loss = objective.loss_of(torch.cat([series for series, _ in runs], dim=1))
+        for _, sim in runs:  # every rank's exchanges join the backward pass (see distributed.autograd)
+            loss = reach_exchanges(loss, sim.partition.grad_links)
+        leaves = [sim.grad_params[n] for _, sim in runs for n in names]
         got = torch.autograd.grad(loss, leaves, allow_unused=True)
         summed = sum_gradients([g if g is not None else torch.zeros((), dtype=torch.float64) for g in got],
                                objective.comm)

@@ -14,9 +14,8 @@
 - halo: before each substep that declares ``neighbors={pop: fields}``, every rank
   receives the ``uid`` and those fields of all agents of ``pop`` on the other ranks
   (one packed all_gather per population). Models see local rows, then these rows.
-  In a differentiable run (``grad=``) the float fields that carry gradients are joined to
-  the autograd graph, so gradients return to the agents' ranks
-  (:mod:`agentsim.distributed.autograd`).
+  In a differentiable run (``grad=``) the float fields are joined to the autograd graph,
+  so gradients return to the agents' ranks (:mod:`agentsim.distributed.autograd`).
 
 Every rank thus sees every agent exactly as one process would, so results are
 bitwise identical to a one-process run (the models key every random draw by uid or
@@ -42,7 +41,7 @@ from ..params import Params
 from ..partition import IdentityPartition
 from ..state import UID, State
 from ..substep import Substep
-from .autograd import halo_with_grad
+from .autograd import gather_with_grad
 
 __all__ = ["DataPartition"]
 
@@ -85,11 +84,8 @@ class DataPartition(IdentityPartition):
             return {}
         out = {}
         for name, fields in substep.neighbors.items():
-            local = state[name].select(fields)
-            tracked = {k for k, v in local.items() if v.requires_grad} if torch.is_grad_enabled() else set()
-            rows = comm.all_gather_rows({k: v.detach() for k, v in local.items()}, include_self=False)
-            for k in sorted(tracked):  # a differentiable run: gradients go back to the agents' ranks
-                rows[k] = halo_with_grad(local[k], rows[k], comm)
+            # In a differentiable run gradients reaching the rows go back to the agents' ranks.
+            rows = gather_with_grad(comm, state[name].select(fields), self.grad_links)
             self.count_halo(rows)
             out[name] = rows
         return out

@@ -39,7 +39,12 @@ positions, and a substep with reach ``"cell"`` sees every agent of its cells.
 With ``overlap=True`` (the default), a model whose first substep is agentwise and
 reads neighbors within a length instead migrates once, at the end of the step, in the
 same exchange as the next step's halo and the step's report
-(:mod:`agentsim.distributed.overlap`; :meth:`SpatialPartition.split_run`).
+(:mod:`agentsim.distributed.overlap`; :meth:`SpatialPartition.split_run`); not in a
+differentiable run (``grad=``), which exchanges substep by substep.
+
+Differentiable runs: halo rows, migrating agents and env cells received from another
+rank carry the gradient that reaches them back to their sender
+(:mod:`agentsim.distributed.autograd`), so gradients equal the one-process ones.
 
 Load balancing (``balance_every=K > 0``): every K steps, when the largest per-rank
 agent count exceeds ``balance_threshold`` times the mean, borders are recomputed from
@@ -67,6 +72,7 @@ from ..space.base import Space, check_reaches
 from ..state import UID, Population, State
 from ..substep import Substep, resolve_reach
 from . import regions as geo
+from .autograd import exchange_with_grad, gather_with_grad
 from .overlap import OverlapExchange, overlap_plan
 from .regions import LAYOUTS, Regions
 
@@ -187,7 +193,9 @@ class SpatialPartition(IdentityPartition):
             self._update_owned_cells(comm)
         for name, pop in state.populations.items():
             pop.keep(self.owner(name, pop) == comm.rank)
-        plan = overlap_plan(self, substeps, params, comm) if self.allow_overlap else None
+        # A differentiable run (grad parameters among params) exchanges step by step, without the overlap.
+        differentiable = any(isinstance(v, Tensor) and v.requires_grad for v in params.values())
+        plan = overlap_plan(self, substeps, params, comm) if self.allow_overlap and not differentiable else None
         self.overlap = OverlapExchange(self, *plan) if plan is not None else None
         return state
 
@@ -290,7 +298,7 @@ class SpatialPartition(IdentityPartition):
             return
         idx = self._owned_cells.to(state.env[names[0]].device)
         send = {"cell": idx, **{k: state.env[k].reshape(-1)[idx] for k in names}}
-        got = comm.all_gather_rows(send, include_self=False)
+        got = gather_with_grad(comm, send, self.grad_links)
         for k in names:
             flat = state.env[k].reshape(-1).clone()
             flat[got["cell"]] = got[k]
@@ -407,15 +415,15 @@ class SpatialPartition(IdentityPartition):
             pop = state[name]
             if kind == "cell":
                 continue
-            send = pop.select(fields)
+            send = pop.select(fields)  # in a differentiable run, with a way back for gradients
             if kind == "global":
-                got = comm.all_gather_rows(send, include_self=False)
+                got = gather_with_grad(comm, send, self.grad_links)
             elif kind == "graph":
-                got = comm.exchange_rows(send, self._send_dest, self._ghost_rows(pop))
+                got = exchange_with_grad(comm, send, self._send_dest, self._ghost_rows(pop), self.grad_links)
             else:
                 near = self.border_candidates(name, pop, kind, reach, comm.rank)
                 row, dest = self.halo_destinations(self.coords(name, pop, near), kind, reach, comm.rank)
-                got = comm.exchange_rows(send, dest, near.index_select(0, row))
+                got = exchange_with_grad(comm, send, dest, near.index_select(0, row), self.grad_links)
             self.count_halo(got)
             out[name] = got
         return out
@@ -437,7 +445,7 @@ class SpatialPartition(IdentityPartition):
         owner = self.owner(name, pop, rank=comm.rank).to(pop[UID].device)
         leaving = owner != comm.rank
         rows = flatnonzero(leaving)
-        got = comm.exchange_rows(pop.fields(), owner[rows], rows)
+        got = exchange_with_grad(comm, pop.fields(), owner[rows], rows, self.grad_links)
         stay = flatnonzero(~leaving) if rows.numel() else None  # one nonzero for all fields
         if got[UID].shape[0]:
             pop.extend(got, keep=stay)  # one copy of every field

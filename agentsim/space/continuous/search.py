@@ -473,8 +473,32 @@ def radius_pair_chunks(
     uid, n_query = _check_inputs(pos, box, uid, n_query)
     if index_dtype not in (torch.int64, torch.int32):
         raise ConfigError(f"index_dtype: expected torch.int64 or torch.int32 (got {index_dtype!r}).")
-    yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self, with_delta=with_delta,
-                                 index_dtype=index_dtype)
+    if not (pos.requires_grad and torch.is_grad_enabled()):
+        yield from _iter_pair_chunks(pos, box, radius, uid, n_query, include_self, with_delta=with_delta,
+                                     index_dtype=index_dtype)
+        return
+    # A differentiable run: the search (which pairs) on the values; the displacements again
+    # from ``pos`` with autograd, by the same arithmetic (the same bits).
+    for c in _iter_pair_chunks(pos.detach(), box, radius, uid, n_query, include_self, with_delta=False,
+                               index_dtype=index_dtype):
+        if with_delta:
+            delta = _differentiable_delta(pos, box, c.i, c.j)
+            dist2 = delta[0] * delta[0]
+            for k in range(1, delta.shape[0]):
+                dist2 = dist2 + delta[k] * delta[k]
+            c = c._replace(delta=delta, dist2=dist2)
+        yield c
+
+
+def _differentiable_delta(pos: Tensor, box: Box, i: Tensor, j: Tensor) -> Tensor:
+    """``[d, m]`` displacements ``pos[j] - pos[i]`` (minimum image when periodic), one dim at a
+    time as the search computes them, with autograd (``pos`` ``[n, d]``; ``i``, ``j`` ``[m]`` rows).
+    """
+    rows = []
+    for k, length in enumerate(box.size):
+        d = pos[:, k].index_select(0, j) - pos[:, k].index_select(0, i)
+        rows.append(min_image(d, length) if box.periodic else d)
+    return torch.stack(rows)
 
 
 def radius_pairs(
