@@ -7,6 +7,7 @@
                        [--record FIELDS] [--every K] [--quiet]
                        [--nprocs W] [--partition data|spatial] [--layout strips|blocks|rcb]
                        [--balance-every K] [--balance-threshold X] [--sync-every K] [--timeout SECONDS]
+                       [--checkpoint-every K] [--checkpoint-dir DIR] [--keep N] [--resume DIR]
     torchrun --nproc_per_node W -m agentsim run MODEL [--partition spatial --layout rcb] ...
     agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--repeats R] [--out FILE.json]
     agentsim train MODEL [--agents N] [--updates U] [--horizon H] [--seed S] [--set name=value ...]
@@ -80,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="refresh neighbor reads every K steps (default 1: exact; K > 1: stale reads, "
                           "same result on any number of processes; partition data only)")
     run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
+    run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, metavar="K",
+                     help="save a checkpoint after every K-th step (into --checkpoint-dir)")
+    run.add_argument("--checkpoint-dir", dest="checkpoint_dir", metavar="DIR",
+                     help="where checkpoints go (default: checkpoints)")
+    run.add_argument("--keep", type=int, metavar="N", help="keep the newest N checkpoints (default: all)")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue from the newest complete checkpoint in DIR (on any number of processes); "
+                          "--steps stays the run's total")
     sub.add_parser("models", help="list the models with their parameters and defaults")
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
@@ -246,6 +255,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = pick("out", None)
     record = args.record.split(",") if args.record else cfg.get("record")
     nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
+    resume, start, checkpoints = _checkpoint_options(pick, steps)
+    total, steps = steps, steps - start  # --steps is the run's total: a resumed run does the rest
     device = pick("device", "cpu")
     t0 = t_built = time.perf_counter()
     quiet = args.quiet
@@ -254,20 +265,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
                         every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
-                        **options)
+                        resume=resume, **checkpoints, **options)
     elif world_size_from_env() > 1:  # under torchrun: this process is one rank
         from .distributed.process_group import process_group
 
         with process_group(timeout=timeout, device=device) as comm:
             sim = Simulation(model, agents=agents, seed=seed, device=device, comm=comm, partition=partition,
-                             sync_every=sync_every, **options)
-            result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0)
+                             sync_every=sync_every, resume=resume, **options)
+            result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0,
+                             **checkpoints)
             quiet = quiet or comm.rank != 0
         nprocs = comm.world_size
     else:
-        sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every)
+        sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every, resume=resume)
         t_built = time.perf_counter()
-        result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet)
+        result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet, **checkpoints)
         device = str(sim.device)
     # One process: the initialization; several: process start-up, initialization and recording.
     t_init = t_built - t0 if nprocs == 1 else time.perf_counter() - t0 - result.seconds
@@ -275,7 +287,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         last = {k: v[-1] for k, v in result.metrics.items()}
         rate = steps / result.seconds if result.seconds > 0 else float("inf")
         ranks = f", {nprocs} processes ({partition} partition)" if nprocs > 1 else ""
-        print(f"{model.name}: {agents} agents, {steps} steps, seed {seed}, device {device}{ranks}")
+        resumed = f" (resumed from {resume} at step {start})" if resume else ""
+        print(f"{model.name}: {agents} agents, {total} steps{resumed}, seed {seed}, device {device}{ranks}")
         print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
               f"{rate * agents:.3g} agent-updates/s)")
         print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
@@ -287,6 +300,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         if out:
             print(f"wrote {out}")
     return 0
+
+
+def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[str | None, int, dict[str, Any]]:
+    """--resume (the checkpoint, its step) and --checkpoint-every/--checkpoint-dir/--keep, checked."""
+    from .checkpoint import checkpoint_step
+
+    every, directory, keep = pick("checkpoint_every", None), pick("checkpoint_dir", None), pick("keep", None)
+    if directory is not None and every is None:
+        raise ConfigError("--checkpoint-dir needs --checkpoint-every K (how often to save)")
+    if keep is not None and every is None:
+        raise ConfigError("--keep needs --checkpoint-every K (checkpoints to keep)")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ConfigError(f"--keep: expected an int >= 1 (got {keep!r})")
+    if every is not None and directory is None:
+        directory = "checkpoints"
+    resume = pick("resume", None)
+    start = 0
+    if resume is not None:
+        start = checkpoint_step(resume)
+        if isinstance(steps, int) and start > steps:
+            raise ConfigError(f"--resume: the checkpoint is at step {start}, past --steps {steps} (--steps is the "
+                              f"run's total: give at least {start})")
+    return resume, start, {"checkpoint_every": every, "checkpoint_dir": directory, "keep": keep}
 
 
 def _distributed_options(args: argparse.Namespace,

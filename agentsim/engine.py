@@ -201,6 +201,11 @@ class Simulation:
             and env exchanges (:mod:`agentsim.distributed.autograd`); take them with
             :meth:`parameter_gradients`, which every rank calls together and which adds the
             ranks' parts (``loss.backward()`` alone may leave ranks waiting).
+        resume: A checkpoint (:meth:`save_checkpoint`; a checkpoint directory or a directory of
+            them, the newest complete one) to start from instead of the initial state: saved
+            on any number of ranks, with either partitioner; of the same model, parameters and
+            seed (else a :class:`~agentsim.checkpoint.CheckpointError`). The run then
+            continues the trajectory of the run that saved it, bit for bit.
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.
 
@@ -219,7 +224,7 @@ class Simulation:
                  partition: str | Partitioner | None = None, comm: Comm | None = None, check_nan: bool = True,
                  shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY, sync_every: int = 1,
                  policies: Mapping[str, Any] | None = None, grad: bool | Iterable[str] = False,
-                 **partition_options: Any) -> None:
+                 resume: str | os.PathLike[str] | None = None, **partition_options: Any) -> None:
         if not isinstance(model, Model):
             raise ConfigError(f"model: expected an agentsim.Model (got {type(model).__name__}); "
                               "agentsim.get_model(name) loads one by name")
@@ -243,6 +248,14 @@ class Simulation:
             state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
         state = state.to(self.device)
         self.model.validate_state(state)
+        self.resumed_from: str | None = None
+        if resume is not None:  # the saved agents replace init's, before the partitioner places them
+            from .checkpoint import read_checkpoint
+
+            saved = read_checkpoint(resume)
+            saved.check_run(self.model, state, self.params, self.seed)
+            state = saved.state(like=state)
+            self.resumed_from = str(saved.path)
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
         self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm)
@@ -279,6 +292,16 @@ class Simulation:
         from .rollout_grad import rollout_gradients
 
         return rollout_gradients(self, steps, observe, loss, checkpoint_every)
+
+    def save_checkpoint(self, directory: str | os.PathLike[str], keep: int | None = None) -> str:
+        """Save the state after the last step as a checkpoint under ``directory`` (every rank calls
+        it together; see :mod:`agentsim.checkpoint`); keep the newest ``keep`` checkpoints there.
+        Returns the checkpoint's path; ``Simulation(..., resume=path or directory)`` continues from it.
+        """
+        from .checkpoint import write_checkpoint
+
+        self._take_reports()
+        return str(write_checkpoint(self, directory, keep))
 
     def save_state(self) -> SavedState:
         """A copy of the state (every tensor) and of what the engine keeps about it, for :meth:`load_state`."""
@@ -497,7 +520,8 @@ class Simulation:
 
     # ---------------------------------------------------------------- running
     def run(self, steps: int, out: str | os.PathLike[str] | None = None, *, record: Iterable[str] | None = None,
-            every: int | None = None, progress: bool = False) -> RunResult:
+            every: int | None = None, progress: bool = False, checkpoint_every: int | None = None,
+            checkpoint_dir: str | os.PathLike[str] | None = None, keep: int | None = None) -> RunResult:
         """Run ``steps`` steps; optionally stream a trajectory to the HDF5 file ``out``.
 
         Args:
@@ -506,9 +530,17 @@ class Simulation:
             record: Agent/env fields to record (default all; see :mod:`agentsim.io.recording`).
             every: Also record agents every ``every`` steps (default: first and last only).
             progress: Show a progress bar (only when stderr is a terminal).
+            checkpoint_every: Save a checkpoint (:meth:`save_checkpoint`) into ``checkpoint_dir``
+                after every step that is a multiple of this (counted from step 0).
+            checkpoint_dir: Where checkpoints go (needed with ``checkpoint_every``).
+            keep: Keep only the newest ``keep`` checkpoints there (default: all).
         """
         steps = check_steps(steps)
         check_every(every)
+        if checkpoint_every is not None:
+            check_every(checkpoint_every, "checkpoint_every")
+            if checkpoint_dir is None:
+                raise ConfigError("checkpoint_every needs a checkpoint_dir (where the checkpoints go)")
         recorder = Recorder(out, recording(self.state, record), self.comm.rank, every, model=self.model.name,
                             params=dict(self.params), seed=self.seed, steps=steps,
                             world_size=self.comm.world_size)
@@ -538,6 +570,9 @@ class Simulation:
                 self._rows = []
                 if frame:
                     recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
+                if checkpoint_every is not None and self.state.step % checkpoint_every == 0:
+                    assert checkpoint_dir is not None
+                    self.save_checkpoint(checkpoint_dir, keep)
                 if bar is not None:
                     bar.update(1)
             t_run = time.perf_counter() - t0

@@ -184,6 +184,10 @@ class Partitioner(Protocol):
         """The cells of env layer ``name`` this rank counts in metrics, flattened."""
         ...
 
+    def sync_env(self, state: State, comm: Comm) -> None:
+        """Make every env tensor whole on every rank (before a frame or a checkpoint)."""
+        ...
+
 
 class IdentityPartition:
     """Every agent on this rank: the one-process partitioner, and the base of the others.

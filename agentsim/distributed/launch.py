@@ -277,8 +277,9 @@ def resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> M
 def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str] | None],
                     run: dict[str, Any]) -> RunResult | None:
     sim = Simulation(resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
-                     partition=run["partition"], sync_every=run["sync_every"], **run["options"])
-    result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"])
+                     partition=run["partition"], sync_every=run["sync_every"], resume=run["resume"],
+                     **run["options"])
+    result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"], **run["checkpoints"])
     if comm.rank != 0:
         return None
     result.state = None  # stays on the ranks
@@ -291,7 +292,9 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            every: int | None = None, partition: str = "data", timeout: float = DEFAULT_TIMEOUT, *,
            params: Mapping[str, Any] | None = None, sync_every: int = 1, device: str = "cpu",
            layout: str | None = None, balance_every: int | None = None, balance_threshold: float | None = None,
-           bins: int | None = None, overlap: bool | None = None) -> RunResult:
+           bins: int | None = None, overlap: bool | None = None, resume: str | os.PathLike[str] | None = None,
+           checkpoint_every: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
+           keep: int | None = None) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -311,6 +314,9 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
         layout, balance_every, balance_threshold, bins, overlap: Options of ``partition="spatial"``
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
+        resume: Start from this checkpoint (see :class:`Simulation <agentsim.engine.Simulation>`);
+            ``steps`` more steps follow.
+        checkpoint_every, checkpoint_dir, keep: As for :meth:`Simulation.run <agentsim.engine.Simulation.run>`.
 
     Returns:
         Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
@@ -344,11 +350,15 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
                                      f"directory '{parent}' does not exist")
     path = None if out is None else os.fspath(out)
     fields = None if record is None else list(record)
+    checkpoints: dict[str, Any] = {"checkpoint_every": checkpoint_every,
+                   "checkpoint_dir": None if checkpoint_dir is None else os.fspath(checkpoint_dir), "keep": keep}
+    resume = None if resume is None else os.fspath(resume)
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
-        return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every).run(
-            steps, out=path, record=fields, every=every)
+        return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
+                          resume=resume).run(steps, out=path, record=fields, every=every, **checkpoints)
     run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
-           "partition": partition, "sync_every": sync_every, "device": device, "options": options}
+           "partition": partition, "sync_every": sync_every, "device": device, "options": options,
+           "resume": resume, "checkpoints": checkpoints}
     results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
                         device=None if device == "cpu" else device)
     result: RunResult = results[0]

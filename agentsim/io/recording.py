@@ -94,10 +94,10 @@ def recording(state: State, record: Iterable[str] | None) -> Recording:
     return rec
 
 
-def check_every(every: object) -> int | None:
-    """Validate ``every`` (None, or an int >= 1)."""
+def check_every(every: object, name: str = "every") -> int | None:
+    """Validate ``every`` (None, or an int >= 1); ``name`` for the message."""
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ConfigError(f"every: expected an int >= 1 (got {every!r})")
+        raise ConfigError(f"{name}: expected an int >= 1 (got {every!r})")
     return every
 
 

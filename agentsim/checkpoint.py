@@ -1,0 +1,313 @@
+"""Checkpoints of a run: per-rank shards of the agents by uid and a manifest committed last.
+
+A checkpoint of step ``k`` is a directory ``DIR/step-0000000k/`` holding
+
+- ``rank-R-of-W.pt``: rank R's agents (every field of every population, ``torch.save`` of
+  CPU tensors), one file per rank of the run that saved it;
+- ``env.pt``: the environment, whole (written by rank 0 after the spatial partitioner made
+  per-cell layers whole);
+- ``manifest.json``, written last: the format, the agentsim version, the model's name and
+  fingerprint (its populations' fields with dtypes and shapes, and its substeps), the
+  parameters, the seed, the step, each population's ``next_uid``, and each file with its
+  SHA-256 and row counts.
+
+Every file is written to a temporary name, flushed, ``fsync``-ed and renamed into place
+(:func:`atomic_write`), and the manifest only after every shard is in place: a checkpoint
+whose manifest is missing was not finished and is never used; one whose files do not match
+their checksums is refused with a message naming the file.
+
+Resuming reads every shard on every rank, puts the agents in uid order, and lets the
+partitioner place them as it places an initial state: a checkpoint saved on W ranks resumes
+on any number of ranks, with either partitioner. The run then continues the same trajectory
+bit for bit, because nothing in a step depends on which rank holds an agent or on row order
+(random draws are keyed by seed, uid and step; sums are exact).
+
+Not yet built: asynchronous writes, ``agentsim run --checkpoint-every/--resume``,
+continuing an HDF5 file, and restarts after a killed rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from .comm import Comm
+from .errors import ConfigError, FieldAccessError
+from .state import UID, Population, State
+
+if TYPE_CHECKING:
+    from .engine import Simulation
+    from .model import Model
+
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "atomic_write", "checkpoint_step", "latest_checkpoint",
+           "read_checkpoint", "write_checkpoint"]
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: missing, unfinished, corrupt, or from another run."""
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes) -> str:
+    """Write ``data`` to ``path`` atomically: a temporary file in the same directory, flushed
+    and fsync-ed, renamed over ``path``, then the directory fsync-ed. A reader sees the old
+    file or the new one, never a part. Returns the SHA-256 (hex) of ``data``.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tensor_bytes(obj: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def model_fingerprint(model: Model, state: State) -> str:
+    """SHA-256 (first 16 hex digits) of what a checkpoint's agents must fit: every population's
+    fields (dtype, shape), the env tensors' names, and the substeps' names.
+    """
+    parts = [model.name]
+    for name in sorted(state.populations):
+        pop = state.populations[name]
+        parts += [f"{name}.{k}:{s.dtype}:{tuple(s.shape)}" for k, s in sorted(pop.specs.items())]
+    parts += [f"env.{k}" for k in sorted(state.env)]
+    parts += [f"substep.{s.name}" for s in model.substeps]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _json_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters as JSON values (0-dim tensors as numbers; anything else as its repr)."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if isinstance(v, Tensor) and v.dim() == 0:
+            v = v.item()
+        out[k] = v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)
+    return out
+
+
+def step_dir(directory: str | os.PathLike[str], step: int) -> Path:
+    """The directory of the checkpoint of ``step`` under ``directory``."""
+    return Path(directory) / f"step-{step:08d}"
+
+
+def write_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: int | None = None) -> Path:
+    """Save ``sim``'s state after its last step under ``directory`` (a collective: every rank
+    calls it); return the checkpoint's path. ``keep``: then delete all but the newest ``keep``
+    complete checkpoints (and unfinished ones older than the newest).
+    """
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ConfigError(f"keep: expected an int >= 1 or None (got {keep!r})")
+    comm: Comm = sim.comm
+    state = sim.state
+    sim.partition.settle(state, comm)
+    sim.partition.sync_env(state, comm)
+    path = step_dir(directory, state.step)
+    if comm.rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    _barrier(comm)  # the directory exists for everyone
+    shard = {name: {k: v.detach().cpu() for k, v in pop.fields().items()} for name, pop in state.populations.items()}
+    name = f"rank-{comm.rank:05d}-of-{comm.world_size:05d}.pt"
+    digest = atomic_write(path / name, _tensor_bytes(shard))
+    rows = [pop.n for pop in state.populations.values()]
+    got = comm.all_gather_rows({"digest": torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8)[None],
+                                "rows": torch.tensor([rows], dtype=torch.int64)}, rows_per_rank=1)
+    if comm.rank == 0:
+        env_digest = atomic_write(path / "env.pt", _tensor_bytes({k: v.detach().cpu() for k, v in state.env.items()}))
+        shards = [{"file": f"rank-{r:05d}-of-{comm.world_size:05d}.pt",
+                   "sha256": bytes(got["digest"][r].tolist()).hex(),
+                   "rows": dict(zip(state.populations, got["rows"][r].tolist(), strict=True))}
+                  for r in range(comm.world_size)]
+        manifest = {
+            "format": FORMAT, "agentsim": _version(), "model": sim.model.name,
+            "fingerprint": model_fingerprint(sim.model, state), "params": _json_params(sim.params),
+            "seed": sim.seed, "step": state.step, "world_size": comm.world_size, "partition": sim.partition.name,
+            "next_uid": {k: int(p.next_uid) for k, p in state.populations.items()},
+            "shards": shards, "env": {"file": "env.pt", "sha256": env_digest},
+        }
+        atomic_write(path / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+        if keep is not None:
+            _prune(Path(directory), keep)
+    _barrier(comm)  # the manifest is committed before any rank goes on
+    return path
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _barrier(comm: Comm) -> None:
+    if comm.world_size > 1:
+        comm.all_gather_rows({"b": torch.zeros(1, 1, dtype=torch.uint8)}, rows_per_rank=1)
+
+
+def _steps(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return sorted(out)
+
+
+def _prune(directory: Path, keep: int) -> None:
+    entries = _steps(directory)
+    complete = [(s, p) for s, p in entries if (p / MANIFEST).is_file()]
+    if not complete:
+        return
+    kept = {p for _, p in complete[-keep:]}
+    newest = complete[-1][0]
+    for s, p in entries:
+        if p not in kept and (s < newest or (p / MANIFEST).is_file()):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def checkpoint_step(path: str | os.PathLike[str]) -> int:
+    """The step of the checkpoint :func:`read_checkpoint` would read at ``path`` (its manifest only)."""
+    return int(_manifest(_resolve(Path(path)))[1]["step"])
+
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
+    """The newest checkpoint under ``directory`` whose manifest was committed (None if none)."""
+    complete = [p for _, p in _steps(Path(directory)) if (p / MANIFEST).is_file()]
+    return complete[-1] if complete else None
+
+
+class Checkpoint:
+    """A checkpoint read back: the manifest and the whole state in uid order.
+
+    Attributes:
+        path: The checkpoint's directory.
+        manifest: The manifest (see the module docstring).
+        step: The step it was saved after.
+    """
+
+    def __init__(self, path: Path, manifest: dict[str, Any], fields: dict[str, dict[str, Tensor]],
+                 env: dict[str, Tensor]) -> None:
+        self.path, self.manifest = path, manifest
+        self.step = int(manifest["step"])
+        self._fields, self._env = fields, env
+
+    def check_run(self, model: Model, state: State, params: Mapping[str, Any], seed: int) -> None:
+        """Raise a :class:`CheckpointError` unless the checkpoint is of this model, with these
+        parameters and seed.
+        """
+        m = self.manifest
+        if m["model"] != model.name:
+            raise CheckpointError(f"checkpoint {self.path} is of model '{m['model']}', not '{model.name}'")
+        if m["fingerprint"] != model_fingerprint(model, state):
+            raise CheckpointError(f"checkpoint {self.path}: model '{model.name}' has changed since it was saved "
+                                  "(its fields, env or substeps differ)")
+        mine = _json_params(params)
+        diff = sorted(k for k in set(mine) | set(m["params"]) if mine.get(k) != m["params"].get(k))
+        if diff:
+            shown = ", ".join(f"{k}: saved {m['params'].get(k)!r}, now {mine.get(k)!r}" for k in diff)
+            raise CheckpointError(f"checkpoint {self.path} was saved with other parameters ({shown})")
+        if int(m["seed"]) != seed:
+            raise CheckpointError(f"checkpoint {self.path} was saved with seed {m['seed']}, not {seed}")
+
+    def state(self, like: State) -> State:
+        """The saved state, global and in uid order, in populations with ``like``'s field specs."""
+        pops = {}
+        for name, pop in like.populations.items():
+            fields = self._fields.get(name)
+            if fields is None:
+                raise CheckpointError(f"checkpoint {self.path} has no population '{name}'")
+            if set(fields) != set(pop.specs):
+                raise CheckpointError(f"checkpoint {self.path}: population '{name}' has fields {sorted(fields)}, "
+                                      f"the model {sorted(pop.specs)}")
+            order = torch.argsort(fields[UID], stable=True)
+            device = pop[UID].device
+            try:
+                pops[name] = Population(name, pop.specs, {k: v.index_select(0, order).to(device)
+                                                          for k, v in fields.items()},
+                                        next_uid=int(self.manifest["next_uid"][name]))
+            except (ConfigError, FieldAccessError) as e:
+                raise CheckpointError(f"checkpoint {self.path}: {e}") from None
+        env = {k: self._env[k].to(v.device) for k, v in like.env.items()}
+        return State(pops, env, self.step)
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read and verify a checkpoint: ``path`` is a checkpoint directory, or a directory of
+    checkpoints (the newest complete one is read).
+    """
+    path, manifest = _manifest(_resolve(Path(path)))
+    shards = [_load(path, entry) for entry in manifest["shards"]]
+    fields: dict[str, dict[str, Tensor]] = {}
+    for name in manifest["next_uid"]:
+        parts = [s[name] for s in shards]
+        fields[name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return Checkpoint(path, manifest, fields, _load(path, manifest["env"]))
+
+
+def _resolve(path: Path) -> Path:
+    """A checkpoint directory: ``path`` itself, or the newest complete checkpoint in it."""
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path} (no such file or directory)")
+    if (path / MANIFEST).is_file():
+        return path
+    newest = latest_checkpoint(path)
+    if newest is None:
+        unfinished = _steps(path)
+        raise CheckpointError(f"no complete checkpoint in {path}" + (
+            f" ({len(unfinished)} unfinished: no {MANIFEST})" if unfinished else
+            " (expected step-NNNNNNNN directories with a manifest.json)"))
+    return newest
+
+
+def _manifest(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint's manifest, checked to be one this version reads."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST} ({e})") from None
+    if not isinstance(manifest, dict) or not {"format", "model", "step", "shards", "env"} <= set(manifest):
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not an agentsim checkpoint manifest")
+    if not isinstance(manifest["format"], int) or manifest["format"] > FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {manifest['format']!r}; this agentsim ({_version()}) "
+                              f"reads formats up to {FORMAT}: upgrade agentsim")
+    return path, manifest
+
+
+def _load(path: Path, entry: Mapping[str, Any]) -> Any:
+    file = path / entry["file"]
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read {entry['file']} ({e.strerror})") from None
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"checkpoint {path}: {entry['file']} does not match its checksum (corrupt or "
+                              "changed after the checkpoint was written)")
+    import io
+
+    return torch.load(io.BytesIO(data), weights_only=True)
