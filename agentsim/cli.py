@@ -46,6 +46,7 @@ simulation error flag).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -257,6 +258,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
     resume, start, checkpoints = _checkpoint_options(pick, steps)
     total, steps = steps, steps - start  # --steps is the run's total: a resumed run does the rest
+    append = resume is not None and out is not None and os.path.isfile(out)  # write on into the run's file
     device = pick("device", "cpu")
     t0 = t_built = time.perf_counter()
     quiet = args.quiet
@@ -265,7 +267,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
                         every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
-                        resume=resume, **checkpoints, **options)
+                        resume=resume, append=append, **checkpoints, **options)
     elif world_size_from_env() > 1:  # under torchrun: this process is one rank
         from .distributed.process_group import process_group
 
@@ -273,13 +275,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             sim = Simulation(model, agents=agents, seed=seed, device=device, comm=comm, partition=partition,
                              sync_every=sync_every, resume=resume, **options)
             result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0,
-                             **checkpoints)
+                             append=append, **checkpoints)
             quiet = quiet or comm.rank != 0
         nprocs = comm.world_size
     else:
         sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every, resume=resume)
         t_built = time.perf_counter()
-        result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet, **checkpoints)
+        result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet, append=append,
+                         **checkpoints)
         device = str(sim.device)
     # One process: the initialization; several: process start-up, initialization and recording.
     t_init = t_built - t0 if nprocs == 1 else time.perf_counter() - t0 - result.seconds

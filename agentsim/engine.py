@@ -38,7 +38,7 @@ from torch import Tensor
 from . import ops
 from .comm import Comm, CommStats, LocalComm
 from .context import Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
-from .errors import ConfigError, FieldAccessError, SimulationError
+from .errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from .io.recording import Recorder, check_every, recording
 from .locality import LocalityOrder
 from .model import Model
@@ -521,7 +521,8 @@ class Simulation:
     # ---------------------------------------------------------------- running
     def run(self, steps: int, out: str | os.PathLike[str] | None = None, *, record: Iterable[str] | None = None,
             every: int | None = None, progress: bool = False, checkpoint_every: int | None = None,
-            checkpoint_dir: str | os.PathLike[str] | None = None, keep: int | None = None) -> RunResult:
+            checkpoint_dir: str | os.PathLike[str] | None = None, keep: int | None = None,
+            append: bool = False) -> RunResult:
         """Run ``steps`` steps; optionally stream a trajectory to the HDF5 file ``out``.
 
         Args:
@@ -534,6 +535,15 @@ class Simulation:
                 after every step that is a multiple of this (counted from step 0).
             checkpoint_dir: Where checkpoints go (needed with ``checkpoint_every``).
             keep: Keep only the newest ``keep`` checkpoints there (default: all).
+            append: Continue the existing file ``out`` of the run this simulation resumed (see
+                ``resume``): its rows and frames from the current step on are dropped and written
+                again, and frames follow the schedule of one run from step 0 to the new last step,
+                so the file ends as that run's file would.
+
+        The file is flushed after the first step, then every second
+        (:data:`~agentsim.io.recording.FLUSH_SECONDS`) and at every checkpoint: a run killed at
+        any moment leaves a readable file with every step up to the last flush (root attribute
+        ``completed`` False).
         """
         steps = check_steps(steps)
         check_every(every)
@@ -541,11 +551,16 @@ class Simulation:
             check_every(checkpoint_every, "checkpoint_every")
             if checkpoint_dir is None:
                 raise ConfigError("checkpoint_every needs a checkpoint_dir (where the checkpoints go)")
-        recorder = Recorder(out, recording(self.state, record), self.comm.rank, every, model=self.model.name,
-                            params=dict(self.params), seed=self.seed, steps=steps,
-                            world_size=self.comm.world_size)
-        rows: list[dict[str, Any]] = []
         start = self.state.step
+        if append and (out is None or not os.path.isfile(out)):
+            raise OutputError(f"append: no trajectory file to continue at {out!r}")
+        # Frames at done = 0, every `every` steps and at the end, counted from the run's origin: this
+        # run's start, or, continuing a file, step 0 of the run the file holds.
+        origin, span = (0, start + steps) if append else (start, steps)
+        recorder = Recorder(out, recording(self.state, record), self.comm.rank, every,
+                            continue_before=start if append else None, model=self.model.name,
+                            params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size)
+        rows: list[dict[str, Any]] = []
         t_run = 0.0
         self._in_run = True
         self._rows = []
@@ -554,14 +569,15 @@ class Simulation:
             first_perf, first_comm = len(self.perf_steps), len(self.comm_steps)
             rows.append(row)
             recorder.write_row(self.state.step, row, None)
-            if recorder.frame_due(0, steps):
+            if recorder.frame_due(start - origin, span):
                 recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
             bar = progress_bar(steps, progress, "step")
             t0 = time.perf_counter()
             for _ in range(steps):
                 self.step()
-                frame = recorder.frame_due(self.state.step - start, steps)
-                if frame or self.state.step - start == steps:  # the last step's summary, at the latest now
+                frame = recorder.frame_due(self.state.step - origin, span)
+                checkpoint = checkpoint_every is not None and self.state.step % checkpoint_every == 0
+                if frame or checkpoint or self.state.step - start == steps:  # this step's summary, now
                     self.partition.settle(self.state, self.comm)
                     self._take_reports()
                 for row, perf in self._rows:
@@ -570,7 +586,8 @@ class Simulation:
                 self._rows = []
                 if frame:
                     recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
-                if checkpoint_every is not None and self.state.step % checkpoint_every == 0:
+                recorder.flush(force=checkpoint)  # before a checkpoint: the file holds every step it covers
+                if checkpoint:
                     assert checkpoint_dir is not None
                     self.save_checkpoint(checkpoint_dir, keep)
                 if bar is not None:

@@ -200,3 +200,30 @@ def test_resuming_past_the_total_steps_is_refused(tmp_path, capsys):
                  "--checkpoint-dir", str(tmp_path)]) == 0
     assert main(["run", "boids", "--agents", "50", "--steps", "2", "--quiet", "--resume", str(tmp_path)]) == 2
     assert "the checkpoint is at step 3, past --steps 2" in capsys.readouterr().err
+
+
+def run_part(comm, out, directory, steps, resume=None, append=False):
+    """wolfsheep with trajectory ``out`` (agents every 3 steps), a checkpoint every 4 steps."""
+    sim = _sim(comm, "wolfsheep", "spatial", resume=resume)
+    sim.run(steps, out=out, every=3, checkpoint_every=4, checkpoint_dir=directory, append=append)
+
+
+@pytest.mark.timeout(300)
+def test_a_resumed_run_writes_on_into_the_same_file_as_one_uninterrupted_run(tmp_path):
+    from equivalence import assert_same_bits, h5_datasets
+
+    from agentsim.io.hdf5 import read_trajectory
+
+    full = str(tmp_path / "full.h5")
+    _sim(LocalComm(), "wolfsheep", None).run(10, out=full, every=3)
+    part, ck = str(tmp_path / "part.h5"), str(tmp_path / "ck")
+    run_part(LocalComm(), part, ck, 6)  # "interrupted" after step 6: frames 0, 3, 6; checkpoints at 4
+    assert read_trajectory(part).attrs["steps_completed"] == 6
+    run_ranks(run_part, 3, (part, ck, 6, ck, True), timeout=120.0)  # resumed at step 4, on 3 ranks
+    assert_same_bits(h5_datasets(full), h5_datasets(part), "file")
+    traj = read_trajectory(part)
+    assert traj.attrs["completed"] and traj.attrs["steps"] == 10 and traj.attrs["steps_completed"] == 10
+    with pytest.raises(asim.ConfigError, match="it holds a run with seed 5, not 6"):
+        asim.Simulation(asim.get_model("wolfsheep"), agents=300, seed=6).run(2, out=part, append=True)
+    with pytest.raises(asim.OutputError, match="append: no trajectory file to continue"):
+        _sim(LocalComm(), "wolfsheep", None).run(2, out=str(tmp_path / "none.h5"), append=True)

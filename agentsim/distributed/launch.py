@@ -279,7 +279,8 @@ def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str]
     sim = Simulation(resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
                      partition=run["partition"], sync_every=run["sync_every"], resume=run["resume"],
                      **run["options"])
-    result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"], **run["checkpoints"])
+    result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"], append=run["append"],
+                     **run["checkpoints"])
     if comm.rank != 0:
         return None
     result.state = None  # stays on the ranks
@@ -294,7 +295,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            layout: str | None = None, balance_every: int | None = None, balance_threshold: float | None = None,
            bins: int | None = None, overlap: bool | None = None, resume: str | os.PathLike[str] | None = None,
            checkpoint_every: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-           keep: int | None = None) -> RunResult:
+           keep: int | None = None, append: bool = False) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -316,7 +317,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
         resume: Start from this checkpoint (see :class:`Simulation <agentsim.engine.Simulation>`);
             ``steps`` more steps follow.
-        checkpoint_every, checkpoint_dir, keep: As for :meth:`Simulation.run <agentsim.engine.Simulation.run>`.
+        checkpoint_every, checkpoint_dir, keep, append: As for :meth:`Simulation.run
+            <agentsim.engine.Simulation.run>`.
 
     Returns:
         Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
@@ -355,10 +357,11 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     resume = None if resume is None else os.fspath(resume)
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
         return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
-                          resume=resume).run(steps, out=path, record=fields, every=every, **checkpoints)
+                          resume=resume).run(steps, out=path, record=fields, every=every, append=append,
+                                             **checkpoints)
     run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
            "partition": partition, "sync_every": sync_every, "device": device, "options": options,
-           "resume": resume, "checkpoints": checkpoints}
+           "resume": resume, "checkpoints": checkpoints, "append": append}
     results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
                         device=None if device == "cpu" else device)
     result: RunResult = results[0]

@@ -36,7 +36,9 @@ Root attributes:
 
 Every series is an extendable dataset (``maxshape=(None, ...)``), chunked along the
 first axis in chunks of about 64 KiB and compressed (gzip level 4 with the shuffle
-filter by default). Agent and env frames are written when given, with one resize per
+filter by default; runs write uncompressed, see :mod:`agentsim.io.recording`: a
+compressed chunk rewritten in place when a killed writer is interrupted corrupts the
+rows already flushed to it). Agent and env frames are written when given, with one resize per
 dataset per call. Metric and perf rows (one small row per step, where h5py's per-call
 cost would dominate a fast model) are held in memory and written in batches: every
 256 rows, when 10 s have passed since the last batch, and on ``flush()`` and
@@ -301,6 +303,91 @@ class TrajectoryWriter:
             raise OutputError(f"cannot write trajectory file '{self.path}': {e}") from e
         self._populations: dict[str, _Series] = {}
         self._last_write = time.monotonic()
+
+    @classmethod
+    def continue_file(cls, path: str | os.PathLike[str], *, model: str, params: Mapping[str, Any], seed: int,
+                      before: int, steps: int, world_size: int = 1) -> TrajectoryWriter:
+        """Open the file of an interrupted (or finished) run to write on from step ``before``.
+
+        Every row and frame of a step ``>= before`` is dropped (the resumed run writes them
+        again, the same), the ``steps`` attribute becomes the run's new total and
+        ``completed`` False until :meth:`close`. New datasets use gzip compression.
+
+        Raises:
+            OutputError: The file cannot be opened for writing (missing, unreadable, not an
+                agentsim trajectory).
+            ConfigError: It is the trajectory of another model, other parameters or seed.
+        """
+        self = cls.__new__(cls)
+        self.path = os.fspath(path)
+        params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
+        try:
+            self._file = h5py.File(self.path, "r+")
+        except OSError as e:
+            raise OutputError(f"cannot continue trajectory file '{self.path}': {e}") from e
+        try:
+            a = self._file.attrs
+            if _attr(a.get("format")) != FORMAT:
+                raise OutputError(f"cannot continue '{self.path}': not an agentsim trajectory")
+            for key, want in (("model", model), ("params", params_json), ("seed", seed)):
+                if _attr(a.get(key)) != want:
+                    raise ConfigError(f"cannot continue '{self.path}': it holds a run with {key} "
+                                      f"{_attr(a.get(key))!r}, not {want!r}")
+            self._compression = {}
+            self._closed = False
+            self._metrics = self._scalar_series_before(self._file["metrics"], before)
+            self._perf = self._scalar_series_before(self._file["perf"], before)
+            self._env = self._frames_before(self._file["env"], before)
+            self._agents_group = self._file["agents"]
+            self._populations = {name: self._frames_before(g, before, rows=True)
+                                 for name, g in self._agents_group.items()}
+            self.steps_completed = max(0, self._metrics.last_step or 0)
+            a["steps"], a["world_size"], a["completed"] = int(steps), int(world_size), False
+            a["steps_completed"] = self.steps_completed
+            self._file.flush()
+        except BaseException:
+            self._file.close()
+            raise
+        self._last_write = time.monotonic()
+        return self
+
+    @staticmethod
+    def _datasets(group: h5py.Group, skip: tuple[str, ...]) -> list[str]:
+        names: list[str] = []
+        group.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        return [n for n in names if n not in skip]
+
+    @classmethod
+    def _scalar_series_before(cls, group: h5py.Group, before: int) -> _ScalarSeries:
+        """A metrics or perf group cut to its rows of steps ``< before``."""
+        if "step" not in group:
+            return _ScalarSeries(group)
+        steps = group["step"][...]
+        n = int(np.searchsorted(steps, before, side="left"))
+        for name in [*cls._datasets(group, ("step",)), "step"]:
+            group[name].resize(n, axis=0)
+        return _ScalarSeries(group, names=tuple(cls._datasets(group, ("step",))),
+                             last_step=int(steps[n - 1]) if n else None, is_created=True)
+
+    @classmethod
+    def _frames_before(cls, group: h5py.Group, before: int, rows: bool = False) -> _Series:
+        """An env or population group cut to its frames of steps ``< before`` (``rows``: per-agent
+        datasets indexed through ``offsets``).
+        """
+        if "step" not in group:
+            return _Series(group)
+        steps = group["step"][...]
+        k = int(np.searchsorted(steps, before, side="left"))
+        names = cls._datasets(group, ("step", "offsets"))
+        n_rows = int(group["offsets"][k]) if rows else k
+        for name in names:
+            group[name].resize(n_rows, axis=0)
+        group["step"].resize(k, axis=0)
+        if rows:
+            group["offsets"].resize(k + 1, axis=0)
+        return _Series(group, names=tuple(names), dtypes={n: group[n].dtype for n in names},
+                       shapes={n: group[n].shape[1:] for n in names}, last_step=int(steps[k - 1]) if k else None,
+                       n_rows=n_rows if rows else 0)
 
     def _check_writable(self, overwrite: bool) -> None:
         parent = os.path.dirname(os.path.abspath(self.path))
