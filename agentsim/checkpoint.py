@@ -22,8 +22,10 @@ on any number of ranks, with either partitioner. The run then continues the same
 bit for bit, because nothing in a step depends on which rank holds an agent or on row order
 (random draws are keyed by seed, uid and step; sums are exact).
 
-Not yet built: asynchronous writes, ``agentsim run --checkpoint-every/--resume``,
-continuing an HDF5 file, and restarts after a killed rank.
+``agentsim run --checkpoint-every K --resume DIR --max-restarts N`` and
+:meth:`Simulation.run <agentsim.engine.Simulation.run>` (``checkpoint_every``, ``append``) use
+them to continue a run and its trajectory file after an interruption. Writes are synchronous
+(asynchronous writes are not built).
 """
 
 from __future__ import annotations

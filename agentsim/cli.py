@@ -8,6 +8,7 @@
                        [--nprocs W] [--partition data|spatial] [--layout strips|blocks|rcb]
                        [--balance-every K] [--balance-threshold X] [--sync-every K] [--timeout SECONDS]
                        [--checkpoint-every K] [--checkpoint-dir DIR] [--keep N] [--resume DIR]
+                       [--max-restarts N]
     torchrun --nproc_per_node W -m agentsim run MODEL [--partition spatial --layout rcb] ...
     agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--repeats R] [--out FILE.json]
     agentsim train MODEL [--agents N] [--updates U] [--horizon H] [--seed S] [--set name=value ...]
@@ -87,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-dir", dest="checkpoint_dir", metavar="DIR",
                      help="where checkpoints go (default: checkpoints)")
     run.add_argument("--keep", type=int, metavar="N", help="keep the newest N checkpoints (default: all)")
+    run.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
+                     help="with --nprocs: when a process fails, restart all from the newest checkpoint, "
+                          "up to N times (under torchrun, use its --max-restarts)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
                           "--steps stays the run's total")
@@ -257,6 +261,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     record = args.record.split(",") if args.record else cfg.get("record")
     nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
     resume, start, checkpoints = _checkpoint_options(pick, steps)
+    max_restarts = pick("max_restarts", 0)
+    if max_restarts and nprocs == 1:
+        raise ConfigError("--max-restarts restarts the processes of --nprocs W (W > 1); under torchrun use "
+                          "torchrun --max-restarts")
     total, steps = steps, steps - start  # --steps is the run's total: a resumed run does the rest
     append = resume is not None and out is not None and os.path.isfile(out)  # write on into the run's file
     device = pick("device", "cpu")
@@ -267,7 +275,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
                         every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
-                        resume=resume, append=append, **checkpoints, **options)
+                        resume=resume, append=append, max_restarts=max_restarts, **checkpoints, **options)
     elif world_size_from_env() > 1:  # under torchrun: this process is one rank
         from .distributed.process_group import process_group
 
@@ -307,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[str | None, int, dict[str, Any]]:
     """--resume (the checkpoint, its step) and --checkpoint-every/--checkpoint-dir/--keep, checked."""
-    from .checkpoint import checkpoint_step
+    from .checkpoint import checkpoint_step, latest_checkpoint
 
     every, directory, keep = pick("checkpoint_every", None), pick("checkpoint_dir", None), pick("keep", None)
     if directory is not None and every is None:
@@ -319,6 +327,9 @@ def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[st
     if every is not None and directory is None:
         directory = "checkpoints"
     resume = pick("resume", None)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if resume is None and restarted > 0 and directory is not None and latest_checkpoint(directory) is not None:
+        resume = directory  # torchrun restarted this worker: go on from the newest checkpoint
     start = 0
     if resume is not None:
         start = checkpoint_step(resume)

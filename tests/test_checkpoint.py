@@ -184,6 +184,7 @@ def test_the_cli_saves_checkpoints_and_resumes_on_other_process_counts(tmp_path,
     (["--checkpoint-every", "0"], "checkpoint_every: expected an int >= 1"),
     (["--checkpoint-every", "2", "--keep", "0"], "--keep: expected an int >= 1"),
     (["--resume", "/nonexistent/ck"], "no checkpoint at /nonexistent/ck"),
+    (["--max-restarts", "2"], "--max-restarts restarts the processes of --nprocs W"),
 ])
 def test_bad_checkpoint_options_get_clear_messages(args, message, capsys, tmp_path, monkeypatch):
     from agentsim.cli import main

@@ -21,3 +21,14 @@ def test_ten_killed_writers_leave_readable_files_that_resume_to_the_uninterrupte
     assert not failed, failed
     killed = [r for r in summary["rows"] if not r["finished_before_kill"]]
     assert len(killed) >= 8  # the kills landed while the runs were writing
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["nprocs", "torchrun"])
+def test_a_killed_rank_restarts_the_job_from_its_checkpoint_with_the_uninterrupted_file(tmp_path, launcher):
+    from stress_rank_kills import run_trials as kill_ranks
+
+    summary = kill_ranks(1, [2], launcher, steps=120, seed=2, workdir=str(tmp_path))
+    row = summary["rows"][0]
+    assert row["killed_pid"] is not None and row["restarted"], row
+    assert row["recovered"], row

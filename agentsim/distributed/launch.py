@@ -40,6 +40,7 @@ import torch.multiprocessing as mp
 
 from .. import errors
 from ..catalog import BUILTIN, get_model
+from ..checkpoint import checkpoint_step, latest_checkpoint
 from ..comm import Comm
 from ..engine import RunResult, Simulation, check_agents, check_seed, check_steps
 from ..errors import AgentsimError, ConfigError
@@ -295,7 +296,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            layout: str | None = None, balance_every: int | None = None, balance_threshold: float | None = None,
            bins: int | None = None, overlap: bool | None = None, resume: str | os.PathLike[str] | None = None,
            checkpoint_every: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-           keep: int | None = None, append: bool = False) -> RunResult:
+           keep: int | None = None, append: bool = False, max_restarts: int = 0) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -319,6 +320,11 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             ``steps`` more steps follow.
         checkpoint_every, checkpoint_dir, keep, append: As for :meth:`Simulation.run
             <agentsim.engine.Simulation.run>`.
+        max_restarts: When a rank fails (dies, or raises), stop the others and start all ranks
+            again, up to this many times, from the newest complete checkpoint in
+            ``checkpoint_dir`` (from step 0 if there is none), writing on into ``out``; the
+            result is the uninterrupted run's. As torchrun, any failure restarts: an error that
+            repeats fails every attempt.
 
     Returns:
         Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
@@ -362,8 +368,24 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
            "partition": partition, "sync_every": sync_every, "device": device, "options": options,
            "resume": resume, "checkpoints": checkpoints, "append": append}
-    results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
-                        device=None if device == "cpu" else device)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
+    total = steps + (0 if resume is None else checkpoint_step(resume))
+    for attempt in range(max_restarts + 1):
+        try:
+            results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
+                                device=None if device == "cpu" else device)
+            break
+        except AgentsimError as e:
+            if attempt == max_restarts:
+                raise
+            newest = None if checkpoints["checkpoint_dir"] is None else latest_checkpoint(checkpoints["checkpoint_dir"])
+            start = 0 if newest is None else checkpoint_step(newest)
+            run.update(resume=None if newest is None else str(newest), steps=total - start,
+                       append=newest is not None and path is not None and os.path.isfile(path))
+            print(f"agentsim: {str(e).splitlines()[0]}\nagentsim: restarting {world_size} ranks from "
+                  f"{'step 0' if newest is None else f'the checkpoint of step {start}'} "
+                  f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
     result: RunResult = results[0]
     result.model = resolved
     return result
