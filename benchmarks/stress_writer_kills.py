@@ -85,7 +85,7 @@ def trial(workdir: Path, steps: int, every: int, kill_after: float, want: dict[s
     row: dict[str, Any] = {"kill_after": round(kill_after, 4), "finished_before_kill": finished}
     try:
         traj = read_trajectory(out)
-        metric_steps = traj.metrics["step"]
+        metric_steps = traj.metrics.get("step", np.zeros(0, dtype=np.int64))  # none before the first flush
         row["steps_in_file"] = int(traj.attrs["steps_completed"])
         row["completed_flag"] = bool(traj.attrs["completed"])
         # every step once, from 0; "completed" only on a file that holds the last step

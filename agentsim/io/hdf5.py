@@ -271,8 +271,12 @@ class TrajectoryWriter:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"params: cannot be stored as JSON ({e})") from None
         self._check_writable(overwrite)
+        # Created under a temporary name and renamed once its header is on disk: a process killed
+        # at any moment leaves no file, or one that opens.
+        directory, name = os.path.split(os.path.abspath(self.path))
+        creating = os.path.join(directory, f".{name}.creating{os.getpid()}")
         try:
-            self._file = h5py.File(self.path, "w")
+            self._file = h5py.File(creating, "w")
         except OSError as e:
             raise OutputError(f"cannot create trajectory file '{self.path}': {e}") from e
         self._compression: dict[str, Any] = {}
@@ -298,8 +302,12 @@ class TrajectoryWriter:
             self._agents_group = self._file.create_group("agents", track_order=True)
             self._env = _Series(self._file.create_group("env", track_order=True))
             self._perf = _ScalarSeries(self._file.create_group("perf", track_order=True))
+            self._file.flush()
+            os.replace(creating, self.path)
         except OSError as e:
             self._file.close()
+            if os.path.exists(creating):
+                os.remove(creating)
             raise OutputError(f"cannot write trajectory file '{self.path}': {e}") from e
         self._populations: dict[str, _Series] = {}
         self._last_write = time.monotonic()
