@@ -31,6 +31,7 @@ them to continue a run and its trajectory file after an interruption. Writes are
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -43,15 +44,15 @@ import torch
 from torch import Tensor
 
 from .comm import Comm
-from .errors import ConfigError, FieldAccessError
+from .errors import ConfigError, FieldAccessError, OutputError
 from .state import UID, Population, State
 
 if TYPE_CHECKING:
     from .engine import Simulation
     from .model import Model
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "atomic_write", "checkpoint_step", "latest_checkpoint",
-           "read_checkpoint", "write_checkpoint"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "atomic_write", "check_keep", "checkpoint_step",
+           "latest_checkpoint", "read_checkpoint", "tensor_bytes", "write_checkpoint"]
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -66,16 +67,32 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> str:
     """Write ``data`` to ``path`` atomically: a temporary file in the same directory, flushed
     and fsync-ed, renamed over ``path``, then the directory fsync-ed. A reader sees the old
     file or the new one, never a part. Returns the SHA-256 (hex) of ``data``.
+
+    Raises:
+        OutputError: The file cannot be written (the temporary file is removed).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise OutputError(f"cannot write checkpoint '{path}': {e}") from e
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return hashlib.sha256(data).hexdigest()
+
+
+def check_keep(keep: object, name: str = "keep") -> int | None:
+    """Validate how many checkpoints to keep (None: all, or an int >= 1); ``name`` for the message."""
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ConfigError(f"{name}: expected an int >= 1 (got {keep!r})")
+    return keep
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -86,9 +103,8 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _tensor_bytes(obj: Any) -> bytes:
-    import io
-
+def tensor_bytes(obj: Any) -> bytes:
+    """``torch.save`` of ``obj`` as bytes."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -127,8 +143,7 @@ def write_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: i
     calls it); return the checkpoint's path. ``keep``: then delete all but the newest ``keep``
     complete checkpoints (and unfinished ones older than the newest).
     """
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ConfigError(f"keep: expected an int >= 1 or None (got {keep!r})")
+    check_keep(keep)
     comm: Comm = sim.comm
     state = sim.state
     sim.partition.settle(state, comm)
@@ -139,12 +154,12 @@ def write_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: i
     _barrier(comm)  # the directory exists for everyone
     shard = {name: {k: v.detach().cpu() for k, v in pop.fields().items()} for name, pop in state.populations.items()}
     name = f"rank-{comm.rank:05d}-of-{comm.world_size:05d}.pt"
-    digest = atomic_write(path / name, _tensor_bytes(shard))
+    digest = atomic_write(path / name, tensor_bytes(shard))
     rows = [pop.n for pop in state.populations.values()]
     got = comm.all_gather_rows({"digest": torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8)[None],
                                 "rows": torch.tensor([rows], dtype=torch.int64)}, rows_per_rank=1)
     if comm.rank == 0:
-        env_digest = atomic_write(path / "env.pt", _tensor_bytes({k: v.detach().cpu() for k, v in state.env.items()}))
+        env_digest = atomic_write(path / "env.pt", tensor_bytes({k: v.detach().cpu() for k, v in state.env.items()}))
         shards = [{"file": f"rank-{r:05d}-of-{comm.world_size:05d}.pt",
                    "sha256": bytes(got["digest"][r].tolist()).hex(),
                    "rows": dict(zip(state.populations, got["rows"][r].tolist(), strict=True))}
@@ -310,6 +325,4 @@ def _load(path: Path, entry: Mapping[str, Any]) -> Any:
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CheckpointError(f"checkpoint {path}: {entry['file']} does not match its checksum (corrupt or "
                               "changed after the checkpoint was written)")
-    import io
-
     return torch.load(io.BytesIO(data), weights_only=True)

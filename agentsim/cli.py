@@ -315,15 +315,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[str | None, int, dict[str, Any]]:
     """--resume (the checkpoint, its step) and --checkpoint-every/--checkpoint-dir/--keep, checked."""
-    from .checkpoint import checkpoint_step, latest_checkpoint
+    from .checkpoint import check_keep, checkpoint_step, latest_checkpoint
 
     every, directory, keep = pick("checkpoint_every", None), pick("checkpoint_dir", None), pick("keep", None)
     if directory is not None and every is None:
         raise ConfigError("--checkpoint-dir needs --checkpoint-every K (how often to save)")
     if keep is not None and every is None:
         raise ConfigError("--keep needs --checkpoint-every K (checkpoints to keep)")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ConfigError(f"--keep: expected an int >= 1 (got {keep!r})")
+    check_keep(keep, "--keep")
     if every is not None and directory is None:
         directory = "checkpoints"
     resume = pick("resume", None)

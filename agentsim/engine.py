@@ -300,6 +300,7 @@ class Simulation:
         """
         from .checkpoint import write_checkpoint
 
+        self.partition.settle(self.state, self.comm)  # the step's summary (its flags) first
         self._take_reports()
         return str(write_checkpoint(self, directory, keep))
 

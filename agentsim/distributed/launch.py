@@ -361,6 +361,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     checkpoints: dict[str, Any] = {"checkpoint_every": checkpoint_every,
                    "checkpoint_dir": None if checkpoint_dir is None else os.fspath(checkpoint_dir), "keep": keep}
     resume = None if resume is None else os.fspath(resume)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
         return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
                           resume=resume).run(steps, out=path, record=fields, every=every, append=append,
@@ -368,8 +370,6 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
            "partition": partition, "sync_every": sync_every, "device": device, "options": options,
            "resume": resume, "checkpoints": checkpoints, "append": append}
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
     total = steps + (0 if resume is None else checkpoint_step(resume))
     for attempt in range(max_restarts + 1):
         try:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import atomic_write, tensor_bytes
 from ..errors import ConfigError, OutputError
 
 __all__ = ["FORMAT", "load_latest", "save"]
@@ -29,26 +30,6 @@ __all__ = ["FORMAT", "load_latest", "save"]
 FORMAT = "agentsim-ppo-checkpoint"
 VERSION = 1
 _LATEST = "latest"
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as e:
-        raise OutputError(f"cannot write checkpoint '{path}': {e}") from e
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def save(directory: str | os.PathLike[str], state: dict[str, Any], update: int, keep: int = 3) -> str:
@@ -61,8 +42,8 @@ def save(directory: str | os.PathLike[str], state: dict[str, Any], update: int, 
     except OSError as e:
         raise OutputError(f"cannot create checkpoint directory '{where}': {e}") from e
     path = where / f"ppo-{update:06d}.pt"
-    _atomic_write(path, lambda f: torch.save({"format": FORMAT, "version": VERSION, **state}, f))
-    _atomic_write(where / _LATEST, lambda f: f.write(path.name.encode()))
+    atomic_write(path, tensor_bytes({"format": FORMAT, "version": VERSION, **state}))
+    atomic_write(where / _LATEST, path.name.encode())
     for old in sorted(where.glob("ppo-*.pt"))[:-max(keep, 1)]:
         old.unlink()
     return str(path)
