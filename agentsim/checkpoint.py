@@ -22,10 +22,17 @@ on any number of ranks, with either partitioner. The run then continues the same
 bit for bit, because nothing in a step depends on which rank holds an agent or on row order
 (random draws are keyed by seed, uid and step; sums are exact).
 
+Writing can overlap the next steps (:func:`start_checkpoint`, ``asynchronous=True``): the
+state is copied to CPU first, on the calling thread, then a background thread on each rank
+serializes, hashes and writes its shard, and publishes the shard's checksum and row counts in a
+small side file ``rank-R-of-W.json``; rank 0's thread waits for every rank's side file (or a
+``.failed`` one), then commits the manifest and prunes. No collective runs off the main thread.
+:meth:`CheckpointWrite.wait` (every rank together) ends a write and raises its errors on every
+rank; at most one write is in flight per simulation.
+
 ``agentsim run --checkpoint-every K --resume DIR --max-restarts N`` and
 :meth:`Simulation.run <agentsim.engine.Simulation.run>` (``checkpoint_every``, ``append``) use
-them to continue a run and its trajectory file after an interruption. Writes are synchronous
-(asynchronous writes are not built).
+them to continue a run and its trajectory file after an interruption.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import json
 import os
 import re
 import shutil
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,11 +60,14 @@ if TYPE_CHECKING:
     from .engine import Simulation
     from .model import Model
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "atomic_write", "check_keep", "checkpoint_step",
-           "latest_checkpoint", "read_checkpoint", "tensor_bytes", "write_checkpoint"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "CheckpointWrite", "atomic_write", "check_keep",
+           "checkpoint_step", "latest_checkpoint", "read_checkpoint", "start_checkpoint", "tensor_bytes",
+           "write_checkpoint"]
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+#: Seconds rank 0's writer waits for the other ranks' shards before giving the checkpoint up.
+SHARD_WAIT_SECONDS = 600.0
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
@@ -139,9 +151,21 @@ def step_dir(directory: str | os.PathLike[str], step: int) -> Path:
 
 
 def write_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: int | None = None) -> Path:
-    """Save ``sim``'s state after its last step under ``directory`` (a collective: every rank
-    calls it); return the checkpoint's path. ``keep``: then delete all but the newest ``keep``
-    complete checkpoints (and unfinished ones older than the newest).
+    """Save ``sim``'s state after its last step under ``directory`` and wait until the checkpoint
+    is committed (a collective: every rank calls it); return the checkpoint's path. ``keep``:
+    then delete all but the newest ``keep`` complete checkpoints (and unfinished ones older than
+    the newest).
+    """
+    return start_checkpoint(sim, directory, keep).wait()
+
+
+def start_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: int | None = None,
+                     asynchronous: bool = False) -> CheckpointWrite:
+    """Begin saving ``sim``'s state after its last step under ``directory`` (a collective).
+
+    The state is copied to CPU before this returns; with ``asynchronous`` the files are written
+    by a background thread while the caller goes on (call :meth:`CheckpointWrite.wait`, every
+    rank together, before the next checkpoint and at the end), else before this returns.
     """
     check_keep(keep)
     comm: Comm = sim.comm
@@ -150,32 +174,153 @@ def write_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: i
     sim.partition.sync_env(state, comm)
     path = step_dir(directory, state.step)
     if comm.rank == 0:
-        path.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # an unfinished (or superseded) earlier attempt at this step: its side files are stale
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
     _barrier(comm)  # the directory exists for everyone
-    shard = {name: {k: v.detach().cpu() for k, v in pop.fields().items()} for name, pop in state.populations.items()}
-    name = f"rank-{comm.rank:05d}-of-{comm.world_size:05d}.pt"
-    digest = atomic_write(path / name, tensor_bytes(shard))
-    rows = [pop.n for pop in state.populations.values()]
-    got = comm.all_gather_rows({"digest": torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8)[None],
-                                "rows": torch.tensor([rows], dtype=torch.int64)}, rows_per_rank=1)
+    shard = {name: {k: v.detach().to("cpu", copy=True) for k, v in pop.fields().items()}
+             for name, pop in state.populations.items()}
+    rows = {name: pop.n for name, pop in state.populations.items()}
+    manifest = env = None
     if comm.rank == 0:
-        env_digest = atomic_write(path / "env.pt", tensor_bytes({k: v.detach().cpu() for k, v in state.env.items()}))
-        shards = [{"file": f"rank-{r:05d}-of-{comm.world_size:05d}.pt",
-                   "sha256": bytes(got["digest"][r].tolist()).hex(),
-                   "rows": dict(zip(state.populations, got["rows"][r].tolist(), strict=True))}
-                  for r in range(comm.world_size)]
+        env = {k: v.detach().to("cpu", copy=True) for k, v in state.env.items()}
         manifest = {
             "format": FORMAT, "agentsim": _version(), "model": sim.model.name,
             "fingerprint": model_fingerprint(sim.model, state), "params": _json_params(sim.params),
             "seed": sim.seed, "step": state.step, "world_size": comm.world_size, "partition": sim.partition.name,
             "next_uid": {k: int(p.next_uid) for k, p in state.populations.items()},
-            "shards": shards, "env": {"file": "env.pt", "sha256": env_digest},
         }
-        atomic_write(path / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
-        if keep is not None:
-            _prune(Path(directory), keep)
-    _barrier(comm)  # the manifest is committed before any rank goes on
-    return path
+    write = CheckpointWrite(path, comm)
+    job = _ShardJob(path, comm.rank, comm.world_size, shard, rows, env, manifest, keep, write.cancelled)
+    if asynchronous:
+        write.thread = threading.Thread(target=job.run, name=f"agentsim-checkpoint-{state.step}", daemon=True)
+        write.thread.start()
+        write.job = job
+    else:
+        job.run()
+        write.job = job
+        write.wait()
+    return write
+
+
+def _shard_name(rank: int, world_size: int) -> str:
+    return f"rank-{rank:05d}-of-{world_size:05d}"
+
+
+class _ShardJob:
+    """What one rank writes for a checkpoint (on the caller's thread or a background one): its
+    shard, then its side file; rank 0 also the env, then, once every rank's side file is there,
+    the manifest. Records the first error in ``error`` instead of raising.
+    """
+
+    def __init__(self, path: Path, rank: int, world_size: int, shard: dict[str, dict[str, Tensor]],
+                 rows: dict[str, int], env: dict[str, Tensor] | None, manifest: dict[str, Any] | None,
+                 keep: int | None, cancelled: threading.Event) -> None:
+        self.path, self.rank, self.world_size = path, rank, world_size
+        self.shard, self.rows, self.env, self.manifest, self.keep = shard, rows, env, manifest, keep
+        self.cancelled = cancelled
+        self.error: str | None = None
+
+    def run(self) -> None:
+        name = _shard_name(self.rank, self.world_size)
+        try:
+            digest = atomic_write(self.path / f"{name}.pt", tensor_bytes(self.shard))
+            self.shard = {}  # the copy is on disk: let it go
+            atomic_write(self.path / f"{name}.json", json.dumps({"sha256": digest, "rows": self.rows}).encode())
+            if self.manifest is not None:
+                self._commit()
+        except _OtherRankFailed:
+            pass  # no manifest; that rank reports its error, wait() names it on every rank
+        except Exception as e:  # reported by CheckpointWrite.wait on every rank
+            self.error = f"{type(e).__name__}: {e}"
+            if not (self.path / f"{name}.failed").exists():
+                try:
+                    (self.path / f"{name}.failed").write_text(self.error)
+                except OSError:
+                    pass  # the error is still raised by wait() on this rank
+
+    def _commit(self) -> None:
+        """Rank 0: the env, then (every shard written) the manifest, then pruning."""
+        assert self.manifest is not None and self.env is not None
+        env_digest = atomic_write(self.path / "env.pt", tensor_bytes(self.env))
+        shards = []
+        deadline = time.monotonic() + SHARD_WAIT_SECONDS
+        for r in range(self.world_size):
+            name = _shard_name(r, self.world_size)
+            side = self.path / f"{name}.json"
+            while not side.exists():
+                if (self.path / f"{name}.failed").exists():
+                    raise _OtherRankFailed
+                if self.cancelled.is_set():
+                    raise OutputError("cancelled (the run stopped)")
+                if time.monotonic() > deadline:
+                    raise OutputError(f"rank {r} did not write its shard within {SHARD_WAIT_SECONDS:.0f} s")
+                time.sleep(0.002)
+            info = json.loads(side.read_text())
+            shards.append({"file": f"{name}.pt", "sha256": info["sha256"], "rows": info["rows"]})
+        manifest = {**self.manifest, "shards": shards, "env": {"file": "env.pt", "sha256": env_digest}}
+        atomic_write(self.path / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+        for r in range(self.world_size):
+            (self.path / f"{_shard_name(r, self.world_size)}.json").unlink(missing_ok=True)
+        if self.keep is not None:
+            _prune(self.path.parent, self.keep)
+
+
+class _OtherRankFailed(Exception):
+    """Rank 0 gives a checkpoint up because another rank could not write its shard."""
+
+
+class CheckpointWrite:
+    """A checkpoint being written (see :func:`start_checkpoint`).
+
+    Attributes:
+        path: The checkpoint's directory (complete once :meth:`wait` returns).
+    """
+
+    def __init__(self, path: Path, comm: Comm) -> None:
+        self.path, self.comm = path, comm
+        self.thread: threading.Thread | None = None
+        self.job: _ShardJob | None = None
+        self.cancelled = threading.Event()
+        self._waited = False
+
+    def done(self) -> bool:
+        """Whether this rank's part of the write has ended (rank 0: the manifest is committed)."""
+        return self.thread is None or not self.thread.is_alive()
+
+    def wait(self) -> Path:
+        """End the write (every rank together): wait for this rank's files, then raise an
+        :class:`~agentsim.errors.OutputError` on every rank if any rank failed. Returns the path.
+        """
+        if self.thread is not None:
+            self.thread.join()
+        if self._waited:
+            return self.path
+        self._waited = True
+        error = self.job.error if self.job is not None else None
+        failed = [r for r, f in enumerate(_gather_flags(self.comm, error is not None)) if f]
+        if failed:
+            detail = f": {error}" if error is not None else ""
+            raise OutputError(f"checkpoint {self.path} was not written (rank{'s' * (len(failed) > 1)} "
+                              f"{', '.join(map(str, failed))} failed){detail}")
+        return self.path
+
+    def cancel(self) -> None:
+        """Give the write up without a collective (on an error path): rank 0 commits no manifest
+        unless it already has; this rank's thread is joined.
+        """
+        self.cancelled.set()
+        if self.thread is not None:
+            self.thread.join()
+        self._waited = True
+
+
+def _gather_flags(comm: Comm, flag: bool) -> list[bool]:
+    """Every rank's ``flag`` (a collective)."""
+    if comm.world_size == 1:
+        return [flag]
+    got = comm.all_gather_rows({"f": torch.tensor([[int(flag)]], dtype=torch.uint8)}, rows_per_rank=1)
+    return [bool(v) for v in got["f"][:, 0].tolist()]
 
 
 def _version() -> str:

@@ -7,7 +7,7 @@
                        [--record FIELDS] [--every K] [--quiet]
                        [--nprocs W] [--partition data|spatial] [--layout strips|blocks|rcb]
                        [--balance-every K] [--balance-threshold X] [--sync-every K] [--timeout SECONDS]
-                       [--checkpoint-every K] [--checkpoint-dir DIR] [--keep N] [--resume DIR]
+                       [--checkpoint-every K] [--checkpoint-dir DIR] [--keep N] [--checkpoint-async] [--resume DIR]
                        [--max-restarts N]
     torchrun --nproc_per_node W -m agentsim run MODEL [--partition spatial --layout rcb] ...
     agentsim bench --scaling MODEL --agents N [--steps T] [--layout L] [--repeats R] [--out FILE.json]
@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-dir", dest="checkpoint_dir", metavar="DIR",
                      help="where checkpoints go (default: checkpoints)")
     run.add_argument("--keep", type=int, metavar="N", help="keep the newest N checkpoints (default: all)")
+    run.add_argument("--checkpoint-async", dest="checkpoint_async", action="store_true", default=None,
+                     help="write checkpoints in the background while the next steps run (the state is copied "
+                          "first)")
     run.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
                      help="with --nprocs: when a process fails, restart all from the newest checkpoint, "
                           "up to N times (under torchrun, use its --max-restarts)")
@@ -318,6 +321,11 @@ def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[st
     from .checkpoint import check_keep, checkpoint_step, latest_checkpoint
 
     every, directory, keep = pick("checkpoint_every", None), pick("checkpoint_dir", None), pick("keep", None)
+    asynchronous = pick("checkpoint_async", False)
+    if not isinstance(asynchronous, bool):
+        raise ConfigError(f"checkpoint_async: expected true or false (got {asynchronous!r})")
+    if asynchronous and every is None:
+        raise ConfigError("--checkpoint-async needs --checkpoint-every K (how often to save)")
     if directory is not None and every is None:
         raise ConfigError("--checkpoint-dir needs --checkpoint-every K (how often to save)")
     if keep is not None and every is None:
@@ -335,7 +343,8 @@ def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[st
         if isinstance(steps, int) and start > steps:
             raise ConfigError(f"--resume: the checkpoint is at step {start}, past --steps {steps} (--steps is the "
                               f"run's total: give at least {start})")
-    return resume, start, {"checkpoint_every": every, "checkpoint_dir": directory, "keep": keep}
+    return resume, start, {"checkpoint_every": every, "checkpoint_dir": directory, "keep": keep,
+                           "checkpoint_async": asynchronous}
 
 
 def _distributed_options(args: argparse.Namespace,

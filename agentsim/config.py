@@ -31,7 +31,9 @@ from .errors import ConfigError, OutputError, did_you_mean
 
 KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "record", "every", "out",
         # multi-rank options (checked where they are used, as the command-line flags are)
-        "nprocs", "partition", "layout", "balance_every", "balance_threshold", "sync_every", "timeout")
+        "nprocs", "partition", "layout", "balance_every", "balance_threshold", "sync_every", "timeout",
+        # checkpoints (as --checkpoint-every, --checkpoint-dir, --keep, --checkpoint-async, --max-restarts)
+        "checkpoint_every", "checkpoint_dir", "keep", "checkpoint_async", "max_restarts")
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:

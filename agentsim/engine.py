@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ from .snapshot import NeighborSnapshots
 from .space.base import check_reaches
 from .state import UID, State
 from .substep import ENV, Substep
+
+if TYPE_CHECKING:
+    from .checkpoint import CheckpointWrite
 
 __all__ = ["DEFAULT_SORT_EVERY", "RunResult", "Simulation", "check_agents", "resolve_device"]
 
@@ -266,6 +269,7 @@ class Simulation:
         self.failed: str | None = None
         self._seconds: list[dict[str, float]] = []  # per step taken, this rank's seconds per substep
         self._rows: list[tuple[dict[str, Any], dict[str, float]]] = []  # metric rows arrived, not yet recorded
+        self._checkpoint_write: CheckpointWrite | None = None  # an asynchronous checkpoint in flight
         self._in_run = False
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
@@ -293,16 +297,34 @@ class Simulation:
 
         return rollout_gradients(self, steps, observe, loss, checkpoint_every)
 
-    def save_checkpoint(self, directory: str | os.PathLike[str], keep: int | None = None) -> str:
+    def save_checkpoint(self, directory: str | os.PathLike[str], keep: int | None = None, *,
+                        asynchronous: bool = False) -> str:
         """Save the state after the last step as a checkpoint under ``directory`` (every rank calls
         it together; see :mod:`agentsim.checkpoint`); keep the newest ``keep`` checkpoints there.
         Returns the checkpoint's path; ``Simulation(..., resume=path or directory)`` continues from it.
-        """
-        from .checkpoint import write_checkpoint
 
+        With ``asynchronous`` the state is copied and the files are written in the background
+        while the run goes on: the checkpoint is committed when every rank's shard is on disk.
+        :meth:`wait_checkpoint` (every rank) waits for it and raises its errors; the next
+        checkpoint and :meth:`run` wait for it by themselves.
+        """
+        from .checkpoint import start_checkpoint
+
+        self.wait_checkpoint()  # one write in flight at a time
         self.partition.settle(self.state, self.comm)  # the step's summary (its flags) first
         self._take_reports()
-        return str(write_checkpoint(self, directory, keep))
+        write = start_checkpoint(self, directory, keep, asynchronous)
+        if asynchronous:
+            self._checkpoint_write = write
+        return str(write.path)
+
+    def wait_checkpoint(self) -> str | None:
+        """Wait for the asynchronous checkpoint in flight, if any (every rank together); return
+        its path (None if none was in flight). Raises an :class:`~agentsim.errors.OutputError`
+        on every rank if any rank could not write it.
+        """
+        write, self._checkpoint_write = self._checkpoint_write, None
+        return None if write is None else str(write.wait())
 
     def save_state(self) -> SavedState:
         """A copy of the state (every tensor) and of what the engine keeps about it, for :meth:`load_state`."""
@@ -523,7 +545,7 @@ class Simulation:
     def run(self, steps: int, out: str | os.PathLike[str] | None = None, *, record: Iterable[str] | None = None,
             every: int | None = None, progress: bool = False, checkpoint_every: int | None = None,
             checkpoint_dir: str | os.PathLike[str] | None = None, keep: int | None = None,
-            append: bool = False) -> RunResult:
+            checkpoint_async: bool = False, append: bool = False) -> RunResult:
         """Run ``steps`` steps; optionally stream a trajectory to the HDF5 file ``out``.
 
         Args:
@@ -536,6 +558,9 @@ class Simulation:
                 after every step that is a multiple of this (counted from step 0).
             checkpoint_dir: Where checkpoints go (needed with ``checkpoint_every``).
             keep: Keep only the newest ``keep`` checkpoints there (default: all).
+            checkpoint_async: Write checkpoints in the background while the next steps run (the
+                state is copied first; see :meth:`save_checkpoint`); the run waits for the last
+                one before it returns.
             append: Continue the existing file ``out`` of the run this simulation resumed (see
                 ``resume``): its rows and frames from the current step on are dropped and written
                 again, and frames follow the schedule of one run from step 0 to the new last step,
@@ -590,14 +615,18 @@ class Simulation:
                 recorder.flush(force=checkpoint)  # before a checkpoint: the file holds every step it covers
                 if checkpoint:
                     assert checkpoint_dir is not None
-                    self.save_checkpoint(checkpoint_dir, keep)
+                    self.save_checkpoint(checkpoint_dir, keep, asynchronous=checkpoint_async)
                 if bar is not None:
                     bar.update(1)
+            self.wait_checkpoint()
             t_run = time.perf_counter() - t0
             if bar is not None:
                 bar.close()
         except BaseException as e:
             recorder.close(completed=False)
+            if self._checkpoint_write is not None:  # no collective here: the other ranks may be gone
+                self._checkpoint_write.cancel()
+                self._checkpoint_write = None
             if self.failed is None:  # raised while recording, between steps
                 self.failed = f"{type(e).__name__} after step {self.state.step}: {e}"
             raise

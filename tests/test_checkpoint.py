@@ -203,10 +203,11 @@ def test_resuming_past_the_total_steps_is_refused(tmp_path, capsys):
     assert "the checkpoint is at step 3, past --steps 2" in capsys.readouterr().err
 
 
-def run_part(comm, out, directory, steps, resume=None, append=False):
+def run_part(comm, out, directory, steps, resume=None, append=False, asynchronous=False):
     """wolfsheep with trajectory ``out`` (agents every 3 steps), a checkpoint every 4 steps."""
     sim = _sim(comm, "wolfsheep", "spatial", resume=resume)
-    sim.run(steps, out=out, every=3, checkpoint_every=4, checkpoint_dir=directory, append=append)
+    sim.run(steps, out=out, every=3, checkpoint_every=4, checkpoint_dir=directory, append=append,
+            checkpoint_async=asynchronous)
 
 
 @pytest.mark.timeout(300)
@@ -220,7 +221,7 @@ def test_a_resumed_run_writes_on_into_the_same_file_as_one_uninterrupted_run(tmp
     part, ck = str(tmp_path / "part.h5"), str(tmp_path / "ck")
     run_part(LocalComm(), part, ck, 6)  # "interrupted" after step 6: frames 0, 3, 6; checkpoints at 4
     assert read_trajectory(part).attrs["steps_completed"] == 6
-    run_ranks(run_part, 3, (part, ck, 6, ck, True), timeout=120.0)  # resumed at step 4, on 3 ranks
+    run_ranks(run_part, 3, (part, ck, 6, ck, True, True), timeout=120.0)  # resumed at step 4, on 3 ranks (async)
     assert_same_bits(h5_datasets(full), h5_datasets(part), "file")
     traj = read_trajectory(part)
     assert traj.attrs["completed"] and traj.attrs["steps"] == 10 and traj.attrs["steps_completed"] == 10
@@ -228,3 +229,70 @@ def test_a_resumed_run_writes_on_into_the_same_file_as_one_uninterrupted_run(tmp
         asim.Simulation(asim.get_model("wolfsheep"), agents=300, seed=6).run(2, out=part, append=True)
     with pytest.raises(asim.OutputError, match="append: no trajectory file to continue"):
         _sim(LocalComm(), "wolfsheep", None).run(2, out=str(tmp_path / "none.h5"), append=True)
+
+
+def checkpoint_files(directory) -> dict[str, bytes]:
+    """Every file of every checkpoint under ``directory`` by relative path (manifests without
+    the agentsim version)."""
+    from pathlib import Path
+
+    out = {}
+    for p in sorted(Path(directory).rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            if p.name == "manifest.json":
+                data = json.dumps({k: v for k, v in json.loads(data).items() if k != "agentsim"}).encode()
+            out[str(p.relative_to(directory))] = data
+    return out
+
+
+def run_checkpointed(comm, directory, asynchronous):
+    _sim(comm, "wolfsheep", "spatial").run(7, checkpoint_every=2, checkpoint_dir=directory, keep=2,
+                                           checkpoint_async=asynchronous)
+
+
+@pytest.mark.timeout(300)
+def test_asynchronous_checkpoints_write_the_same_files_as_synchronous_ones(tmp_path):
+    sync, asyn = tmp_path / "sync", tmp_path / "async"
+    run_ranks(run_checkpointed, 2, (str(sync), False), timeout=120.0)
+    run_ranks(run_checkpointed, 2, (str(asyn), True), timeout=120.0)
+    want, got = checkpoint_files(sync), checkpoint_files(asyn)
+    assert sorted(got) == sorted(want) == [f"step-0000000{s}/{f}" for s in (4, 6) for f in
+                                           ("env.pt", "manifest.json", "rank-00000-of-00002.pt",
+                                            "rank-00001-of-00002.pt")]
+    assert got == want
+
+
+def _break_writes(monkeypatch_target, rank_to_break):
+    import agentsim.checkpoint as ck
+
+    def fail(obj):
+        raise OSError(28, "No space left on device")
+    if rank_to_break is None or monkeypatch_target.rank == rank_to_break:
+        ck.tensor_bytes = fail
+
+
+def run_with_broken_writer(comm, directory, out, rank_to_break):
+    _break_writes(comm, rank_to_break)
+    sim = _sim(comm, "wolfsheep", "spatial")
+    try:
+        sim.run(5, out=out, checkpoint_every=2, checkpoint_dir=directory, checkpoint_async=True)
+    except asim.OutputError as e:
+        return str(e), sim.state.step
+    return None, sim.state.step
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_background_write_raises_on_every_rank(tmp_path):
+    from agentsim.io.hdf5 import read_trajectory
+
+    out = str(tmp_path / "run.h5")
+    got = run_ranks(run_with_broken_writer, 2, (str(tmp_path / "ck"), out, 1), timeout=120.0)
+    for message, step in got:
+        assert message is not None and "was not written (ranks 1 failed)" not in message
+        assert "checkpoint" in message and "step-00000002 was not written (rank 1 failed)" in message
+        assert step == 4  # raised when the next checkpoint waited for this one
+    assert "No space left on device" in got[1][0]
+    assert latest_checkpoint(tmp_path / "ck") is None
+    traj = read_trajectory(out)
+    assert not traj.attrs["completed"] and traj.attrs["steps_completed"] == 4

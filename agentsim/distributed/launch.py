@@ -296,7 +296,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            layout: str | None = None, balance_every: int | None = None, balance_threshold: float | None = None,
            bins: int | None = None, overlap: bool | None = None, resume: str | os.PathLike[str] | None = None,
            checkpoint_every: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-           keep: int | None = None, append: bool = False, max_restarts: int = 0) -> RunResult:
+           keep: int | None = None, checkpoint_async: bool = False, append: bool = False,
+           max_restarts: int = 0) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -318,7 +319,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
         resume: Start from this checkpoint (see :class:`Simulation <agentsim.engine.Simulation>`);
             ``steps`` more steps follow.
-        checkpoint_every, checkpoint_dir, keep, append: As for :meth:`Simulation.run
+        checkpoint_every, checkpoint_dir, keep, checkpoint_async, append: As for :meth:`Simulation.run
             <agentsim.engine.Simulation.run>`.
         max_restarts: When a rank fails (dies, or raises), stop the others and start all ranks
             again, up to this many times, from the newest complete checkpoint in
@@ -359,7 +360,8 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     path = None if out is None else os.fspath(out)
     fields = None if record is None else list(record)
     checkpoints: dict[str, Any] = {"checkpoint_every": checkpoint_every,
-                   "checkpoint_dir": None if checkpoint_dir is None else os.fspath(checkpoint_dir), "keep": keep}
+                   "checkpoint_dir": None if checkpoint_dir is None else os.fspath(checkpoint_dir), "keep": keep,
+                   "checkpoint_async": bool(checkpoint_async)}
     resume = None if resume is None else os.fspath(resume)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
