@@ -18,7 +18,15 @@ from .catalog import get_model
 from .context import Context, InitContext, MetricsContext
 from .distributed.launch import LaunchResult, launch
 from .engine import RunResult, Simulation
-from .errors import AgentsimError, ConfigError, FieldAccessError, OutputError, SimulationError, UnknownParameterError
+from .errors import (
+    AgentsimError,
+    CollectiveError,
+    ConfigError,
+    FieldAccessError,
+    OutputError,
+    SimulationError,
+    UnknownParameterError,
+)
 from .grouping import rank_in_group, sort_by_group
 from .metrics import Metric
 from .model import Model
@@ -39,6 +47,7 @@ __all__ = [
     "AgentsimError",
     "Box",
     "CellGrid",
+    "CollectiveError",
     "ConfigError",
     "Context",
     "CounterRNG",

@@ -18,6 +18,8 @@
                          [--keep N] [--resume] [--out train.h5] [--plot curve.png] [--quiet]
     agentsim models
     agentsim info [--json]
+    agentsim inspect PATH
+
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
 over W processes (see :mod:`agentsim.distributed`); rank 0 writes the one output file,
@@ -35,6 +37,10 @@ update (mean return, losses, entropy, KL, clip fraction, agent-steps/s, seconds 
 all-reduce); the same log in ``--out`` (HDF5, one ``/metrics`` row per update), the learning
 curve in ``--plot``, checkpoints in ``--checkpoint-dir`` (rank 0, atomic), ``--resume`` from the
 newest. The same seed gives the same parameters on any number of processes.
+
+``agentsim inspect PATH`` checks and summarizes a trajectory file (model, seed, steps completed,
+whether the run completed, populations and frames, the last metrics row) or a checkpoint (a
+checkpoint directory, or a directory of them: the newest complete one, every checksum verified).
 
 ``agentsim info`` prints versions, cores and threads, native bf16, CUDA devices, the distributed
 backends and optional packages, with advice when something is missing (``--json``: machine-readable).
@@ -98,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
                           "--steps stays the run's total")
     sub.add_parser("models", help="list the models with their parameters and defaults")
+    inspect = sub.add_parser("inspect", help="check and summarize a trajectory file or a checkpoint")
+    inspect.add_argument("path", help="an HDF5 trajectory, a checkpoint directory, or a directory of checkpoints")
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
     _train_parser(sub)
@@ -235,6 +243,41 @@ def cmd_models() -> int:
         print(f"  substeps: {', '.join(s.name for s in m.substeps)}; default agents: {m.default_agents}")
         print(m.param_table.table())
         print()
+    return 0
+
+
+def cmd_inspect(path: str) -> int:
+    """``agentsim inspect PATH``: a trajectory file's or a checkpoint's summary, after checking it."""
+    if os.path.isdir(path):
+        from .checkpoint import read_checkpoint
+
+        ck = read_checkpoint(path)  # verifies every checksum
+        m = ck.manifest
+        print(f"checkpoint {ck.path}: model {m['model']}, step {ck.step}, seed {m.get('seed')}, saved on "
+              f"{m.get('world_size')} process(es) ({m.get('partition')} partition), agentsim {m.get('agentsim')}")
+        rows: dict[str, int] = {}
+        for shard in m["shards"]:
+            for name, n in shard["rows"].items():
+                rows[name] = rows.get(name, 0) + int(n)
+        print("agents: " + ", ".join(f"{name} {n}" for name, n in rows.items()))
+        print("params: " + ", ".join(f"{k}={v}" for k, v in m.get("params", {}).items()))
+        print("every checksum verified")
+        return 0
+    from .io.hdf5 import read_trajectory
+
+    traj = read_trajectory(path)
+    a = traj.attrs
+    state = "completed" if a.get("completed") else "did not complete (killed, failed, or still running)"
+    print(f"trajectory {path}: model {a.get('model')}, seed {a.get('seed')}, {a.get('steps_completed')} of "
+          f"{a.get('steps')} steps, {state}")
+    for name in traj.populations:
+        steps = traj.steps(name)
+        print(f"agents '{name}': {len(steps)} frames (steps {', '.join(map(str, steps[:8].tolist()))}"
+              f"{', ...' if len(steps) > 8 else ''}), fields {', '.join(traj.fields(name))}")
+    if traj.env_names:
+        print(f"env: {', '.join(traj.env_names)} ({len(traj.env_steps())} frames)")
+    if traj.metrics and len(traj.metrics.get("step", [])):
+        print("last metrics: " + ", ".join(f"{k}={_fmt(v[-1])}" for k, v in traj.metrics.items()))
     return 0
 
 
@@ -474,6 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_calibrate(args)
         if args.command == "info":
             return cmd_info(args)
+        if args.command == "inspect":
+            return cmd_inspect(args.path)
         return cmd_run(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)

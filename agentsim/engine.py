@@ -183,7 +183,9 @@ class Simulation:
         comm: This rank's communication (default: one process,
             :class:`~agentsim.comm.LocalComm`; several ranks:
             :class:`~agentsim.distributed.comm.TorchComm`).
-        check_nan: Flag NaN in written floating-point fields at every step.
+        check_nan: Flag NaN in written floating-point fields at every step (the error names the
+            step, the substep and the field).
+        check_inf: Flag inf in them too (turn off for a model whose fields hold inf on purpose).
         shuffle_rows: Debug aid: permute every population's rows before each step. Results
             must not change (they never depend on row order); the tests use this.
         sort_every: Sort the rows of populations read through ``neighbors`` by cell every
@@ -225,7 +227,8 @@ class Simulation:
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
                  device: str | torch.device | None = "cpu", *, params: Mapping[str, Any] | None = None,
                  partition: str | Partitioner | None = None, comm: Comm | None = None, check_nan: bool = True,
-                 shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY, sync_every: int = 1,
+                 check_inf: bool = True, shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY,
+                 sync_every: int = 1,
                  policies: Mapping[str, Any] | None = None, grad: bool | Iterable[str] = False,
                  resume: str | os.PathLike[str] | None = None, **partition_options: Any) -> None:
         if not isinstance(model, Model):
@@ -239,7 +242,7 @@ class Simulation:
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
         self.sync_every = check_sync_every_for(self.partition, sync_every)
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
-        self.check_nan = check_nan
+        self.check_nan, self.check_inf = check_nan, check_inf
         self.shuffle_rows = shuffle_rows
         self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad)
         self.params: Params = Params({**self.model.params, **self.grad_params}, self.model.name) \
@@ -478,14 +481,20 @@ class Simulation:
         return effects.flags + self._nan_flags(s)
 
     def _nan_flags(self, s: Substep) -> list[Flag]:
-        """With ``check_nan``: a flag per floating-point field ``s`` writes, set if it holds a NaN."""
+        """With ``check_nan`` (``check_inf``): a flag per floating-point field ``s`` writes, set if
+        it holds a NaN (an inf).
+        """
         flags: list[Flag] = []
-        if self.check_nan:
+        if self.check_nan or self.check_inf:
             for ref in s.writes:
                 pop, key = ref.split(".")
                 t = self.state.env[key] if pop == ENV else self.state.populations[pop][key]
                 if t.is_floating_point():
-                    flags.append(Flag(f"{s.name}: NaN in {ref}", torch.isnan(t).any()))
+                    if self.check_nan:
+                        flags.append(Flag(f"{s.name}: NaN in {ref}", torch.isnan(t).any()))
+                    if self.check_inf:
+                        flags.append(Flag(f"{s.name}: inf in {ref} (check_inf=False allows it)",
+                                          torch.isinf(t).any()))
         return flags
 
     def _store_snapshot(self, s: Substep, halos: Halos) -> None:

@@ -28,6 +28,12 @@ class SimulationError(AgentsimError, RuntimeError):
     """An error flag was raised inside vectorized code (NaN, overflow, ...)."""
 
 
+class CollectiveError(AgentsimError, RuntimeError):
+    """A collective failed (timed out, or a peer went away); the message names the ranks that
+    never arrived (stuck outside collectives, or dead).
+    """
+
+
 class OutputError(AgentsimError, OSError):
     """A trajectory file could not be created, written or read."""
 

@@ -319,7 +319,7 @@ def make_partition(partition: str | Partitioner | None = None, world_size: int =
         if key not in SPATIAL_OPTIONS:
             raise ConfigError(f"unexpected option {key!r} (partition options: {', '.join(SPATIAL_OPTIONS)})."
                               + did_you_mean(key, [*SPATIAL_OPTIONS, "sort_every", "sync_every", "check_nan",
-                                                   "shuffle_rows", "params", "comm", "device"]))
+                                                   "check_inf", "shuffle_rows", "params", "comm", "device"]))
     options = {k: v for k, v in options.items() if v is not None}
     if partition is not None and not isinstance(partition, str):
         if options:

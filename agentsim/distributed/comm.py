@@ -17,6 +17,13 @@ hangs the non-root ranks), so:
 Each rank must call the same methods in the same order (as for any collective); a
 mismatch raises or times out after the process group's ``timeout``.
 
+No hangs, and errors that name the culprit: a collective that fails (the group's timeout ran
+out, or a peer closed its connection because it died) raises a
+:class:`~agentsim.errors.CollectiveError` on every rank that was in it. Before raising, the
+rank leaves a note in the process group's store (``agentsim/failed/R``) and waits up to
+:data:`FAILURE_GRACE_SECONDS` for the other ranks' notes: the ranks that left none never
+reached the collective (stuck in their own code, or dead), and the message names them.
+
 :class:`CommStats` counts the bytes this rank sent and the seconds it spent inside
 collectives (the sum over calls; including waiting for slower ranks).
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -33,8 +41,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..comm import CommStats, Work, row_counts
+from ..errors import CollectiveError
 
-__all__ = ["CommStats", "TorchComm", "pack_rows", "row_counts", "unpack_rows"]
+__all__ = ["FAILURE_GRACE_SECONDS", "CommStats", "TorchComm", "pack_rows", "row_counts", "unpack_rows"]
+
+#: Seconds a rank whose collective failed waits for the other ranks' notes before it raises.
+FAILURE_GRACE_SECONDS = 3.0
 
 
 # --------------------------------------------------------------------------- packing
@@ -97,8 +109,9 @@ class TorchComm:
         stats: :class:`CommStats` running totals.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None) -> None:
-        self.group = group
+    def __init__(self, group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
+                 store: dist.Store | None = None) -> None:
+        self.group, self.store = group, store
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         if device is None:
@@ -112,11 +125,38 @@ class TorchComm:
     # ------------------------------------------------------------ timed primitives
     def _timed(self, nbytes: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
-        result = fn(*args, group=self.group, **kwargs)
+        try:
+            result = fn(*args, group=self.group, **kwargs)
+        except RuntimeError as e:  # gloo/NCCL: a timeout, or a peer that went away
+            raise self._failed(getattr(fn, "__name__", "collective"), time.perf_counter() - t0, e) from e
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.bytes_sent += nbytes
         return result
+
+    def _failed(self, op: str, waited: float, error: RuntimeError) -> CollectiveError:
+        """The error for a failed collective, naming the ranks that never reached it."""
+        what = f"rank {self.rank}: {op} (collective {self.stats.calls + 1}) failed after {waited:.1f} s"
+        cause = f" [{_backend_reason(error)}]"
+        if self.store is None:
+            return CollectiveError(what + cause)
+        started = time.time() - waited
+        try:
+            absent, earlier = _absent_ranks(self.store, self.rank, self.world_size, started)
+        except Exception as e:  # the store's host (rank 0, or torchrun's agent) may be gone too
+            return CollectiveError(f"{what}: could not ask the other ranks ({type(e).__name__}: the store is "
+                                   f"unreachable: the process that hosts it may be dead){cause}")
+        if absent:
+            ranks = ", ".join(map(str, absent))
+            return CollectiveError(f"{what}: rank{'s' if len(absent) > 1 else ''} {ranks} never arrived (stuck "
+                                   f"outside collectives, in a substep?, or dead){cause}")
+        if earlier:
+            ranks = ", ".join(map(str, earlier))
+            return CollectiveError(f"{what}: rank{'s' if len(earlier) > 1 else ''} {ranks} had given up on a "
+                                   "collective before this rank reached it: this rank came late (stuck outside "
+                                   f"collectives for longer than the timeout?){cause}")
+        return CollectiveError(f"{what}: every rank reported a failed collective (a mismatch of collectives "
+                               f"between ranks, or a network failure){cause}")
 
     def _all_gather_counts(self, n: int) -> list[int]:
         mine = torch.tensor([n], dtype=torch.int64, device=self.device)
@@ -277,9 +317,42 @@ class TorchComm:
         if work is None:
             return
         t0 = time.perf_counter()
-        work.wait()
+        try:
+            work.wait()
+        except RuntimeError as e:
+            raise self._failed("all_to_all_single", time.perf_counter() - t0, e) from e
         self.stats.seconds += time.perf_counter() - t0
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
         self._timed(0, dist.barrier)
+
+
+def _absent_ranks(store: dist.Store, rank: int, world_size: int, started: float) -> tuple[list[int], list[int]]:
+    """Leave a note (the time this rank gave up) under ``agentsim/failed/RANK`` in ``store``;
+    return the ranks that left none within :data:`FAILURE_GRACE_SECONDS` (they never reached a
+    collective), and those whose note says they gave up before ``started`` (a time.time() at
+    which this rank entered its collective: it came late).
+    """
+    store.set(f"agentsim/failed/{rank}", repr(time.time()))
+    keys = {r: f"agentsim/failed/{r}" for r in range(world_size) if r != rank}
+    deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+    store.set_timeout(timedelta(seconds=max(1.0, FAILURE_GRACE_SECONDS)))
+    noted: list[int] = []
+    while keys and time.monotonic() < deadline:
+        arrived = [r for r, k in keys.items() if store.check([k])]
+        noted += arrived
+        keys = {r: k for r, k in keys.items() if r not in arrived}
+        if keys:
+            time.sleep(0.05)
+    earlier = sorted(r for r in noted if float(store.get(f"agentsim/failed/{r}").decode()) < started)
+    return sorted(keys), earlier
+
+
+def _backend_reason(error: RuntimeError) -> str:
+    """The backend's error in one short line (gloo's file:line prefix and advice dropped)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    text = text.split(" This is typically caused by", 1)[0]
+    return text if len(text) <= 160 else text[:157] + "..."

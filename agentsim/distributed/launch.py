@@ -47,17 +47,20 @@ from ..errors import AgentsimError, ConfigError
 from ..io.recording import check_every
 from ..model import Model
 from ..partition import check_run_partition
+from .comm import FAILURE_GRACE_SECONDS
 from .process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
 
 __all__ = ["LaunchResult", "launch", "model_ref", "resolve_model", "run_ranks"]
 
-_GRACE_SECONDS = 1.0  # after a first failure, how long to collect the other ranks' reports
+# After a first failure, how long to collect the other ranks' reports: long enough for a rank whose
+# collective failed to ask who never arrived (FAILURE_GRACE_SECONDS) and report it.
+_GRACE_SECONDS = FAILURE_GRACE_SECONDS + 2.0
 _TERMINATE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long
 
 
 # --------------------------------------------------------------------------- workers
 def _describe_error(e: BaseException) -> dict[str, Any]:
-    is_comm = isinstance(e, dist.DistError) or any(
+    is_comm = isinstance(e, (dist.DistError, errors.CollectiveError)) or any(
         s in str(e) for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe"))
     return {"type": type(e).__name__, "module": type(e).__module__, "message": str(e),
             "traceback": traceback.format_exc(), "is_comm": is_comm}
@@ -96,6 +99,13 @@ class _Failure:
         if self.report is None:
             return 0
         return 2 if self.report["is_comm"] else 1
+
+    def summary(self) -> str:
+        """One line: the error's type and the first line of its message, or the exit code."""
+        if self.report is None:
+            return f"exit code {self.exitcode}"
+        first = self.report["message"].strip().splitlines()[0] if self.report["message"].strip() else ""
+        return f"{self.report['type']}: {first[:400]}" if first else self.report["type"]
 
     def describe(self, world_size: int) -> str:
         if self.report is None:
@@ -234,8 +244,7 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
         others = [f for f in failures if f is not first]
         msg = first.describe(world_size)
         if others:
-            msg += "\nalso stopped: " + "; ".join(
-                f"rank {f.rank} ({f.report['type'] if f.report else f'exit code {f.exitcode}'})" for f in others)
+            msg += "\nalso stopped: " + "; ".join(f"rank {f.rank} ({f.summary()})" for f in others)
         failed = {f.rank for f in failures}
         running = [r for r in range(world_size) if r not in results and r not in failed and procs[r].is_alive()]
         if running:

@@ -82,7 +82,7 @@ def init(rank: int, world_size: int, addr: str, port: int, *, restart_count: int
     store = dist.PrefixStore(f"attempt_{restart_count}", tcp)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
     device_for_comm = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-    return TorchComm(device=device_for_comm)
+    return TorchComm(device=device_for_comm, store=store)
 
 
 def world_size_from_env() -> int:

@@ -798,8 +798,12 @@ class Trajectory:
         k = self._frame(pop.steps, step, f"agents '{population}'")
         lo, hi = int(pop.offsets[k]), int(pop.offsets[k + 1])
         with _open(self.path) as f:
-            g = f["agents"][population]
-            out = {name: g[name][lo:hi] for name in names}
+            try:
+                g = f["agents"][population]
+                out = {name: g[name][lo:hi] for name in names}
+            except (KeyError, OSError) as e:
+                raise OutputError(f"'{self.path}' is damaged: cannot read agents '{population}' at frame {k} "
+                                  f"({_why(e) if isinstance(e, OSError) else e})") from e
         return {k_: torch.from_numpy(v) for k_, v in out.items()} if as_tensor else out
 
     def env(self, name: str, step: int | None = None, *, as_tensor: bool = False) -> Any:
@@ -811,7 +815,11 @@ class Trajectory:
             )
         k = self._frame(self._env_steps, step, f"env '{name}'")
         with _open(self.path) as f:
-            value = f["env"][name][k]
+            try:
+                value = f["env"][name][k]
+            except (KeyError, OSError) as e:
+                raise OutputError(f"'{self.path}' is damaged: cannot read env '{name}' at frame {k} "
+                                  f"({_why(e) if isinstance(e, OSError) else e})") from e
         value = np.asarray(value)
         return torch.from_numpy(value) if as_tensor else value
 
@@ -826,7 +834,18 @@ def _open(path: str) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as e:
-        raise OutputError(f"cannot read trajectory '{path}': {e}") from e
+        raise OutputError(f"cannot read trajectory '{path}': {_why(e)}") from e
+
+
+def _why(e: OSError) -> str:
+    """What an h5py error on opening or reading a file means for the user."""
+    text = str(e)
+    if "lock" in text:
+        return ("it is open for writing in another process (a run still going?): wait for it to end, "
+                "or read a copy")
+    if "truncated" in text or "eof" in text.lower():
+        return f"the file is truncated (shorter than its header says: copied or written only in part?) ({text})"
+    return text
 
 
 def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
@@ -857,5 +876,6 @@ def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
             )
         try:
             return Trajectory(path, f)
-        except (KeyError, ValueError) as e:
-            raise OutputError(f"'{path}' is a damaged agentsim trajectory: {e}") from e
+        except (KeyError, ValueError, OSError) as e:
+            why = _why(e) if isinstance(e, OSError) else e
+            raise OutputError(f"'{path}' is a damaged agentsim trajectory: {why}") from e

@@ -55,13 +55,37 @@ def _line_of_row(path: str, skip: int, row: int) -> tuple[int, str]:
     raise AssertionError("row beyond the data lines")  # pragma: no cover
 
 
+def _check_loops_and_repeats(name: str, skip: int, src: np.ndarray, dst: np.ndarray, n_nodes: int) -> None:
+    """Raise a ConfigError naming the first self-loop, or the first line that repeats an earlier
+    edge (the same ``source,target``; the reverse direction is allowed).
+    """
+    loops = np.flatnonzero(src == dst)
+    if loops.size:
+        lineno, text = _line_of_row(name, skip, int(loops[0]))
+        raise ConfigError(f"Edge list {name!r}, line {lineno}: a self-loop ({text!r}); a node is not its own "
+                          "contact: remove the line")
+    key = src * n_nodes + dst
+    order = np.argsort(key, kind="stable")
+    repeat = order[1:][key[order[1:]] == key[order[:-1]]]  # rows whose edge an earlier row has
+    if repeat.size:
+        row = int(repeat.min())
+        earlier = int(np.flatnonzero(key == key[row])[0])
+        lineno, text = _line_of_row(name, skip, row)
+        line0, _ = _line_of_row(name, skip, earlier)
+        raise ConfigError(f"Edge list {name!r}, line {lineno}: the edge {text!r} repeats line {line0}; "
+                          "remove the repeat")
+
+
 def from_edge_list_csv(path: str | os.PathLike[str], n_nodes: int | None = None, directed: bool = False) -> Graph:
     """Read a graph from a two-column edge list.
 
     Format: one edge ``source,target`` per line (comma- or whitespace-separated,
     decided by the first data line), integer node ids; an optional header line
     (a first line whose fields are not integers, e.g. ``source,target``) is
-    skipped, as are blank lines and ``#`` comments.
+    skipped, as are blank lines and ``#`` comments. A self-loop (``u,u``) and a
+    line that repeats an earlier one are errors: in a contact network they are
+    almost always a mistake in the file, and silently dropping them would change
+    the degrees a user believes the file has.
 
     Args:
         path: The file.
@@ -77,8 +101,9 @@ def from_edge_list_csv(path: str | os.PathLike[str], n_nodes: int | None = None,
 
     Raises:
         OutputError: The file is missing or unreadable.
-        ConfigError: A malformed line, a negative id, an id ``>= n_nodes``, or
-            an asymmetric file with ``directed=True`` (the message names the line).
+        ConfigError: A malformed line (a missing column, a non-integer or NaN id), a
+            negative id, an id ``>= n_nodes``, a self-loop, a repeated edge, or an
+            asymmetric file with ``directed=True`` (the message names the line).
     """
     name = os.fspath(path)
     if n_nodes is not None:
@@ -132,6 +157,8 @@ def from_edge_list_csv(path: str | os.PathLike[str], n_nodes: int | None = None,
             raise ConfigError(
                 f"Edge list {name!r}, line {lineno}: expected node ids < n_nodes = {n_nodes} (got {text!r})"
             )
+    if arr.size:
+        _check_loops_and_repeats(name, skip, src, dst, n_nodes)
     if directed and arr.size:
         arcs = src[src != dst] * n_nodes + dst[src != dst]
         rev = dst * n_nodes + src
