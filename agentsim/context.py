@@ -31,7 +31,7 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple, overload
 
 import torch
@@ -218,7 +218,7 @@ class Context:
         self.step = step
         self.params = params
         self.rng = rng
-        self.space = space
+        self.space = _limited(space, substep, params)
         self.device = device
         self.effects = Effects()
         self._state = state
@@ -420,3 +420,18 @@ class MetricsContext:
         if self.owned_env_fn is not None:
             return self.owned_env_fn(name)
         return self.state.env[name].reshape(-1)
+
+
+def _limited(space: Any, substep: Substep, params: Params) -> Any:
+    """The space a substep sees: a Box that knows the radius the substep's length reach covers
+    (searches beyond it raise), else ``space`` itself.
+    """
+    from .space.continuous.box import Box
+    from .substep import resolve_reach
+
+    if not substep.neighbors or not isinstance(space, Box):
+        return space
+    kind, value = resolve_reach(substep, params)
+    if kind != "length":
+        return space
+    return replace(space, query_limit=(value, f"substep '{substep.name}' declares reach {substep.reach!r} = {value}"))

@@ -29,6 +29,7 @@ with the declarations wrapped in a ``ParamSpec``, still works for this release a
 from __future__ import annotations
 
 import builtins
+import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
@@ -182,14 +183,17 @@ def convert(name: str, value: Any, typ: type) -> Any:
     if typ is float:
         if isinstance(value, bool):
             raise ConfigError(f"parameter '{name}': expected a float (got {value!r})")
+        number: float | None = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"parameter '{name}': expected a float (got {value!r})")
+        if number is None or math.isnan(number):  # NaN is no value: it would poison the run silently
+            raise ConfigError(f"parameter '{name}': expected a float (got {value!r})")
+        return number
     if isinstance(value, str):
         return value
     raise ConfigError(f"parameter '{name}': expected a str (got {value!r})")

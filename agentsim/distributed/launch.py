@@ -118,6 +118,8 @@ class _Failure:
                     how = f"signal {-code}"
             return f"rank {self.rank} of {world_size} died ({how}) without reporting an error"
         r = self.report
+        if r["module"] == errors.__name__:  # agentsim's own error: its message says it all
+            return f"rank {self.rank} of {world_size} failed with {r['type']}: {r['message']}"
         return (f"rank {self.rank} of {world_size} failed with {r['type']}: {r['message']}\n"
                 f"--- traceback of rank {self.rank} ---\n{r['traceback'].rstrip()}")
 

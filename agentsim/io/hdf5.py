@@ -840,11 +840,11 @@ def _open(path: str) -> h5py.File:
 def _why(e: OSError) -> str:
     """What an h5py error on opening or reading a file means for the user."""
     text = str(e)
-    if "lock" in text:
+    if "truncated file" in text:
+        return f"the file is truncated (shorter than its header says: copied or written only in part?) ({text})"
+    if "unable to lock file" in text.lower():
         return ("it is open for writing in another process (a run still going?): wait for it to end, "
                 "or read a copy")
-    if "truncated" in text or "eof" in text.lower():
-        return f"the file is truncated (shorter than its header says: copied or written only in part?) ({text})"
     return text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -58,6 +58,9 @@ class Box:
 
     size: tuple[float, ...]
     periodic: bool = True
+    #: Set by the engine on the box a substep sees (``ctx.space``): the largest radius its
+    #: declared ``reach`` covers, and the declaration, so a search beyond it is an error.
+    query_limit: tuple[float, str] | None = field(default=None, compare=False, repr=False)
 
     # The Space protocol (agentsim.space.base): agents sit at ``pos``; regions are cut in
     # the first two coordinates; neighbors are read within a length.

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentsim.errors import ConfigError
+from agentsim.errors import ConfigError, FieldAccessError
 from agentsim.ops import flatnonzero
 
 from .box import Box, min_image
@@ -471,6 +471,9 @@ def radius_pair_chunks(
     """
     radius = check_radius(radius)
     uid, n_query = _check_inputs(pos, box, uid, n_query)
+    if box.query_limit is not None and radius > box.query_limit[0]:
+        raise FieldAccessError(f"{box.query_limit[1]} but searches radius {radius}: on several ranks the "
+                               "agents beyond its reach are not there; declare a reach that covers the search")
     if index_dtype not in (torch.int64, torch.int32):
         raise ConfigError(f"index_dtype: expected torch.int64 or torch.int32 (got {index_dtype!r}).")
     if not (pos.requires_grad and torch.is_grad_enabled()):

@@ -1,0 +1,427 @@
+"""Bad input: every case of the table in docs/bad_input.md gets a clear message and a non-zero
+exit from the ``agentsim`` command, never a traceback from inside torch or h5py.
+
+Each case writes what it needs under a temporary directory (``DIR`` in the messages), runs
+``agentsim`` in this process, and checks the exit status and that the error line holds the
+documented excerpt. ``python tests/test_bad_input.py`` prints the table of the docs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agentsim.cli import main
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
+RUN = ["run", "--quiet", "--steps", "3"]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    group: str
+    what: str
+    setup: Callable[[Path], list[str]]  # writes the case's files under DIR, returns the argv
+    code: int  # the exit status
+    excerpt: str  # part of the error line, with DIR for the temporary directory
+
+
+def args(*argv: str) -> Callable[[Path], list[str]]:
+    return lambda d: [a.replace("DIR", str(d)) for a in argv]
+
+
+def with_file(name: str, text: str | bytes, *argv: str) -> Callable[[Path], list[str]]:
+    def setup(d: Path) -> list[str]:
+        path = d / name
+        path.write_bytes(text if isinstance(text, bytes) else textwrap.dedent(text).encode())
+        return [a.replace("DIR", str(d)) for a in argv]
+    return setup
+
+
+# A model module: one population 'a' of float fields x, y; BODY is the substep's declaration
+# and code, INIT what init adds besides the uids.
+MODEL = """
+import torch
+import agentsim as asim
+
+model = asim.Model("bad")
+not_a_model = 42
+
+{body}
+
+@model.init
+def init(ic):
+    n = ic.n_agents
+    uid = ic.uids("a", n)
+    {init}
+    return asim.Box((10.0, 10.0))
+"""
+INIT = ("ic.add('a', uid=uid, x=torch.rand(n) * 10, y=torch.zeros(n), pos=torch.rand(n, 2) * 10, "
+        "k=torch.zeros(n, dtype=torch.int32))")
+
+
+def model_case(name: str, body: str, init: str = INIT, attr: str = "model", extra: tuple[str, ...] = ()) -> Callable:
+    def setup(d: Path) -> list[str]:
+        (d / f"{name}.py").write_text(MODEL.format(body=textwrap.dedent(body), init=init))
+        sys.path.insert(0, str(d))
+        return [*RUN, "--agents", "20", f"{name}:{attr}", *extra]
+    return setup
+
+
+def edges(text: str, *extra: str) -> Callable[[Path], list[str]]:
+    return with_file("edges.csv", text, *RUN, "sir", "--agents", "6", "--set", "network=csv",
+                     "--set", "edges_csv=DIR/edges.csv", *extra)
+
+
+def trajectory(d: Path, name: str = "run.h5") -> Path:
+    assert main(["run", "randomwalk", "--agents", "50", "--steps", "4", "--quiet", "--out", str(d / name)]) == 0
+    return d / name
+
+
+def truncated(d: Path) -> list[str]:
+    path = trajectory(d)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return ["inspect", str(path)]
+
+
+def being_written(d: Path) -> list[str]:
+    import subprocess
+
+    path = d / "live.h5"
+    code = ("import h5py, sys, time; f = h5py.File(sys.argv[1], 'w'); f.attrs['format'] = 'agentsim-trajectory'; "
+            "f.flush(); print('ready', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    WRITERS.append(proc)
+    return ["inspect", str(path)]
+
+
+WRITERS: list = []
+
+
+def foreign_hdf5(d: Path) -> list[str]:
+    import h5py
+
+    with h5py.File(d / "other.h5", "w") as f:
+        f["data"] = [1, 2, 3]
+    return ["inspect", str(d / "other.h5")]
+
+
+def checkpoint(d: Path, model: str = "boids", *extra: str) -> Path:
+    assert main(["run", model, "--agents", "40", "--steps", "2", "--quiet", "--checkpoint-every", "2",
+                 "--checkpoint-dir", str(d / "ck"), *extra]) == 0
+    return d / "ck" / "step-00000002"
+
+
+def corrupt_shard(d: Path) -> list[str]:
+    shard = checkpoint(d) / "rank-00000-of-00001.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return [*RUN, "boids", "--agents", "40", "--steps", "4", "--resume", str(d / "ck")]
+
+
+def unfinished(d: Path) -> list[str]:
+    (checkpoint(d) / "manifest.json").unlink()
+    return [*RUN, "boids", "--agents", "40", "--steps", "4", "--resume", str(d / "ck")]
+
+
+def edit_manifest(change: Callable[[dict], None], *run: str) -> Callable[[Path], list[str]]:
+    def setup(d: Path) -> list[str]:
+        path = checkpoint(d) / "manifest.json"
+        manifest = json.loads(path.read_text())
+        change(manifest)
+        path.write_text(json.dumps(manifest))
+        return [*RUN, *run, "--resume", str(d / "ck")]
+    return setup
+
+
+def garbled_manifest(d: Path) -> list[str]:
+    (checkpoint(d) / "manifest.json").write_text("{not json")
+    return ["inspect", str(d / "ck")]
+
+
+def resume_as(*run: str) -> Callable[[Path], list[str]]:
+    def setup(d: Path) -> list[str]:
+        checkpoint(d)
+        return [*RUN, *run, "--resume", str(d / "ck")]
+    return setup
+
+
+CASES = [
+    # ---------------------------------------------------------------- command-line arguments
+    Case("cli-unknown-model", "command line", "an unknown model name", args(*RUN, "sri"), 2,
+         "unknown model 'sri'"),
+    Case("cli-unknown-param", "command line", "a misspelled parameter", args(*RUN, "sir", "--set", "betta=0.1"), 2,
+         "unknown parameter 'betta' for model 'sir'"),
+    Case("cli-param-type", "command line", "a parameter value of the wrong type",
+         args(*RUN, "sir", "--set", "beta=high"), 2, "parameter 'beta': expected a float"),
+    Case("cli-param-range", "command line", "a parameter value out of its range",
+         args(*RUN, "sir", "--set", "beta=2"), 2, "parameter 'beta': expected a value in [0, 1] (got 2.0)"),
+    Case("cli-param-nan", "command line", "a parameter set to NaN",
+         args(*RUN, "randomwalk", "--set", "drift_x=nan"), 2, "parameter 'drift_x': expected a float (got 'nan')"),
+    Case("cli-set-syntax", "command line", "--set without NAME=VALUE", args(*RUN, "sir", "--set", "beta"), 2,
+         "expected NAME=VALUE"),
+    Case("cli-agents-zero", "command line", "--agents 0", args(*RUN, "sir", "--agents", "0"), 2,
+         "agents: expected a positive int"),
+    Case("cli-agents-word", "command line", "--agents that is not a number", args(*RUN, "sir", "--agents", "many"), 2,
+         "argument --agents: invalid int value: 'many'"),
+    Case("cli-steps-negative", "command line", "--steps -1", args("run", "sir", "--steps", "-1"), 2,
+         "steps: expected an int >= 0"),
+    Case("cli-record-field", "command line", "--record of a field the model does not have",
+         args(*RUN, "sir", "--agents", "100", "--record", "person.colour"), 2, "unknown field 'person.colour'"),
+    Case("cli-device", "command line", "an unknown device", args(*RUN, "sir", "--device", "tpu"), 2,
+         "unknown device"),
+    Case("cli-partition", "command line", "an unknown partitioner",
+         args(*RUN, "sir", "--nprocs", "2", "--partition", "grid"), 2,
+         "unknown partition 'grid' (valid: data, spatial)"),
+    Case("cli-nprocs", "command line", "--nprocs 0", args(*RUN, "sir", "--nprocs", "0"), 2, "nprocs: expected an int"),
+    Case("cli-every", "command line", "--every 0", args(*RUN, "sir", "--every", "0"), 2, "every: expected"),
+    Case("cli-timeout", "command line", "--timeout 0", args(*RUN, "sir", "--nprocs", "2", "--timeout", "0"), 2,
+         "timeout: expected seconds > 0"),
+    Case("cli-keep", "command line", "--keep 0", args(*RUN, "sir", "--checkpoint-every", "1", "--keep", "0"), 2,
+         "--keep: expected an int >= 1 (got 0)"),
+    Case("cli-checkpoint-dir-alone", "command line", "--checkpoint-dir without --checkpoint-every",
+         args(*RUN, "sir", "--checkpoint-dir", "DIR/ck"), 2, "--checkpoint-dir needs --checkpoint-every K"),
+    Case("cli-max-restarts", "command line", "--max-restarts with one process",
+         args(*RUN, "sir", "--checkpoint-every", "1", "--checkpoint-dir", "DIR/ck", "--max-restarts", "2"), 2,
+         "--max-restarts restarts the processes of --nprocs W"),
+    Case("cli-out-dir", "command line", "--out in a directory that does not exist",
+         args(*RUN, "sir", "--agents", "100", "--out", "DIR/no/such/run.h5"), 1, "DIR/no/such"),
+    # ---------------------------------------------------------------- config files
+    Case("config-malformed", "config file", "malformed TOML", with_file("c.toml", "model = \n", "run", "--config",
+                                                                         "DIR/c.toml"), 2, "malformed TOML in"),
+    Case("config-unknown-key", "config file", "a misspelled key",
+         with_file("c.toml", 'model = "sir"\nagnets = 10\n', "run", "--config", "DIR/c.toml"), 2,
+         "unknown key 'agnets'"),
+    Case("config-suffix", "config file", "a file that is not .toml/.yaml",
+         with_file("c.ini", "x", "run", "--config", "DIR/c.ini"), 2, "expected a .toml, .yaml or .yml file"),
+    Case("config-missing", "config file", "a config file that does not exist", args("run", "--config", "DIR/no.toml"),
+         1, "cannot read config file 'DIR/no.toml'"),
+    Case("config-params-table", "config file", "params that is not a table",
+         with_file("c.toml", 'model = "sir"\nparams = 3\n', "run", "--config", "DIR/c.toml"), 2,
+         "'params' must be a table of name = value"),
+    Case("config-yaml-list", "config file", "a YAML file that is a list",
+         with_file("c.yaml", "- sir\n- 10\n", "run", "--config", "DIR/c.yaml"), 2, "expected a table of keys"),
+    Case("config-value-type", "config file", "a value of the wrong type",
+         with_file("c.toml", 'model = "sir"\nagents = "ten"\n', "run", "--quiet", "--config", "DIR/c.toml"), 2,
+         "agents: expected a positive int"),
+    # ---------------------------------------------------------------- model definitions
+    Case("model-undeclared-read", "model definition", "a substep reads a field it did not declare",
+         model_case("m_read", """
+             @model.substep(writes=["a.x"])
+             def step(ctx):
+                 a = ctx["a"]
+                 a["x"] = a["x"] + a["y"]
+         """), 1, "substep 'step' reads 'a.y' but does not declare it"),
+    Case("model-undeclared-write", "model definition", "a substep writes a field it did not declare",
+         model_case("m_write", """
+             @model.substep(writes=["a.x"])
+             def step(ctx):
+                 ctx["a"]["y"] = ctx["a"]["x"]
+         """), 1, "substep 'step' writes 'a.y' but does not declare it"),
+    Case("model-in-place", "model definition", "a substep changes a read-only field in place",
+         model_case("m_inplace", """
+             @model.substep(reads=["a.y"], writes=["a.x"])
+             def step(ctx):
+                 ctx["a"]["y"].add_(1)
+                 ctx["a"]["x"] = ctx["a"]["x"] + 1
+         """), 1, "modified 'a.y' in place"),
+    Case("model-unknown-population", "model definition", "a declaration names a population init never adds",
+         model_case("m_pop", """
+             @model.substep(writes=["dog.x"])
+             def step(ctx):
+                 pass
+         """), 2, "unknown population 'dog'"),
+    Case("model-spawn-dtype", "model definition", "spawned fields of the wrong dtype",
+         model_case("m_spawn_dtype", """
+             @model.substep(reads=["a.x", "a.y", "a.pos", "a.k"], births=["a"])
+             def step(ctx):
+                 a = ctx["a"]
+                 ctx.spawn("a", a["uid"][:2], {"x": a["x"][:2], "y": a["y"][:2], "pos": a["pos"][:2],
+                                         "k": a["x"][:2]})
+         """), 1, "a.k: expected dtype torch.int32 (got torch.float32)"),
+    Case("model-spawn-shape", "model definition", "spawned fields of the wrong shape",
+         model_case("m_spawn_shape", """
+             @model.substep(reads=["a.x", "a.y", "a.pos", "a.k"], births=["a"])
+             def step(ctx):
+                 a = ctx["a"]
+                 ctx.spawn("a", a["uid"][:2], {"x": a["x"][:3], "y": a["y"][:2], "pos": a["pos"][:2],
+                                         "k": a["k"][:2]})
+         """), 1, "a.x: expected shape [2] (got [3])"),
+    Case("model-spawn-undeclared", "model definition", "a substep spawns without declaring births",
+         model_case("m_spawn_decl", """
+             @model.substep(reads=["a.x", "a.y", "a.pos", "a.k"])
+             def step(ctx):
+                 a = ctx["a"]
+                 ctx.spawn("a", a["uid"][:2], {"x": a["x"][:2], "y": a["y"][:2], "pos": a["pos"][:2],
+                                         "k": a["k"][:2]})
+         """), 1, "spawns into 'a' but declares births=[]"),
+    Case("model-neighbor-field", "model definition", "a substep reads a neighbor field it did not declare",
+         model_case("m_nbfield", """
+             @model.substep(writes=["a.x"], neighbors={"a": ["x"]}, reach=1.0)
+             def step(ctx):
+                 ctx["a"]["x"] = ctx["a"]["x"] + ctx.neighbors("a")["y"].sum()
+         """), 1, "'a.y'"),
+    Case("model-reach-short", "model definition", "a search beyond the declared reach",
+         model_case("m_reach", """
+             @model.substep(writes=["a.x"], neighbors={"a": ["pos"]}, reach=1.0)
+             def step(ctx):
+                 nb = ctx.neighbors("a")
+                 i, j = asim.radius_pairs(nb["pos"], ctx.space, 2.5, uid=nb["uid"], n_query=nb.n_local)
+                 ctx["a"]["x"] = ctx["a"]["x"] + 0 * i.numel()
+         """), 1, "substep 'step' declares reach 1.0 = 1.0 but searches radius 2.5"),
+    Case("model-reach-kind", "model definition", "a reach the space does not have",
+         model_case("m_reachkind", """
+             @model.substep(writes=["a.x"], neighbors={"a": ["x"]}, reach="moore:1")
+             def step(ctx):
+                 ctx["a"]["x"] = ctx["a"]["x"] + 1
+         """, extra=("--nprocs", "2", "--partition", "spatial")), 2,
+         "reach 'moore:1' is a 'moore' reach, which a Box space does not have"),
+    Case("model-reach-param", "model definition", "a reach naming a parameter the model does not have",
+         model_case("m_reachparam", """
+             @model.substep(writes=["a.x"], neighbors={"a": ["x"]}, reach="vison")
+             def step(ctx):
+                 ctx["a"]["x"] = ctx["a"]["x"] + 1
+         """), 2, "reach 'vison' is not a parameter"),
+    Case("model-uid-dtype", "model definition", "init adds uids that are not int64",
+         model_case("m_uid", "@model.substep(writes=['a.x'])\ndef step(ctx):\n    pass\n",
+                    init="ic.add('a', uid=uid.float(), x=torch.zeros(n))"), 2, "uid must be a [n] int64 tensor"),
+    Case("model-not-a-model", "model definition", "module:ATTR that is not a Model",
+         model_case("m_attr", "", attr="not_a_model"), 2, "'m_attr:not_a_model' is not an agentsim Model (got int)"),
+    Case("model-missing-module", "model definition", "module:ATTR whose module does not exist",
+         args(*RUN, "no_such_module_here:model"), 2, "no_such_module_here"),
+    # ---------------------------------------------------------------- NaN and inf in the state
+    Case("state-nan", "agent state", "a substep writes NaN",
+         model_case("m_nan", """
+             @model.substep(writes=["a.x"])
+             def grow(ctx):
+                 a = ctx["a"]
+                 a["x"] = torch.where(a["uid"] == 3, float("nan"), a["x"])
+         """), 1, "step 1: grow: NaN in a.x"),
+    Case("state-inf", "agent state", "a substep writes inf",
+         model_case("m_inf", """
+             @model.substep(reads=["a.x"], writes=["a.y"])
+             def divide(ctx):
+                 a = ctx["a"]
+                 a["y"] = a["x"] / (a["uid"] - 4).float().clamp(min=0)
+         """), 1, "step 1: divide: inf in a.y"),
+    # ---------------------------------------------------------------- edge-list CSVs
+    Case("edges-bad-row", "edge list", "a row that is not two integers", edges("0,1\n1,two\n"), 2,
+         "line 2: expected two integer columns 'source,target' (got '1,two')"),
+    Case("edges-missing-column", "edge list", "a row with one column", edges("0,1\n2\n"), 2,
+         "line 2: expected two integer columns"),
+    Case("edges-nan", "edge list", "a NaN id", edges("0,1\n1,nan\n"), 2, "(got '1,nan')"),
+    Case("edges-negative", "edge list", "a negative id", edges("0,1\n-1,2\n"), 2, "line 2: expected node ids >= 0"),
+    Case("edges-out-of-range", "edge list", "an id >= the number of agents", edges("0,1\n1,9\n"), 2,
+         "line 2: expected node ids < n_nodes = 6 (got '1,9')"),
+    Case("edges-self-loop", "edge list", "a self-loop", edges("0,1\n2,2\n"), 2, "line 2: a self-loop ('2,2')"),
+    Case("edges-duplicate", "edge list", "an edge listed twice", edges("source,target\n0,1\n1,2\n0,1\n"), 2,
+         "line 4: the edge '0,1' repeats line 2"),
+    Case("edges-missing-file", "edge list", "an edge list that does not exist",
+         args(*RUN, "sir", "--agents", "6", "--set", "network=csv", "--set", "edges_csv=DIR/none.csv"), 1,
+         "Cannot read edge list 'DIR/none.csv': no such file"),
+    Case("edges-no-path", "edge list", "network=csv without edges_csv", args(*RUN, "sir", "--set", "network=csv"), 2,
+         "network = csv needs edges_csv=PATH"),
+    # ---------------------------------------------------------------- trajectory files
+    Case("h5-missing", "trajectory file", "a file that does not exist", args("inspect", "DIR/none.h5"), 1,
+         "cannot read trajectory 'DIR/none.h5': no such file"),
+    Case("h5-not-hdf5", "trajectory file", "a file that is not HDF5", with_file("x.h5", "hello", "inspect", "DIR/x.h5"),
+         1, "cannot read trajectory 'DIR/x.h5': not an HDF5 file"),
+    Case("h5-truncated", "trajectory file", "a file cut short (half of it copied)", truncated, 1,
+         "the file is truncated"),
+    Case("h5-foreign", "trajectory file", "an HDF5 file of another program", foreign_hdf5, 1,
+         "'DIR/other.h5' is not an agentsim trajectory"),
+    Case("h5-being-written", "trajectory file", "a file another process is still writing", being_written, 1,
+         "it is open for writing in another process"),
+    # ---------------------------------------------------------------- checkpoints
+    Case("ckpt-missing", "checkpoint", "--resume of a directory that does not exist",
+         args(*RUN, "boids", "--resume", "DIR/none"), 2, "no checkpoint at DIR/none"),
+    Case("ckpt-empty", "checkpoint", "--resume of a directory without checkpoints",
+         with_file("x.txt", "", *RUN, "boids", "--resume", "DIR"), 2, "no complete checkpoint in DIR"),
+    Case("ckpt-unfinished", "checkpoint", "a checkpoint whose manifest was never written", unfinished, 2,
+         "no complete checkpoint in DIR/ck (1 unfinished: no manifest.json)"),
+    Case("ckpt-corrupt", "checkpoint", "a shard with a flipped byte", corrupt_shard, 2,
+         "rank-00000-of-00001.pt does not match its checksum"),
+    Case("ckpt-garbled-manifest", "checkpoint", "a manifest that is not JSON", garbled_manifest, 2,
+         "unreadable manifest.json"),
+    Case("ckpt-newer-format", "checkpoint", "a checkpoint of a newer format",
+         edit_manifest(lambda m: m.update(format=99), "boids", "--agents", "40", "--steps", "4"), 2,
+         "has format 99; this agentsim"),
+    Case("ckpt-other-model", "checkpoint", "a checkpoint of another model",
+         resume_as("wolfsheep", "--agents", "40", "--steps", "4"), 2, "is of model 'boids', not 'wolfsheep'"),
+    Case("ckpt-other-params", "checkpoint", "a checkpoint saved with other parameters",
+         resume_as("boids", "--agents", "40", "--steps", "4", "--set", "vision=5"), 2,
+         "was saved with other parameters (vision: saved 10.0, now 5.0)"),
+    Case("ckpt-other-seed", "checkpoint", "a checkpoint saved with another seed",
+         resume_as("boids", "--agents", "40", "--steps", "4", "--seed", "7"), 2, "was saved with seed 0, not 7"),
+    Case("ckpt-past-steps", "checkpoint", "--resume past the run's --steps",
+         resume_as("boids", "--agents", "40", "--steps", "1"), 2, "the checkpoint is at step 2, past --steps 1"),
+]
+
+
+def _run(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    argv = case.setup(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code if isinstance(e.code, int) else 2
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_a_clear_message_and_a_non_zero_exit(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        code, err = _run(case, tmp_path, capsys)
+    finally:
+        for proc in WRITERS:
+            proc.kill()
+            proc.wait()
+        WRITERS.clear()
+    assert "Traceback" not in err, err
+    line = next((s for s in err.splitlines() if s.startswith(("agentsim: error:", "usage:", "agentsim run: error:"))
+                 or "error:" in s), "")
+    assert code == case.code, (code, err)
+    assert case.excerpt.replace("DIR", str(tmp_path)) in err, err
+    assert line, err
+
+
+def test_there_are_at_least_40_distinct_cases():
+    assert len({c.id for c in CASES}) == len(CASES) >= 40
+    assert len({c.excerpt for c in CASES}) >= 40
+
+
+def markdown() -> str:
+    rows = ["| # | case | input | exit | message (excerpt) |", "| --- | --- | --- | --- | --- |"]
+    for k, c in enumerate(CASES, 1):
+        excerpt = c.excerpt.replace("|", "\\|")
+        rows.append(f"| {k} | `{c.id}` | {c.group}: {c.what} | {c.code} | `{excerpt}` |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_docs_table_lists_every_case():
+    text = DOC.read_text()
+    table = text[text.index("| # | case |"):]
+    table = table[:table.index("\n\n") + 1] if "\n\n" in table else table
+    assert table == markdown(), "docs/bad_input.md is out of date: python tests/test_bad_input.py --write"
+
+
+if __name__ == "__main__":
+    if "--write" in sys.argv:
+        text = DOC.read_text()
+        start = text.index("| # | case |")
+        end = text.index("\n\n", start) + 1
+        DOC.write_text(text[:start] + markdown() + text[end:])
+    else:
+        print(markdown(), end="")
