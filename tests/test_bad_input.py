@@ -191,6 +191,8 @@ CASES = [
          "--keep: expected an int >= 1 (got 0)"),
     Case("cli-checkpoint-dir-alone", "command line", "--checkpoint-dir without --checkpoint-every",
          args(*RUN, "sir", "--checkpoint-dir", "DIR/ck"), 2, "--checkpoint-dir needs --checkpoint-every K"),
+    Case("cli-async-alone", "command line", "--checkpoint-async without --checkpoint-every",
+         args(*RUN, "sir", "--checkpoint-async"), 2, "--checkpoint-async needs --checkpoint-every K"),
     Case("cli-max-restarts", "command line", "--max-restarts with one process",
          args(*RUN, "sir", "--checkpoint-every", "1", "--checkpoint-dir", "DIR/ck", "--max-restarts", "2"), 2,
          "--max-restarts restarts the processes of --nprocs W"),
@@ -214,6 +216,9 @@ CASES = [
     Case("config-value-type", "config file", "a value of the wrong type",
          with_file("c.toml", 'model = "sir"\nagents = "ten"\n', "run", "--quiet", "--config", "DIR/c.toml"), 2,
          "agents: expected a positive int"),
+    Case("config-async-type", "config file", "checkpoint_async that is not true or false",
+         with_file("c.toml", 'model = "sir"\ncheckpoint_every = 2\ncheckpoint_async = "yes"\n', "run", "--quiet",
+                   "--config", "DIR/c.toml"), 2, "checkpoint_async: expected true or false (got 'yes')"),
     # ---------------------------------------------------------------- model definitions
     Case("model-undeclared-read", "model definition", "a substep reads a field it did not declare",
          model_case("m_read", """

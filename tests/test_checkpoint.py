@@ -296,3 +296,13 @@ def test_a_failed_background_write_raises_on_every_rank(tmp_path):
     assert latest_checkpoint(tmp_path / "ck") is None
     traj = read_trajectory(out)
     assert not traj.attrs["completed"] and traj.attrs["steps_completed"] == 4
+
+
+def test_the_cli_writes_asynchronous_checkpoints_equal_to_synchronous_ones(tmp_path):
+    from agentsim.cli import main
+
+    for mode, extra in (("sync", []), ("async", ["--checkpoint-async"])):
+        assert main(["run", "boids", "--agents", "80", "--steps", "5", "--quiet", "--checkpoint-every", "2",
+                     "--checkpoint-dir", str(tmp_path / mode), *extra]) == 0
+    assert checkpoint_files(tmp_path / "async") == checkpoint_files(tmp_path / "sync")
+    assert sorted(p.name for p in (tmp_path / "async").iterdir()) == ["step-00000002", "step-00000004"]
