@@ -269,7 +269,7 @@ def test_param_bounds_and_choices_write_their_own_messages():
         "n": Param(type=int, doc="required count"),
     })
     for values, message in [({"rate": 1.0, "n": 1}, r"'rate': expected a value in \(0, 1\) \(got 1.0\)"),
-                            ({"rate": float("nan"), "n": 1}, r"'rate': expected a value in \(0, 1\) \(got nan\)"),
+                            ({"rate": float("nan"), "n": 1}, r"'rate': expected a float \(got nan\)"),
                             ({"k": 0, "n": 1}, r"'k': expected a value >= 1 \(got 0\)"),
                             ({"k": 1.5, "n": 1}, r"'k': expected an int \(got 1.5\)"),
                             ({"mode": "c", "n": 1}, r"'mode': expected one of \['a', 'b'\] \(got 'c'\)"),
