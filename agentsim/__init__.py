@@ -37,7 +37,7 @@ from .space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
 from .space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
 from .space.grid import Grid
 from .state import FieldSpec, Population, State
-from .study import sweep
+from .study import Study, read_study, sweep
 from .substep import Registry, Substep
 
 __version__ = "0.2.0"
@@ -71,6 +71,7 @@ __all__ = [
     "SimulationError",
     "State",
     "StepRNG",
+    "Study",
     "Substep",
     "UnknownParameterError",
     "__version__",
@@ -83,6 +84,7 @@ __all__ = [
     "radius_pair_chunks",
     "radius_pairs",
     "rank_in_group",
+    "read_study",
     "run",
     "sort_by_group",
     "sweep",

@@ -19,6 +19,10 @@
     agentsim models
     agentsim info [--json]
     agentsim inspect PATH
+    agentsim sweep MODEL --grid NAME=V1,V2 ... (--seeds 1,2,3 | --replicates R [--study-seed S])
+                   [--agents N] [--steps T] --out STUDY.h5 [--workers N] [--resume | --overwrite]
+                   [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
+    agentsim study status STUDY.h5
 
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
@@ -104,6 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
                           "--steps stays the run's total")
     sub.add_parser("models", help="list the models with their parameters and defaults")
+    _study_parsers(sub)
     inspect = sub.add_parser("inspect", help="check and summarize a trajectory file or a checkpoint")
     inspect.add_argument("path", help="an HDF5 trajectory, a checkpoint directory, or a directory of checkpoints")
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
@@ -243,6 +248,84 @@ def cmd_models() -> int:
         print(f"  substeps: {', '.join(s.name for s in m.substeps)}; default agents: {m.default_agents}")
         print(m.param_table.table())
         print()
+    return 0
+
+
+def _study_parsers(sub: Any) -> None:
+    sw = sub.add_parser("sweep", help="run a population study (a parameter grid times seeds) into one study file")
+    sw.add_argument("model", help="model name or module:ATTR")
+    sw.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
+                    help="parameter values to sweep (repeatable; the runs are their Cartesian product)")
+    sw.add_argument("--seeds", help="comma-separated seeds of the replicates of every combination")
+    sw.add_argument("--replicates", type=int, help="instead of --seeds: R replicates with derived seeds")
+    sw.add_argument("--study-seed", dest="study_seed", type=int, default=0, help="seed the replicates derive from")
+    sw.add_argument("--agents", type=int, help="agents of every run (default: the model's)")
+    sw.add_argument("--steps", type=int, default=100, help="steps of every run (default 100)")
+    sw.add_argument("--out", required=True, help="the study file (HDF5)")
+    sw.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
+    sw.add_argument("--executor", default="local", help="local (a process pool; ray is not built yet)")
+    sw.add_argument("--resume", action="store_true", help="continue the study in --out: run only what is missing")
+    sw.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    sw.add_argument("--retries", type=int, default=3, help="further attempts of a failed run (default 3)")
+    sw.add_argument("--retry-exceptions", dest="retry_exceptions", action="store_true",
+                    help="also retry runs that raised (default: only worker deaths)")
+    sw.add_argument("--errors", default="slow", help="off, slow (default: go on, fail at the end) or fast (stop)")
+    sw.add_argument("--log-json", dest="log_json", metavar="FILE", help="one JSON line per event (- for stdout)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    st = sub.add_parser("study", help="about a study file: study status FILE")
+    st_sub = st.add_subparsers(dest="study_command", required=True)
+    status = st_sub.add_parser("status", help="done / failed / remaining runs of a study file")
+    status.add_argument("file")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``agentsim sweep``: a :class:`~agentsim.study.Study` from the command line."""
+    from .catalog import get_model
+    from .params import convert
+    from .study import Study
+
+    base = get_model(args.model)
+    grid: dict[str, list[Any]] = {}
+    for item in args.grid:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not values.strip():
+            raise ConfigError(f"--grid: expected NAME=V1,V2,... (got {item!r})")
+        if name not in base.param_table:
+            from .errors import did_you_mean
+
+            raise ConfigError(f"--grid: unknown parameter '{name}' of model '{base.name}' (valid: "
+                              f"{', '.join(base.param_table)})." + did_you_mean(name, base.param_table))
+        typ = base.param_table[name].type
+        grid[name] = [convert(name, v.strip(), typ) for v in values.split(",")]
+    seeds = None
+    if args.seeds is not None:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            raise ConfigError(f"--seeds: expected comma-separated ints (got {args.seeds!r})") from None
+    study = Study(args.model, grid or None, seeds=seeds, replicates=args.replicates, seed=args.study_seed,
+                  agents=args.agents, steps=args.steps)
+    result = study.run(args.out, workers=args.workers, executor=args.executor, resume=args.resume,
+                       overwrite=args.overwrite, retries=args.retries, retry_exceptions=args.retry_exceptions,
+                       errors=args.errors, progress=not args.quiet, log_json=args.log_json)
+    if not args.quiet:
+        print(f"{base.name}: {len(study.runs)} runs ({len(study.combos)} combinations x "
+              f"{len(study.runs) // len(study.combos)} replicates); executed {result.executed}, "
+              f"already done {result.skipped}, retried {result.retries}, failed {len(result.failed)}; "
+              f"{result.seconds:.1f} s")
+        print(f"wrote {result.path}")
+    return 0
+
+
+def cmd_study_status(path: str) -> int:
+    """``agentsim study status FILE``."""
+    from .study import study_status
+
+    s = study_status(path)
+    state = "completed" if s["completed"] else "not completed (running, stopped, or with failed runs)"
+    print(f"{s['path']}: {s['total']} runs: {s['done']} done, {s['failed']} failed, {s['remaining']} remaining; "
+          f"{state}")
     return 0
 
 
@@ -519,6 +602,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_info(args)
         if args.command == "inspect":
             return cmd_inspect(args.path)
+        if args.command == "sweep":
+            return cmd_sweep(args)
+        if args.command == "study":
+            return cmd_study_status(args.file)
         return cmd_run(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)

@@ -89,3 +89,12 @@ def test_train_spillover_at_full_size_beats_random_and_the_rule(tmp_path):
         for other in ("random", "rule (protect if exposed)"):
             sd = max(learned["sd"], s[other]["sd"])
             assert learned["mean"] - s[other]["mean"] >= 3 * sd, (w, other)
+
+
+def test_sir_study_writes_the_study_file_and_its_bands(tmp_path):
+    out = run_example("sir_study.py", "--agents", "2000", "--steps", "40", "--replicates", "3", "--workers", "2",
+                      "--out", str(tmp_path / "st"))
+    assert "9 runs: executed 9, kept 0" in out
+    with h5py.File(tmp_path / "st.h5") as f:
+        assert f.attrs["completed"] and len(f["runs"]) == 9 and len(f["bands"]) == 3
+    assert_png(tmp_path / "st.png")

@@ -19,10 +19,10 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .catalog import get_model
-from .engine import Simulation
-from .errors import ConfigError
-from .model import Model
+from ..catalog import get_model
+from ..engine import Simulation
+from ..errors import ConfigError
+from ..model import Model
 
 
 def grid(params: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:

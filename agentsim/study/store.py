@@ -1,0 +1,297 @@
+"""The study file: one HDF5 file per study, written by the driver only.
+
+Layout (``format = "agentsim-study"``, ``format_version = 1``)::
+
+    /                       attrs: format, format_version, spec (JSON: model, grid, seeds, agents,
+                            steps, ...), runs_total, completed (bool: every run done or failed
+                            and the summary written)
+    /runs/<run_id>/         attrs: params (JSON) and each parameter by name, seed, combo,
+                            replicate, attempts, seconds, completed (True once every series is in)
+    /runs/<run_id>/<metric> [T] the metric's series (``step`` included)
+    /failures/<run_id>      attrs: params, seed, attempts, kind ("exception" or "system"),
+                            error, traceback (a run that failed for good; removed if it
+                            succeeds after a resume)
+    /summary/<column>       one row per completed run: run_id, combo, replicate, seed, each
+                            parameter, and per metric ``final_<m>``, ``peak_<m>``, ``peak_step_<m>``
+    /bands/<combo>/<metric> [Q, T] quantiles over the combination's runs (attrs: quantiles,
+                            params), equal to ``np.quantile(series, q, axis=0)``
+
+A run's group is written whole and the file flushed before the driver goes on, so a study
+killed at any moment leaves every run finished before the last flush (a run group without
+``completed`` is ignored and run again). The file is created under a temporary name and renamed
+once its header is flushed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import ConfigError, OutputError
+
+__all__ = ["FORMAT", "StudyData", "StudyFile", "read_study", "study_status"]
+
+FORMAT = "agentsim-study"
+FORMAT_VERSION = 1
+QUANTILES = (0.1, 0.5, 0.9)
+
+
+def _open(path: str, mode: str, locking: bool = True) -> h5py.File:
+    try:
+        return h5py.File(path, mode, locking=locking)
+    except OSError as e:
+        text = str(e)
+        if "unable to lock file" in text.lower():
+            raise OutputError(f"study file '{path}' is open in another process (a study still running?)") from e
+        raise OutputError(f"cannot open study file '{path}': {text}") from e
+
+
+def _check_format(f: h5py.File, path: str) -> dict[str, Any]:
+    if f.attrs.get("format") != FORMAT:
+        raise OutputError(f"'{path}' is not an agentsim study file (format {f.attrs.get('format')!r})")
+    version = int(f.attrs.get("format_version", 0))
+    if version > FORMAT_VERSION:
+        raise OutputError(f"'{path}' has study format_version {version}; this agentsim reads <= {FORMAT_VERSION}")
+    return dict(json.loads(f.attrs["spec"]))
+
+
+class StudyFile:
+    """The driver's handle on a study file (see the module docstring).
+
+    Args:
+        path: The file.
+        spec: The study's specification (JSON-able); a resumed file must hold the same.
+        resume: Continue an existing file (its completed runs are kept); else the file must not
+            exist, unless ``overwrite``.
+        overwrite: Replace an existing file (without ``resume``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], spec: Mapping[str, Any], total: int, *, resume: bool = False,
+                 overwrite: bool = False) -> None:
+        self.path = os.fspath(path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(parent):
+            raise OutputError(f"cannot create study file '{self.path}': directory '{parent}' does not exist")
+        text = json.dumps(spec, sort_keys=True)
+        if resume and os.path.exists(self.path):
+            self.file = _open(self.path, "a")
+            saved = _check_format(self.file, self.path)
+            if json.dumps(saved, sort_keys=True) != text:
+                diff = sorted(k for k in set(saved) | set(spec) if saved.get(k) != spec.get(k))
+                self.file.close()
+                raise ConfigError(f"--resume: study file '{self.path}' holds another study (it differs in: "
+                                  f"{', '.join(diff)})")
+            self.file.attrs["completed"] = False
+            self.file.flush()
+            return
+        if os.path.exists(self.path) and not overwrite:
+            raise OutputError(f"study file '{self.path}' exists: pass resume to continue it or overwrite to "
+                              "replace it")
+        tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp{os.getpid()}")
+        f = _open(tmp, "w")
+        f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION, spec=text, runs_total=total, completed=False)
+        f.create_group("runs")
+        f.create_group("failures")
+        f.flush()
+        f.close()
+        os.replace(tmp, self.path)
+        self.file = _open(self.path, "a")
+
+    def done(self) -> set[str]:
+        """The ids of the runs whose results are complete in the file."""
+        return {k for k, g in self.file["runs"].items() if g.attrs.get("completed", False)}
+
+    def attempts(self, run_id: str) -> int:
+        """Attempts recorded for a run that failed for good (0 if none)."""
+        g = self.file["failures"].get(run_id)
+        return int(g.attrs["attempts"]) if g is not None else 0
+
+    def write_run(self, run_id: str, params: Mapping[str, Any], seed: int, combo: int, replicate: int,
+                  metrics: Mapping[str, np.ndarray], attempts: int, seconds: float) -> None:
+        """Record a finished run (replacing a partial group from a killed driver) and flush."""
+        runs = self.file["runs"]
+        if run_id in runs:
+            del runs[run_id]
+        g = runs.create_group(run_id)
+        for name, series in metrics.items():
+            g.create_dataset(name, data=np.asarray(series))
+        g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, combo=combo, replicate=replicate,
+                       attempts=attempts, seconds=seconds)
+        for k, v in params.items():
+            g.attrs[f"param.{k}"] = v
+        if run_id in self.file["failures"]:
+            del self.file["failures"][run_id]
+        g.attrs["completed"] = True
+        self.file.flush()
+
+    def write_failure(self, run_id: str, params: Mapping[str, Any], seed: int, attempts: int, kind: str,
+                      error: str, traceback: str) -> None:
+        """Record a run that failed for good, and flush."""
+        failures = self.file["failures"]
+        if run_id in failures:
+            del failures[run_id]
+        g = failures.create_group(run_id)
+        g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, attempts=attempts, kind=kind,
+                       error=error, traceback=traceback)
+        self.file.flush()
+
+    def finish(self, combos: Sequence[Mapping[str, Any]], quantiles: Sequence[float] = QUANTILES) -> None:
+        """Write ``/summary`` and ``/bands`` from the completed runs; set ``completed``."""
+        for name in ("summary", "bands"):
+            if name in self.file:
+                del self.file[name]
+        table = summary_table(self.file)
+        s = self.file.create_group("summary")
+        for col, values in table.items():
+            if values.dtype.kind == "U":
+                s.create_dataset(col, data=values.astype(object), dtype=h5py.string_dtype())
+            else:
+                s.create_dataset(col, data=values)
+        b = self.file.create_group("bands")
+        b.attrs["quantiles"] = np.asarray(quantiles, dtype=np.float64)
+        for combo, params in enumerate(combos):
+            runs = [g for g in self.file["runs"].values()
+                    if g.attrs.get("completed", False) and int(g.attrs["combo"]) == combo]
+            if not runs:
+                continue
+            cg = b.create_group(f"c{combo:04d}")
+            cg.attrs["params"] = json.dumps(dict(params), sort_keys=True)
+            cg.attrs["runs"] = len(runs)
+            for metric in runs[0].keys():
+                stack = np.stack([np.asarray(g[metric][...], dtype=np.float64) for g in runs])
+                cg.create_dataset(metric, data=np.quantile(stack, list(quantiles), axis=0))
+        self.file.attrs["completed"] = len(self.file["runs"]) + len(self.file["failures"]) >= int(
+            self.file.attrs["runs_total"]) and not len(self.file["failures"])
+        self.file.flush()
+
+    def close(self) -> None:
+        """Flush and close."""
+        if self.file.id.valid:
+            self.file.flush()
+            self.file.close()
+
+
+def summary_table(f: h5py.File) -> dict[str, np.ndarray]:
+    """One row per completed run: ids, seed, parameters, and final / peak / peak step of every metric."""
+    runs = sorted((k, g) for k, g in f["runs"].items() if g.attrs.get("completed", False))
+    cols: dict[str, list[Any]] = {"run_id": [], "combo": [], "replicate": [], "seed": []}
+    for k, g in runs:
+        cols["run_id"].append(k)
+        cols["combo"].append(int(g.attrs["combo"]))
+        cols["replicate"].append(int(g.attrs["replicate"]))
+        cols["seed"].append(int(g.attrs["seed"]))
+        for name, v in json.loads(g.attrs["params"]).items():
+            cols.setdefault(name, []).append(v)
+        for metric in g.keys():
+            if metric == "step":
+                continue
+            series = np.asarray(g[metric][...])
+            steps = np.asarray(g["step"][...]) if "step" in g else np.arange(len(series))
+            peak = int(np.argmax(series)) if len(series) else 0
+            cols.setdefault(f"final_{metric}", []).append(series[-1] if len(series) else np.nan)
+            cols.setdefault(f"peak_{metric}", []).append(series[peak] if len(series) else np.nan)
+            cols.setdefault(f"peak_step_{metric}", []).append(int(steps[peak]) if len(series) else -1)
+    return {k: np.asarray(v) for k, v in cols.items()}
+
+
+@dataclass
+class StudyData:
+    """A study file read back (see :func:`read_study`).
+
+    Attributes:
+        path: The file.
+        spec: The study's specification.
+        completed: Whether every run is done (none failed) and the summary written.
+        runs: Run id to ``{"params", "seed", "combo", "replicate", "attempts", "metrics"}``.
+        failures: Run id to ``{"params", "seed", "attempts", "kind", "error", "traceback"}``.
+        summary: Column name to ``[R]`` array (one row per completed run).
+        bands: Combination id to ``{"params", "runs", metric: [Q, T]}``; ``quantiles`` the Q levels.
+    """
+
+    path: str
+    spec: dict[str, Any]
+    completed: bool
+    runs: dict[str, dict[str, Any]]
+    failures: dict[str, dict[str, Any]]
+    summary: dict[str, np.ndarray]
+    bands: dict[str, dict[str, Any]]
+    quantiles: np.ndarray
+
+    def to_dataframe(self) -> Any:
+        """The summary as a pandas DataFrame (needs pandas)."""
+        import importlib
+
+        try:
+            pd = importlib.import_module("pandas")
+        except ImportError:
+            raise ConfigError("to_dataframe needs pandas (pip install pandas); .summary is a dict of "
+                              "numpy arrays") from None
+        return pd.DataFrame(self.summary)
+
+
+def read_study(path: str | os.PathLike[str]) -> StudyData:
+    """Read a study file: runs, failures, the summary (computed from the runs if the study did
+    not finish) and the quantile bands.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise OutputError(f"cannot read study file '{path}': no such file")
+    if not h5py.is_hdf5(path):
+        raise OutputError(f"cannot read study file '{path}': not an HDF5 file")
+    with _open(path, "r") as f:
+        spec = _check_format(f, path)
+        runs = {}
+        for k, g in f["runs"].items():
+            if g.attrs.get("completed", False):
+                runs[k] = {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
+                           "combo": int(g.attrs["combo"]), "replicate": int(g.attrs["replicate"]),
+                           "attempts": int(g.attrs["attempts"]), "metrics": {m: g[m][...] for m in g.keys()}}
+        failures = {k: {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
+                        "attempts": int(g.attrs["attempts"]), "kind": str(g.attrs["kind"]),
+                        "error": str(g.attrs["error"]), "traceback": str(g.attrs["traceback"])}
+                    for k, g in f["failures"].items()}
+        if "summary" in f:
+            summary = {}
+            for col, d in f["summary"].items():
+                values = d[...]
+                summary[col] = values.astype(str) if values.dtype.kind in "OS" else values
+        else:
+            summary = summary_table(f)
+        bands: dict[str, dict[str, Any]] = {}
+        quantiles = np.asarray(f["bands"].attrs["quantiles"]) if "bands" in f else np.asarray(QUANTILES)
+        for cid, cg in (f["bands"].items() if "bands" in f else []):
+            bands[cid] = {"params": json.loads(cg.attrs["params"]), "runs": int(cg.attrs["runs"]),
+                          **{m: cg[m][...] for m in cg.keys()}}
+        return StudyData(path, spec, bool(f.attrs.get("completed", False)), runs, failures, summary, bands,
+                         quantiles)
+
+
+def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Done, failed and remaining runs of a study file (running, finished or crashed)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise OutputError(f"cannot read study file '{path}': no such file")
+    try:  # without the file lock: the driver of a running study holds it (and flushes after every run)
+        with _open(path, "r", locking=False) as f:
+            _check_format(f, path)
+            total = int(f.attrs["runs_total"])
+            done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
+            failed = len(f["failures"])
+            completed = bool(f.attrs.get("completed", False))
+    except (OSError, KeyError) as e:
+        if isinstance(e, OutputError):
+            raise
+        raise OutputError(f"study file '{path}' is being written: read it again ({e})") from e
+    return {"path": path, "total": total, "done": done, "failed": failed, "remaining": total - done - failed,
+            "completed": completed}
+
+
+def quantile_bands(series: Iterable[np.ndarray], quantiles: Sequence[float] = QUANTILES) -> np.ndarray:
+    """``[Q, T]`` quantiles over runs of equal length (what ``/bands`` holds)."""
+    return np.quantile(np.stack([np.asarray(s, dtype=np.float64) for s in series]), list(quantiles), axis=0)
