@@ -21,6 +21,7 @@
     agentsim inspect PATH
     agentsim sweep MODEL --grid NAME=V1,V2 ... (--seeds 1,2,3 | --replicates R [--study-seed S])
                    [--agents N] [--steps T] --out STUDY.h5 [--workers N] [--resume | --overwrite]
+                   [--executor local|ray [--address A] [--cpus-per-run C] [--gpus-per-run G]]
                    [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
     agentsim study status STUDY.h5
 
@@ -263,7 +264,10 @@ def _study_parsers(sub: Any) -> None:
     sw.add_argument("--steps", type=int, default=100, help="steps of every run (default 100)")
     sw.add_argument("--out", required=True, help="the study file (HDF5)")
     sw.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
-    sw.add_argument("--executor", default="local", help="local (a process pool; ray is not built yet)")
+    sw.add_argument("--executor", default="local", help="local (a process pool, default) or ray")
+    sw.add_argument("--address", help="ray: the address of a running cluster (default: start a local instance)")
+    sw.add_argument("--cpus-per-run", dest="cpus_per_run", type=float, default=1.0, help="ray: CPUs of one run")
+    sw.add_argument("--gpus-per-run", dest="gpus_per_run", type=float, default=0.0, help="ray: GPUs of one run")
     sw.add_argument("--resume", action="store_true", help="continue the study in --out: run only what is missing")
     sw.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     sw.add_argument("--retries", type=int, default=3, help="further attempts of a failed run (default 3)")
@@ -308,7 +312,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   agents=args.agents, steps=args.steps)
     result = study.run(args.out, workers=args.workers, executor=args.executor, resume=args.resume,
                        overwrite=args.overwrite, retries=args.retries, retry_exceptions=args.retry_exceptions,
-                       errors=args.errors, progress=not args.quiet, log_json=args.log_json)
+                       errors=args.errors, progress=not args.quiet, log_json=args.log_json, address=args.address,
+                       cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run)
     if not args.quiet:
         print(f"{base.name}: {len(study.runs)} runs ({len(study.combos)} combinations x "
               f"{len(study.runs) // len(study.combos)} replicates); executed {result.executed}, "

@@ -1,7 +1,8 @@
 """Kill a study's driver at random moments; the resumed study must finish with every run once.
 
 Each trial starts a study (``study_models:flaky``, 4 rates x 3 replicates, a slow step, 2
-workers) in a fresh driver process, SIGKILLs the driver at a random moment of the study, and
+workers) in a fresh driver process, SIGKILLs the driver once a random number (0-11) of its runs
+are done plus a random 0-0.3 s (so kills land before, between and while runs are written), and
 resumes it (in this process) to the end. The trial passes when the study file was readable
 after the kill, the resumed study completes with every run, each run's metrics equal a solo run,
 and no run that was complete at the kill started again afterwards (each run logs its seed when
@@ -50,11 +51,20 @@ def trial(workdir: Path, rng: random.Random, window: float) -> dict[str, Any]:
     import numpy as np
 
     import agentsim as asim
-    from agentsim.study import read_study
+    from agentsim.study import read_study, study_status
 
     out, log = workdir / "study.h5", workdir / "log.txt"
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(out), str(log), TESTS])
-    time.sleep(rng.uniform(0.5, window))
+    target = rng.randint(0, 11)  # kill once this many runs are done (0: before the first), then a bit later
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if out.exists() and study_status(out)["done"] >= target:
+                break
+        except asim.OutputError:
+            pass
+        time.sleep(0.02)
+    time.sleep(rng.uniform(0.0, 0.3))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     row: dict[str, Any] = {"killed_after_runs": None}
@@ -84,7 +94,7 @@ def trial(workdir: Path, rng: random.Random, window: float) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--window", type=float, default=8.0, help="kill within this many seconds of the start")
+    ap.add_argument("--window", type=float, default=60.0, help="kill by this many seconds after the start")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)

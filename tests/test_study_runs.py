@@ -160,5 +160,30 @@ def test_the_cli_runs_a_sweep_and_tells_its_status(tmp_path, capsys):
     assert "holds another study (it differs in: agents, combos, seeds, steps)" in capsys.readouterr().err
     assert main(["sweep", "sir", "--grid", "betta=0.03", "--seeds", "1", "--out", out, "--quiet"]) == 2
     assert "unknown parameter 'betta'" in capsys.readouterr().err
-    assert main(["sweep", "sir", "--seeds", "1", "--out", out, "--overwrite", "--executor", "ray", "--quiet"]) == 2
-    assert "executor 'ray' is not built yet" in capsys.readouterr().err
+    assert main(["sweep", "sir", "--seeds", "1", "--out", out, "--overwrite", "--executor", "dask", "--quiet"]) == 2
+    assert "executor: expected one of local, ray (got 'dask')" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_the_ray_executor_writes_the_same_study_file_and_retries_a_dead_worker(tmp_path):
+    pytest.importorskip("ray")
+    counter = tmp_path / "attempts.txt"
+    scenarios = [{"rate": 0.1}, {"rate": 0.3}, {"fail_times": 1, "how": "die", "counter": str(counter)}]
+    study = Study("study_models:flaky", scenarios=scenarios, replicates=2, seed=4, agents=30, steps=5)
+    local = study.run(tmp_path / "local.h5", workers=2)
+    counter.unlink()
+    ray_result = study.run(tmp_path / "ray.h5", workers=2, executor="ray")
+    assert local.executed == ray_result.executed == 6
+    assert ray_result.retries == 1  # Ray: only the run whose worker died is charged
+    a, b = read_study(tmp_path / "local.h5"), read_study(tmp_path / "ray.h5")
+    assert sorted(a.runs) == sorted(b.runs) and a.completed and b.completed
+    for k in a.runs:
+        for m in a.runs[k]["metrics"]:
+            assert np.array_equal(a.runs[k]["metrics"][m], b.runs[k]["metrics"][m]), (k, m)
+    for col in a.summary:
+        assert np.array_equal(a.summary[col], b.summary[col]), col
+    for c in a.bands:
+        for m in a.bands[c]:
+            if m not in ("params", "runs"):
+                assert np.array_equal(a.bands[c][m], b.bands[c][m])

@@ -8,8 +8,8 @@ Runs and seeds. Combination ``c`` (in grid order) and replicate ``r`` make the r
 on the attempt: a retried run is its first attempt bit for bit.
 
 Failures. A worker process that dies (killed, out of memory, a crash in native code) is a
-*system* failure: every run that was in the pool at that moment is submitted again, up to
-``retries`` more attempts each (the process pool cannot tell which run killed it). A Python
+*system* failure: the run is submitted again, up to ``retries`` more attempts (with the local
+pool, every run in the pool at that moment: the pool cannot tell which run killed it). A Python
 exception in a run is retried only with ``retry_exceptions=True``. A run out of attempts is
 recorded in ``/failures`` with its parameters, seed, attempts and traceback. ``errors``:
 ``"off"`` goes on and returns; ``"slow"`` (default) goes on, then raises a
@@ -20,41 +20,38 @@ Resume. ``resume=True`` reopens the study file (it must hold the same study) and
 runs that are not complete in it (failed ones again); a run finished before the driver died is
 never run again.
 
-Executors: ``"local"`` (a ``spawn`` process pool of ``workers`` processes, one torch thread each)
-is built; ``"ray"`` is not built yet (it raises a ConfigError saying so).
+Executors (:mod:`agentsim.study.executors`): ``"local"`` (a ``spawn`` process pool of
+``workers`` processes, one torch thread each) and ``"ray"`` (one Ray task per run, on a running
+cluster or a local instance). The same study gives the same file on either.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
 import traceback
 from collections import deque
 from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
-import torch
 
 from ..catalog import get_model
 from ..engine import Simulation, check_agents, check_steps
 from ..errors import AgentsimError, ConfigError
 from ..model import Model
 from ..progress import progress_bar
+from .executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
 from .store import StudyFile, read_study
 from .sweep import grid
 
 __all__ = ["ERROR_POLICIES", "Study", "StudyError", "StudyResult", "execute_run"]
 
 ERROR_POLICIES = ("off", "slow", "fast")
-EXECUTORS = ("local", "ray")
 
 
 class StudyError(AgentsimError):
@@ -112,10 +109,6 @@ def execute_run(model_ref: str, params: dict[str, Any], seed: int, agents: int, 
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     return {"ok": True, "metrics": metrics, "seconds": time.perf_counter() - t0}
-
-
-def _init_worker() -> None:
-    torch.set_num_threads(1)
 
 
 class Study:
@@ -188,13 +181,16 @@ class Study:
 
     def run(self, out: str | os.PathLike[str], *, workers: int | None = None, executor: str = "local",
             resume: bool = False, overwrite: bool = False, retries: int = 3, retry_exceptions: bool = False,
-            errors: str = "slow", progress: bool = False, log_json: str | IO[str] | None = None) -> StudyResult:
+            errors: str = "slow", progress: bool = False, log_json: str | IO[str] | None = None,
+            address: str | None = None, cpus_per_run: float = 1.0, gpus_per_run: float = 0.0) -> StudyResult:
         """Run every run not yet complete in ``out`` (see the module docstring).
 
         Args:
             out: The study file.
             workers: Worker processes (default: the CPU count).
-            executor: ``"local"`` (``"ray"`` is not built yet).
+            executor: ``"local"`` (a process pool) or ``"ray"`` (:mod:`agentsim.study.executors`).
+            address, cpus_per_run, gpus_per_run: Ray: a running cluster's address (default: start
+                a local instance with ``workers`` CPUs) and the resources of one run.
             resume: Continue ``out``; ``overwrite``: replace it.
             retries: Further attempts of a failed run (system failures; exceptions with
                 ``retry_exceptions``).
@@ -208,8 +204,6 @@ class Study:
         """
         if executor not in EXECUTORS:
             raise ConfigError(f"executor: expected one of {', '.join(EXECUTORS)} (got {executor!r})")
-        if executor == "ray":
-            raise ConfigError("executor 'ray' is not built yet; use executor='local' (a process pool)")
         if errors not in ERROR_POLICIES:
             raise ConfigError(f"errors: expected one of {', '.join(ERROR_POLICIES)} (got {errors!r})")
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -224,7 +218,8 @@ class Study:
             done = store.done()
             todo = deque(r for r in self.runs if r.run_id not in done)
             log.event("start", total=len(self.runs), done=len(done), todo=len(todo), workers=n_workers)
-            result = self._drive(store, todo, n_workers, retries, retry_exceptions, errors, progress, log)
+            pool = make_executor(executor, n_workers, address, cpus_per_run, gpus_per_run)
+            result = self._drive(store, todo, pool, retries, retry_exceptions, errors, progress, log)
             result.skipped = len(done)
             store.finish(self.combos)
         finally:
@@ -239,34 +234,23 @@ class Study:
                              f"and tracebacks are in {result.path} under /failures (read_study(...).failures)")
         return result
 
-    def _drive(self, store: StudyFile, todo: deque[RunSpec], workers: int, retries: int, retry_exceptions: bool,
-               errors: str, progress: bool, log: _EventLog) -> StudyResult:
+    def _drive(self, store: StudyFile, todo: deque[RunSpec], pool: LocalExecutor | RayExecutor, retries: int,
+               retry_exceptions: bool, errors: str, progress: bool, log: _EventLog) -> StudyResult:
         result = StudyResult(store.path, 0, 0, [], 0, 0.0)
         attempts = {r.run_id: 0 for r in todo}
         bar = progress_bar(len(todo), progress, "run")
-        ctx = mp.get_context("spawn")
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker)
-        inflight: dict[Future[dict[str, Any]], RunSpec] = {}
+        inflight: dict[Any, RunSpec] = {}
         stopping = False
         try:
             while todo or inflight:
-                while todo and not stopping and len(inflight) < workers:
+                while todo and not stopping and len(inflight) < pool.workers:
                     run = todo.popleft()
                     attempts[run.run_id] += 1
                     inflight[pool.submit(execute_run, self.model, run.params, run.seed, self.agents, self.steps,
                                          self.device, self.options)] = run
-                finished, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
-                broken = False
-                for fut in finished:
-                    run = inflight.pop(fut)
-                    try:
-                        out = fut.result()
-                        kind = "exception"
-                    except BrokenProcessPool:
-                        broken = True
-                        out = {"ok": False, "error": "the worker process died (killed, out of memory, or a crash)",
-                               "traceback": ""}
-                        kind = "system"
+                for handle in pool.wait(list(inflight)):
+                    run = inflight.pop(handle)
+                    out, kind = pool.outcome(handle)
                     n = attempts[run.run_id]
                     if out["ok"]:
                         store.write_run(run.run_id, run.params, run.seed, run.combo, run.replicate, out["metrics"],
@@ -288,13 +272,11 @@ class Study:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(failed=len(result.failed), running=len(inflight), left=len(todo))
-                if broken:  # the old pool's other futures fail too (handled as they come); a fresh pool
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker)
+                pool.recover()
                 if stopping:
                     todo.clear()
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown()
             if bar is not None:
                 bar.close()
         result.failed.sort()
