@@ -24,6 +24,7 @@
                    [--executor local|ray [--address A] [--cpus-per-run C] [--gpus-per-run G]]
                    [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
     agentsim study status STUDY.h5
+    agentsim plot FILE.h5 [--out FILE.png]
 
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
@@ -110,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
                           "--steps stays the run's total")
     sub.add_parser("models", help="list the models with their parameters and defaults")
     _study_parsers(sub)
+    plot = sub.add_parser("plot", help="draw the figure for a trajectory or study file")
+    plot.add_argument("file")
+    plot.add_argument("--out", help="PNG path (default: the file's name with .png)")
     inspect = sub.add_parser("inspect", help="check and summarize a trajectory file or a checkpoint")
     inspect.add_argument("path", help="an HDF5 trajectory, a checkpoint directory, or a directory of checkpoints")
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
@@ -607,6 +611,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_info(args)
         if args.command == "inspect":
             return cmd_inspect(args.path)
+        if args.command == "plot":
+            from .plot import plot_file
+
+            print(f"wrote {plot_file(args.file, args.out)}")
+            return 0
         if args.command == "sweep":
             return cmd_sweep(args)
         if args.command == "study":

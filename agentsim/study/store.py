@@ -89,6 +89,7 @@ class StudyFile:
                                   f"{', '.join(diff)})")
             self.file.attrs["completed"] = False
             self.file.flush()
+            self.write_status()
             return
         if os.path.exists(self.path) and not overwrite:
             raise OutputError(f"study file '{self.path}' exists: pass resume to continue it or overwrite to "
@@ -102,6 +103,7 @@ class StudyFile:
         f.close()
         os.replace(tmp, self.path)
         self.file = _open(self.path, "a")
+        self.write_status()
 
     def done(self) -> set[str]:
         """The ids of the runs whose results are complete in the file."""
@@ -129,6 +131,7 @@ class StudyFile:
             del self.file["failures"][run_id]
         g.attrs["completed"] = True
         self.file.flush()
+        self.write_status()
 
     def write_failure(self, run_id: str, params: Mapping[str, Any], seed: int, attempts: int, kind: str,
                       error: str, traceback: str) -> None:
@@ -140,6 +143,7 @@ class StudyFile:
         g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, attempts=attempts, kind=kind,
                        error=error, traceback=traceback)
         self.file.flush()
+        self.write_status()
 
     def finish(self, combos: Sequence[Mapping[str, Any]], quantiles: Sequence[float] = QUANTILES) -> None:
         """Write ``/summary`` and ``/bands`` from the completed runs; set ``completed``."""
@@ -169,12 +173,31 @@ class StudyFile:
         self.file.attrs["completed"] = len(self.file["runs"]) + len(self.file["failures"]) >= int(
             self.file.attrs["runs_total"]) and not len(self.file["failures"])
         self.file.flush()
+        self.write_status()
+
+    def write_status(self) -> None:
+        """The counts of :func:`study_status` in a side file (``FILE.status.json``, atomic), for
+        readers of a running study: the HDF5 file itself may be caught mid-write.
+        """
+        from ..checkpoint import atomic_write
+
+        total = int(self.file.attrs["runs_total"])
+        done = sum(1 for g in self.file["runs"].values() if g.attrs.get("completed", False))
+        failed = len(self.file["failures"])
+        status = {"total": total, "done": done, "failed": failed, "remaining": total - done - failed,
+                  "completed": bool(self.file.attrs.get("completed", False))}
+        atomic_write(status_path(self.path), json.dumps(status).encode())
 
     def close(self) -> None:
         """Flush and close."""
         if self.file.id.valid:
             self.file.flush()
             self.file.close()
+
+
+def status_path(path: str) -> str:
+    """The side file with a running study's counts (see :meth:`StudyFile.write_status`)."""
+    return f"{path}.status.json"
 
 
 def summary_table(f: h5py.File) -> dict[str, np.ndarray]:
@@ -284,10 +307,14 @@ def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
             done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
             failed = len(f["failures"])
             completed = bool(f.attrs.get("completed", False))
-    except (OSError, KeyError) as e:
+    except (OSError, KeyError, RuntimeError, ValueError) as e:  # caught mid-write by the driver
         if isinstance(e, OutputError):
             raise
-        raise OutputError(f"study file '{path}' is being written: read it again ({e})") from e
+        try:
+            with open(status_path(path), encoding="utf-8") as s:
+                return {"path": path, **json.load(s)}
+        except (OSError, ValueError):
+            raise OutputError(f"study file '{path}' is being written: read it again ({e})") from e
     return {"path": path, "total": total, "done": done, "failed": failed, "remaining": total - done - failed,
             "completed": completed}
 

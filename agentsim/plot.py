@@ -1,0 +1,206 @@
+"""Figures of trajectory and study files: ``agentsim plot FILE.h5 [--out FILE.png]``.
+
+:func:`plot_file` picks the figure for what the file holds:
+
+- a study file (:mod:`agentsim.study.store`): per metric, the median and 10-90 % band over the
+  replicates of every parameter combination;
+- an epidemic (metrics ``S``, ``I``, ``R``): the compartments as fractions of the population;
+- predator-prey (``n_sheep``, ``n_wolf``): the population sizes, the grass, and the last grass layer;
+- boids (``polarization``): polarization over time and the last recorded positions and headings;
+- Schelling (``segregation``): segregation and happy share over time, and the last grid;
+- anything else: every metric over the steps.
+
+Animations (``agentsim animate``) are not built yet.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .errors import OutputError
+
+__all__ = ["plot_file"]
+
+
+def plot_file(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> str:
+    """Draw the figure for the trajectory or study file ``path`` into ``out`` (default: the file's
+    name with ``.png``); returns the path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = os.fspath(path)
+    if not os.path.isfile(path) or not h5py.is_hdf5(path):
+        raise OutputError(f"cannot plot '{path}': not an HDF5 file")
+    with h5py.File(path, "r") as f:
+        study = f.attrs.get("format") == "agentsim-study"
+    out = os.fspath(out) if out is not None else os.path.splitext(path)[0] + ".png"
+    fig = _study_figure(path, plt) if study else _trajectory_figure(path, plt)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _study_figure(path: str, plt: Any) -> Any:
+    from .study import read_study
+
+    data = read_study(path)
+    if not data.bands:
+        raise OutputError(f"cannot plot '{path}': the study has no finished runs with bands yet")
+    first = next(iter(data.bands.values()))
+    metrics = [m for m in first if m not in ("params", "runs", "step") and not m.startswith("n_")][:4] or \
+        [m for m in first if m not in ("params", "runs", "step")][:4]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4), squeeze=False)
+    colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(data.bands)))
+    q = [float(x) for x in data.quantiles]
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for band, color in zip(data.bands.values(), colors, strict=True):
+            steps = band["step"][len(q) // 2]
+            low, mid, high = band[metric][0], band[metric][len(q) // 2], band[metric][-1]
+            label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
+                              for k, v in band["params"].items()) or "all runs"
+            ax.fill_between(steps, low, high, color=color, alpha=0.22, linewidth=0)
+            ax.plot(steps, mid, color=color, label=f"{label} ({band['runs']} runs)")
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{metric} (per run)")
+        ax.set_title(metric)
+    axes[0][0].legend(frameon=False, fontsize=8)
+    fig.suptitle(f"{data.spec['model']} study: median and {q[0]:.0%}-{q[-1]:.0%} band over replicates "
+                 f"({len(data.runs)} runs, {data.spec['agents']:,} agents each)")
+    fig.tight_layout()
+    return fig
+
+
+def _trajectory_figure(path: str, plt: Any) -> Any:
+    from .io.hdf5 import read_trajectory
+
+    traj = read_trajectory(path)
+    m = traj.metrics
+    steps = m.get("step", np.arange(len(next(iter(m.values()), []))))
+    model = traj.attrs.get("model", "?")
+    params = traj.attrs.get("params", {}) if isinstance(traj.attrs.get("params"), dict) else {}
+    done = "" if traj.attrs.get("completed") else " (incomplete run)"
+    title = f"{model}, seed {traj.attrs.get('seed')}{done}"
+    if {"S", "I", "R"} <= set(m):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        n = m["S"] + m["I"] + m["R"]
+        for key, color, name in (("S", "tab:blue", "susceptible"), ("I", "tab:red", "infectious"),
+                                 ("R", "tab:green", "recovered")):
+            ax.plot(steps, m[key] / n, color=color, label=name)
+        ax.set_xlabel("day")
+        ax.set_ylabel("fraction of the population")
+        ax.set_ylim(0, 1)
+        ax.legend(frameon=False)
+        ax.set_title(f"{title}: {int(n[0]):,} people")
+    elif {"n_sheep", "n_wolf"} <= set(m):
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+        ax.plot(steps, m["n_sheep"], color="tab:olive", label="sheep")
+        ax.plot(steps, m["n_wolf"], color="tab:gray", label="wolves")
+        if "grass" in m:
+            ax.plot(steps, m["grass"] / 4, color="tab:green", alpha=0.6, label="grown grass cells / 4")
+        ax.set_xlabel("step")
+        ax.set_ylabel("count")
+        ax.legend(frameon=False)
+        ax.set_title(title)
+        _grass_panel(traj, ax2, plt)
+    elif "polarization" in m:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+        ax.plot(steps, m["polarization"], color="tab:purple")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("polarization |mean heading| (1: all aligned)")
+        ax.set_title(title)
+        _boids_panel(traj, ax2)
+    elif "segregation" in m:
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+        n = m.get("n_resident", np.ones_like(m["segregation"]))
+        ax.plot(steps, m["segregation"], color="tab:brown", label="segregation (mean similar-neighbor share)")
+        if "happy" in m:
+            ax.plot(steps, m["happy"] / n, color="tab:cyan", label="happy residents (share)")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("share")
+        ax.legend(frameon=False, loc="lower right")
+        ax.set_title(title)
+        _schelling_panel(traj, ax2, params, int(n[0]))
+    else:
+        keys = [k for k in m if k != "step"][:6]
+        fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)
+        for ax, key in zip(axes[0], keys, strict=True):
+            ax.plot(steps, m[key])
+            ax.set_xlabel("step")
+            ax.set_title(key)
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _last_frame(traj: Any, population: str) -> tuple[int, dict[str, np.ndarray]] | None:
+    if population not in traj.populations or not len(traj.steps(population)):
+        return None
+    step = int(traj.steps(population)[-1])
+    return step, traj.agents(population, step=step)
+
+
+def _boids_panel(traj: Any, ax: Any) -> None:
+    frame = _last_frame(traj, "boid")
+    if frame is None or "pos" not in frame[1]:
+        ax.set_axis_off()
+        ax.set_title("(no recorded positions)")
+        return
+    step, agents = frame
+    pos = agents["pos"]
+    show = np.arange(len(pos)) if len(pos) <= 3000 else np.linspace(0, len(pos) - 1, 3000).astype(int)
+    if "heading" in agents:
+        h = agents["heading"][show]
+        ax.quiver(pos[show, 0], pos[show, 1], h[:, 0], h[:, 1], angles="xy", scale=40, width=0.003,
+                  color="tab:purple")
+    else:
+        ax.scatter(pos[show, 0], pos[show, 1], s=2)
+    ax.set_aspect("equal")
+    ax.set_xlabel("x (length units)")
+    ax.set_ylabel("y (length units)")
+    shown = f"{len(show):,} of {len(pos):,}" if len(show) < len(pos) else f"{len(pos):,}"
+    ax.set_title(f"positions and headings at step {step} ({shown} boids)")
+
+
+def _schelling_panel(traj: Any, ax: Any, params: dict[str, Any], n0: int) -> None:
+    frame = _last_frame(traj, "resident")
+    density = float(params.get("density", 0.8))
+    if frame is None or not {"cell", "group"} <= set(frame[1]):
+        ax.set_axis_off()
+        ax.set_title("(no recorded residents)")
+        return
+    step, agents = frame
+    side = max(2, math.ceil(math.sqrt(n0 / density)))
+    image = np.full(side * side, np.nan)
+    image[agents["cell"].astype(np.int64)] = agents["group"]
+    from matplotlib.colors import ListedColormap
+
+    ax.imshow(image.reshape(side, side), cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
+    ax.set_title(f"grid at step {step}: group 0 blue, group 1 orange, empty white")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _grass_panel(traj: Any, ax: Any, plt: Any) -> None:
+    if "grass" not in traj.env_names or not len(traj.env_steps()):
+        ax.set_axis_off()
+        ax.set_title("(no recorded grass layer)")
+        return
+    step = int(traj.env_steps()[-1])
+    grass = np.asarray(traj.env("grass", step=step), dtype=float)
+    if grass.ndim == 1:
+        side = math.isqrt(grass.size)
+        grass = grass[: side * side].reshape(side, side)
+    ax.imshow(grass, cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_title(f"grass at step {step} (green: grown)")
+    ax.set_xticks([])
+    ax.set_yticks([])
