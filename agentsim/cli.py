@@ -25,6 +25,7 @@
                    [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
     agentsim study status STUDY.h5
     agentsim plot FILE.h5 [--out FILE.png]
+    agentsim animate FILE.h5 --out FILE.gif|mp4 [--fps N]
 
 
 With ``--nprocs W`` (W > 1) or under torchrun (``WORLD_SIZE`` > 1), the run is split
@@ -114,6 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw the figure for a trajectory or study file")
     plot.add_argument("file")
     plot.add_argument("--out", help="PNG path (default: the file's name with .png)")
+    animate = sub.add_parser("animate", help="animate the recorded frames of a spatial model's trajectory")
+    animate.add_argument("file")
+    animate.add_argument("--out", required=True, help="FILE.gif (or .mp4 with ffmpeg)")
+    animate.add_argument("--fps", type=int, default=8, help="frames per second (default 8)")
     inspect = sub.add_parser("inspect", help="check and summarize a trajectory file or a checkpoint")
     inspect.add_argument("path", help="an HDF5 trajectory, a checkpoint directory, or a directory of checkpoints")
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
@@ -615,6 +620,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .plot import plot_file
 
             print(f"wrote {plot_file(args.file, args.out)}")
+            return 0
+        if args.command == "animate":
+            from .plot import animate_file
+
+            print(f"wrote {animate_file(args.file, args.out, args.fps)}")
             return 0
         if args.command == "sweep":
             return cmd_sweep(args)

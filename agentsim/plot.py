@@ -10,7 +10,10 @@
 - Schelling (``segregation``): segregation and happy share over time, and the last grid;
 - anything else: every metric over the steps.
 
-Animations (``agentsim animate``) are not built yet.
+:func:`animate_file` (``agentsim animate FILE.h5 --out FILE.gif|mp4``) draws every recorded
+frame of a spatial model: boids or walkers (positions), Schelling (the grid), wolf-sheep (the
+grass layer, with the animal counts in the title); a GIF needs nothing more (Pillow comes with matplotlib), an MP4
+needs ffmpeg on the PATH.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 
 from .errors import OutputError
 
-__all__ = ["plot_file"]
+__all__ = ["animate_file", "plot_file"]
 
 
 def plot_file(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> str:
@@ -204,3 +207,88 @@ def _grass_panel(traj: Any, ax: Any, plt: Any) -> None:
     ax.set_title(f"grass at step {step} (green: grown)")
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps: int = 8) -> str:
+    """Animate the recorded frames of the trajectory ``path`` into ``out`` (``.gif`` or ``.mp4``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.animation import FFMpegWriter, FuncAnimation, PillowWriter
+
+    from .io.hdf5 import read_trajectory
+
+    path, out = os.fspath(path), os.fspath(out)
+    suffix = os.path.splitext(out)[1].lower()
+    if suffix not in (".gif", ".mp4"):
+        raise OutputError(f"animate: expected an output ending in .gif or .mp4 (got '{out}')")
+    if suffix == ".mp4" and not FFMpegWriter.isAvailable():
+        raise OutputError("animate: an .mp4 needs ffmpeg on the PATH; write a .gif instead")
+    traj = read_trajectory(path)
+    params = traj.attrs.get("params", {}) if isinstance(traj.attrs.get("params"), dict) else {}
+    model = traj.attrs.get("model", "?")
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    pops = [p for p in ("boid", "walker") if p in traj.populations and "pos" in traj.fields(p)]
+    if pops:
+        pop = pops[0]
+        steps = traj.steps(pop)
+        first = traj.agents(pop, "pos", step=int(steps[0]))["pos"]
+        dots = ax.scatter(first[:, 0], first[:, 1], s=3, color="tab:purple")
+        allpos = np.concatenate([traj.agents(pop, "pos", step=int(s))["pos"] for s in steps])
+        ax.set_xlim(allpos[:, 0].min(), allpos[:, 0].max())
+        ax.set_ylim(allpos[:, 1].min(), allpos[:, 1].max())
+        ax.set_aspect("equal")
+        ax.set_xlabel("x (length units)")
+        ax.set_ylabel("y (length units)")
+
+        def draw(k: int) -> Any:
+            dots.set_offsets(traj.agents(pop, "pos", step=int(steps[k]))["pos"])
+            ax.set_title(f"{model}: {pop} positions, step {int(steps[k])}")
+            return (dots,)
+    elif "resident" in traj.populations:
+        steps = traj.steps("resident")
+        n0 = int(traj.metrics.get("n_resident", [len(traj.agents("resident", "cell", step=int(steps[0]))["uid"])])[0])
+        side = max(2, math.ceil(math.sqrt(n0 / float(params.get("density", 0.8)))))
+        from matplotlib.colors import ListedColormap
+
+        def grid(k: int) -> np.ndarray:
+            a = traj.agents("resident", ["cell", "group"], step=int(steps[k]))
+            image = np.full(side * side, np.nan)
+            image[a["cell"].astype(np.int64)] = a["group"]
+            return image.reshape(side, side)
+        img = ax.imshow(grid(0), cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+
+        def draw(k: int) -> Any:
+            img.set_data(grid(k))
+            ax.set_title(f"{model}, step {int(steps[k])}: group 0 blue, 1 orange, empty white")
+            return (img,)
+    elif "grass" in traj.env_names:
+        steps = traj.env_steps()
+
+        def layer(k: int) -> np.ndarray:
+            g = np.asarray(traj.env("grass", step=int(steps[k])), dtype=float)
+            return g.reshape(math.isqrt(g.size), -1) if g.ndim == 1 else g
+        img = ax.imshow(layer(0), cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+
+        def draw(k: int) -> Any:
+            img.set_data(layer(k))
+            counts = ", ".join(f"{p} {int(traj.metrics[f'n_{p}'][int(steps[k])])}" for p in ("sheep", "wolf")
+                               if f"n_{p}" in traj.metrics and int(steps[k]) < len(traj.metrics[f"n_{p}"]))
+            ax.set_title(f"{model}, step {int(steps[k])}: grass (green: grown); {counts}")
+            return (img,)
+    else:
+        plt.close(fig)
+        raise OutputError(f"animate: '{path}' holds no spatial frames (positions, a grid or a grass layer); "
+                          "use agentsim plot")
+    if len(steps) < 2:
+        plt.close(fig)
+        raise OutputError(f"animate: '{path}' has {len(steps)} recorded frame(s); record more with --every K")
+    anim = FuncAnimation(fig, draw, frames=len(steps), blit=False)
+    anim.save(out, writer=PillowWriter(fps=fps) if suffix == ".gif" else FFMpegWriter(fps=fps), dpi=90)
+    plt.close(fig)
+    return out

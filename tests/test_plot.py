@@ -36,3 +36,17 @@ def test_a_study_file_gets_its_bands_and_other_files_an_error(tmp_path, capsys):
     (tmp_path / "x.h5").write_text("not hdf5")
     assert main(["plot", str(tmp_path / "x.h5")]) == 1
     assert "cannot plot" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, extra", [("boids", ["--agents", "200"]), ("schelling", ["--agents", "300"]),
+                                          ("wolfsheep", ["--agents", "150"])])
+def test_animate_writes_a_gif_of_every_recorded_frame(model, extra, tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / f"{model}.h5"
+    assert main(["run", model, "--quiet", "--steps", "6", "--every", "2", "--out", str(out), *extra]) == 0
+    assert main(["animate", str(out), "--out", str(tmp_path / "a.gif")]) == 0
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.n_frames == 4  # steps 0, 2, 4, 6
+    assert main(["animate", str(out), "--out", str(tmp_path / "a.avi")]) == 1
+    assert "expected an output ending in .gif or .mp4" in capsys.readouterr().err

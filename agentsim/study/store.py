@@ -42,9 +42,9 @@ FORMAT_VERSION = 1
 QUANTILES = (0.1, 0.5, 0.9)
 
 
-def _open(path: str, mode: str, locking: bool = True) -> h5py.File:
+def _open(path: str, mode: str) -> h5py.File:
     try:
-        return h5py.File(path, mode, locking=locking)
+        return h5py.File(path, mode)
     except OSError as e:
         text = str(e)
         if "unable to lock file" in text.lower():
@@ -296,25 +296,32 @@ def read_study(path: str | os.PathLike[str]) -> StudyData:
 
 
 def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Done, failed and remaining runs of a study file (running, finished or crashed)."""
+    """Done, failed and remaining runs of a study file (running, finished or crashed).
+
+    A study whose driver is running holds the file's lock: its counts come from the side file
+    the driver rewrites (atomically) after every run (:meth:`StudyFile.write_status`); otherwise
+    from the file itself.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise OutputError(f"cannot read study file '{path}': no such file")
-    try:  # without the file lock: the driver of a running study holds it (and flushes after every run)
-        with _open(path, "r", locking=False) as f:
-            _check_format(f, path)
-            total = int(f.attrs["runs_total"])
-            done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
-            failed = len(f["failures"])
-            completed = bool(f.attrs.get("completed", False))
-    except (OSError, KeyError, RuntimeError, ValueError) as e:  # caught mid-write by the driver
-        if isinstance(e, OutputError):
-            raise
-        try:
-            with open(status_path(path), encoding="utf-8") as s:
-                return {"path": path, **json.load(s)}
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        if "unable to lock file" not in str(e).lower():
+            raise OutputError(f"cannot open study file '{path}': {e}") from e
+        try:  # the driver is running
+            with open(status_path(path), encoding="utf-8") as side:
+                return {"path": path, **json.load(side)}
         except (OSError, ValueError):
-            raise OutputError(f"study file '{path}' is being written: read it again ({e})") from e
+            raise OutputError(f"study file '{path}' is being written and has no status file yet: "
+                              "ask again") from e
+    with f:
+        _check_format(f, path)
+        total = int(f.attrs["runs_total"])
+        done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
+        failed = len(f["failures"])
+        completed = bool(f.attrs.get("completed", False))
     return {"path": path, "total": total, "done": done, "failed": failed, "remaining": total - done - failed,
             "completed": completed}
 
