@@ -2,6 +2,7 @@
 median and 10-90 % band of the infectious fraction per rate.
 
     python examples/sir_study.py --agents 20000 --replicates 20 --workers 2 --out sir_study
+    python examples/sir_study.py --executor ray ...     # the same study on a local Ray instance
 
 writes ``sir_study.h5`` (the study file: every run, the summary, the bands) and
 ``sir_study.png``. Run it again with ``--resume`` after an interruption: finished runs are kept.
@@ -27,13 +28,15 @@ def main() -> None:
     ap.add_argument("--replicates", type=int, default=20)
     ap.add_argument("--betas", default="0.02,0.03,0.05", help="per-contact daily transmission probabilities")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--executor", default="local", help="local (a process pool) or ray (pip install 'agentsim[ray]')")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--out", default="sir_study", help="output path without suffix")
     args = ap.parse_args()
 
     betas = [float(b) for b in args.betas.split(",")]
     study = Study("sir", {"beta": betas}, replicates=args.replicates, seed=1, agents=args.agents, steps=args.steps)
-    result = study.run(f"{args.out}.h5", workers=args.workers, resume=args.resume, overwrite=not args.resume)
+    result = study.run(f"{args.out}.h5", workers=args.workers, executor=args.executor, resume=args.resume,
+                       overwrite=not args.resume)
     data = read_study(f"{args.out}.h5")
     q = [float(x) for x in data.quantiles]
 

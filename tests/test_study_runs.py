@@ -187,3 +187,17 @@ def test_the_ray_executor_writes_the_same_study_file_and_retries_a_dead_worker(t
         for m in a.bands[c]:
             if m not in ("params", "runs"):
                 assert np.array_equal(a.bands[c][m], b.bands[c][m])
+
+
+@pytest.mark.timeout(300)
+def test_runs_on_several_processes_each_give_the_one_process_study(tmp_path):
+    one = Study("boids", {"cohere": [0.03, 0.06]}, seeds=[3], agents=300, steps=6)
+    two = Study("boids", {"cohere": [0.03, 0.06]}, seeds=[3], agents=300, steps=6,
+                options={"nprocs": 2, "partition": "spatial", "layout": "strips"})
+    one.run(tmp_path / "one.h5", workers=1)
+    two.run(tmp_path / "two.h5", workers=2)
+    a, b = read_study(tmp_path / "one.h5"), read_study(tmp_path / "two.h5")
+    assert sorted(a.runs) == sorted(b.runs) == ["c0000-r0000", "c0001-r0000"]
+    for k in a.runs:
+        for m in a.runs[k]["metrics"]:
+            assert np.array_equal(a.runs[k]["metrics"][m], b.runs[k]["metrics"][m]), (k, m)

@@ -103,9 +103,17 @@ def execute_run(model_ref: str, params: dict[str, Any], seed: int, agents: int, 
     """
     t0 = time.perf_counter()
     try:
-        model = get_model(model_ref).configure(params=params)
-        sim = Simulation(model, agents=agents, seed=seed, device=device, **options)
-        metrics = {k: np.asarray(v) for k, v in sim.run(steps).metrics.items() if k != "seconds"}
+        options = dict(options)
+        nprocs = options.pop("nprocs", 1)
+        if nprocs > 1:  # a multi-rank run (the same metrics as one process, bit for bit)
+            from ..distributed.launch import launch
+
+            result = launch(model_ref, nprocs, agents=agents, steps=steps, seed=seed, params=params, device=device,
+                            **options)
+        else:
+            model = get_model(model_ref).configure(params=params)
+            result = Simulation(model, agents=agents, seed=seed, device=device, **options).run(steps)
+        metrics = {k: np.asarray(v) for k, v in result.metrics.items() if k != "seconds"}
     except Exception as e:
         return {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
     return {"ok": True, "metrics": metrics, "seconds": time.perf_counter() - t0}
@@ -124,7 +132,10 @@ class Study:
         seed: The study seed (with ``replicates``).
         agents, steps: Of every run.
         device: Of every run.
-        options: Further :class:`~agentsim.engine.Simulation` options of every run.
+        options: Further options of every run: :class:`~agentsim.engine.Simulation` options, or,
+            with ``nprocs`` > 1, each run on that many processes with the options of
+            :func:`~agentsim.distributed.launch.launch` (``partition``, ``layout``,
+            ``balance_every``, ...): the same metrics as one process, bit for bit.
 
     Examples:
         >>> study = Study("sir", params={"beta": [0.02, 0.04]}, replicates=3, agents=500, steps=10)
