@@ -75,6 +75,7 @@ class StudyFile:
     def __init__(self, path: str | os.PathLike[str], spec: Mapping[str, Any], total: int, *, resume: bool = False,
                  overwrite: bool = False) -> None:
         self.path = os.fspath(path)
+        self._counts: dict[str, int] | None = None
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise OutputError(f"cannot create study file '{self.path}': directory '{parent}' does not exist")
@@ -119,6 +120,8 @@ class StudyFile:
         """Record a finished run (replacing a partial group from a killed driver) and flush."""
         runs = self.file["runs"]
         if run_id in runs:
+            if runs[run_id].attrs.get("completed", False) and self._counts is not None:
+                self._counts["done"] -= 1
             del runs[run_id]
         g = runs.create_group(run_id)
         for name, series in metrics.items():
@@ -129,8 +132,12 @@ class StudyFile:
             g.attrs[f"param.{k}"] = v
         if run_id in self.file["failures"]:
             del self.file["failures"][run_id]
+            if self._counts is not None:
+                self._counts["failed"] -= 1
         g.attrs["completed"] = True
         self.file.flush()
+        if self._counts is not None:
+            self._counts["done"] += 1
         self.write_status()
 
     def write_failure(self, run_id: str, params: Mapping[str, Any], seed: int, attempts: int, kind: str,
@@ -139,6 +146,8 @@ class StudyFile:
         failures = self.file["failures"]
         if run_id in failures:
             del failures[run_id]
+        elif self._counts is not None:
+            self._counts["failed"] += 1
         g = failures.create_group(run_id)
         g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, attempts=attempts, kind=kind,
                        error=error, traceback=traceback)
@@ -159,9 +168,12 @@ class StudyFile:
                 s.create_dataset(col, data=values)
         b = self.file.create_group("bands")
         b.attrs["quantiles"] = np.asarray(quantiles, dtype=np.float64)
+        by_combo: dict[int, list[h5py.Group]] = {}
+        for g in self.file["runs"].values():  # one pass: the runs of every combination
+            if g.attrs.get("completed", False):
+                by_combo.setdefault(int(g.attrs["combo"]), []).append(g)
         for combo, params in enumerate(combos):
-            runs = [g for g in self.file["runs"].values()
-                    if g.attrs.get("completed", False) and int(g.attrs["combo"]) == combo]
+            runs = by_combo.get(combo, [])
             if not runs:
                 continue
             cg = b.create_group(f"c{combo:04d}")
@@ -173,20 +185,25 @@ class StudyFile:
         self.file.attrs["completed"] = len(self.file["runs"]) + len(self.file["failures"]) >= int(
             self.file.attrs["runs_total"]) and not len(self.file["failures"])
         self.file.flush()
+        self._counts = None
         self.write_status()
 
     def write_status(self) -> None:
-        """The counts of :func:`study_status` in a side file (``FILE.status.json``, atomic), for
-        readers of a running study: the HDF5 file itself may be caught mid-write.
+        """The counts of :func:`study_status` in a side file (``FILE.status.json``, replaced
+        atomically by a rename; not fsync-ed: it is a progress report, the HDF5 file is the
+        record), for readers of a running study, whose HDF5 file the driver keeps locked.
         """
-        from ..checkpoint import atomic_write
-
+        if self._counts is None:  # once per open; then kept up to date by write_run / write_failure
+            self._counts = {"done": len(self.done()), "failed": len(self.file["failures"])}
         total = int(self.file.attrs["runs_total"])
-        done = sum(1 for g in self.file["runs"].values() if g.attrs.get("completed", False))
-        failed = len(self.file["failures"])
+        done, failed = self._counts["done"], self._counts["failed"]
         status = {"total": total, "done": done, "failed": failed, "remaining": total - done - failed,
                   "completed": bool(self.file.attrs.get("completed", False))}
-        atomic_write(status_path(self.path), json.dumps(status).encode())
+        target = status_path(self.path)
+        tmp = f"{target}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(status, f)
+        os.replace(tmp, target)
 
     def close(self) -> None:
         """Flush and close."""
