@@ -23,7 +23,7 @@
                    [--agents N] [--steps T] --out STUDY.h5 [--workers N] [--resume | --overwrite]
                    [--executor local|ray [--address A] [--cpus-per-run C] [--gpus-per-run G]]
                    [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
-    agentsim study status STUDY.h5
+    agentsim study status STUDY.h5|DIR
     agentsim plot FILE.h5 [--out FILE.png]
     agentsim animate FILE.h5 --out FILE.gif|mp4 [--fps N]
 
@@ -287,8 +287,8 @@ def _study_parsers(sub: Any) -> None:
     sw.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     st = sub.add_parser("study", help="about a study file: study status FILE")
     st_sub = st.add_subparsers(dest="study_command", required=True)
-    status = st_sub.add_parser("status", help="done / failed / remaining runs of a study file")
-    status.add_argument("file")
+    status = st_sub.add_parser("status", help="done / failed / remaining runs of a study file (or of each in a dir)")
+    status.add_argument("file", help="a study file, or a directory of them")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -333,13 +333,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_study_status(path: str) -> int:
-    """``agentsim study status FILE``."""
+    """``agentsim study status FILE|DIR`` (a directory: every study file in it)."""
+    import glob
+
+    import h5py
+
     from .study import study_status
 
-    s = study_status(path)
-    state = "completed" if s["completed"] else "not completed (running, stopped, or with failed runs)"
-    print(f"{s['path']}: {s['total']} runs: {s['done']} done, {s['failed']} failed, {s['remaining']} remaining; "
-          f"{state}")
+    if os.path.isdir(path):
+        files = []
+        for f in sorted(glob.glob(os.path.join(path, "*.h5"))):
+            try:
+                with h5py.File(f, "r", locking=False) as h:
+                    if h.attrs.get("format") == "agentsim-study":
+                        files.append(f)
+            except OSError:
+                continue
+        if not files:
+            raise ConfigError(f"study status: no study file (*.h5 of format agentsim-study) in '{path}'")
+    else:
+        files = [path]
+    for f in files:
+        s = study_status(f)
+        state = "completed" if s["completed"] else "not completed (running, stopped, or with failed runs)"
+        print(f"{s['path']}: {s['total']} runs: {s['done']} done, {s['failed']} failed, {s['remaining']} "
+              f"remaining; {state}")
     return 0
 
 

@@ -98,3 +98,12 @@ def test_sir_study_writes_the_study_file_and_its_bands(tmp_path):
     with h5py.File(tmp_path / "st.h5") as f:
         assert f.attrs["completed"] and len(f["runs"]) == 9 and len(f["bands"]) == 3
     assert_png(tmp_path / "st.png")
+
+
+@pytest.mark.ray
+def test_sir_study_runs_on_a_local_ray_instance(tmp_path):
+    pytest.importorskip("ray")
+    out = run_example("sir_study.py", "--agents", "1000", "--steps", "20", "--replicates", "2", "--workers", "2",
+                      "--betas", "0.03,0.05", "--executor", "ray", "--out", str(tmp_path / "ray"))
+    assert "4 runs: executed 4, kept 0" in out
+    assert_png(tmp_path / "ray.png")

@@ -154,6 +154,10 @@ def test_the_cli_runs_a_sweep_and_tells_its_status(tmp_path, capsys):
     capsys.readouterr()
     assert main(["study", "status", out]) == 0
     assert "4 runs: 4 done, 0 failed, 0 remaining; completed" in capsys.readouterr().out
+    assert main(["study", "status", str(tmp_path)]) == 0  # a directory: every study file in it
+    assert f"{out}: 4 runs: 4 done" in capsys.readouterr().out
+    assert main(["study", "status", str(tmp_path / "none")]) == 1
+    assert "no such file" in capsys.readouterr().err
     assert main(["sweep", "sir", "--grid", "beta=0.02", "--seeds", "1", "--out", out, "--quiet"]) == 1
     assert "exists: pass resume" in capsys.readouterr().err
     assert main(["sweep", "sir", "--grid", "beta=0.03", "--seeds", "1", "--out", out, "--resume", "--quiet"]) == 2
