@@ -336,25 +336,20 @@ def cmd_study_status(path: str) -> int:
     """``agentsim study status FILE|DIR`` (a directory: every study file in it)."""
     import glob
 
-    import h5py
-
     from .study import study_status
 
     if os.path.isdir(path):
-        files = []
+        statuses = []
         for f in sorted(glob.glob(os.path.join(path, "*.h5"))):
             try:
-                with h5py.File(f, "r", locking=False) as h:
-                    if h.attrs.get("format") == "agentsim-study":
-                        files.append(f)
-            except OSError:
-                continue
-        if not files:
+                statuses.append(study_status(f))
+            except AgentsimError:
+                continue  # not a study file (a trajectory, ...)
+        if not statuses:
             raise ConfigError(f"study status: no study file (*.h5 of format agentsim-study) in '{path}'")
     else:
-        files = [path]
-    for f in files:
-        s = study_status(f)
+        statuses = [study_status(path)]
+    for s in statuses:
         state = "completed" if s["completed"] else "not completed (running, stopped, or with failed runs)"
         print(f"{s['path']}: {s['total']} runs: {s['done']} done, {s['failed']} failed, {s['remaining']} "
               f"remaining; {state}")

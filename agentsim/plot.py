@@ -174,20 +174,38 @@ def _boids_panel(traj: Any, ax: Any) -> None:
     ax.set_title(f"positions and headings at step {step} ({shown} boids)")
 
 
+def _schelling_side(params: dict[str, Any], n0: int) -> int:
+    """The grid side of a Schelling run of ``n0`` residents (as models/schelling.py sets it)."""
+    return max(2, math.ceil(math.sqrt(n0 / float(params.get("density", 0.8)))))
+
+
+def _schelling_image(agents: dict[str, np.ndarray], side: int) -> np.ndarray:
+    """``[side, side]``: each cell's group, NaN where empty."""
+    image = np.full(side * side, np.nan)
+    image[agents["cell"].astype(np.int64)] = agents["group"]
+    return image.reshape(side, side)
+
+
+def _grass_image(traj: Any, step: int) -> np.ndarray:
+    """The grass layer at ``step`` as a square image (1: grown)."""
+    grass = np.asarray(traj.env("grass", step=step), dtype=float)
+    if grass.ndim == 1:
+        side = math.isqrt(grass.size)
+        grass = grass[: side * side].reshape(side, side)
+    return grass
+
+
 def _schelling_panel(traj: Any, ax: Any, params: dict[str, Any], n0: int) -> None:
     frame = _last_frame(traj, "resident")
-    density = float(params.get("density", 0.8))
     if frame is None or not {"cell", "group"} <= set(frame[1]):
         ax.set_axis_off()
         ax.set_title("(no recorded residents)")
         return
     step, agents = frame
-    side = max(2, math.ceil(math.sqrt(n0 / density)))
-    image = np.full(side * side, np.nan)
-    image[agents["cell"].astype(np.int64)] = agents["group"]
     from matplotlib.colors import ListedColormap
 
-    ax.imshow(image.reshape(side, side), cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
+    ax.imshow(_schelling_image(agents, _schelling_side(params, n0)),
+              cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
     ax.set_title(f"grid at step {step}: group 0 blue, group 1 orange, empty white")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -199,11 +217,7 @@ def _grass_panel(traj: Any, ax: Any, plt: Any) -> None:
         ax.set_title("(no recorded grass layer)")
         return
     step = int(traj.env_steps()[-1])
-    grass = np.asarray(traj.env("grass", step=step), dtype=float)
-    if grass.ndim == 1:
-        side = math.isqrt(grass.size)
-        grass = grass[: side * side].reshape(side, side)
-    ax.imshow(grass, cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
+    ax.imshow(_grass_image(traj, step), cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
     ax.set_title(f"grass at step {step} (green: grown)")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -249,14 +263,11 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
     elif "resident" in traj.populations:
         steps = traj.steps("resident")
         n0 = int(traj.metrics.get("n_resident", [len(traj.agents("resident", "cell", step=int(steps[0]))["uid"])])[0])
-        side = max(2, math.ceil(math.sqrt(n0 / float(params.get("density", 0.8)))))
+        side = _schelling_side(params, n0)
         from matplotlib.colors import ListedColormap
 
         def grid(k: int) -> np.ndarray:
-            a = traj.agents("resident", ["cell", "group"], step=int(steps[k]))
-            image = np.full(side * side, np.nan)
-            image[a["cell"].astype(np.int64)] = a["group"]
-            return image.reshape(side, side)
+            return _schelling_image(traj.agents("resident", ["cell", "group"], step=int(steps[k])), side)
         img = ax.imshow(grid(0), cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])
@@ -269,8 +280,7 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
         steps = traj.env_steps()
 
         def layer(k: int) -> np.ndarray:
-            g = np.asarray(traj.env("grass", step=int(steps[k])), dtype=float)
-            return g.reshape(math.isqrt(g.size), -1) if g.ndim == 1 else g
+            return _grass_image(traj, int(steps[k]))
         img = ax.imshow(layer(0), cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])

@@ -110,11 +110,6 @@ class StudyFile:
         """The ids of the runs whose results are complete in the file."""
         return {k for k, g in self.file["runs"].items() if g.attrs.get("completed", False)}
 
-    def attempts(self, run_id: str) -> int:
-        """Attempts recorded for a run that failed for good (0 if none)."""
-        g = self.file["failures"].get(run_id)
-        return int(g.attrs["attempts"]) if g is not None else 0
-
     def write_run(self, run_id: str, params: Mapping[str, Any], seed: int, combo: int, replicate: int,
                   metrics: Mapping[str, np.ndarray], attempts: int, seconds: float) -> None:
         """Record a finished run (replacing a partial group from a killed driver) and flush."""
@@ -180,8 +175,7 @@ class StudyFile:
             cg.attrs["params"] = json.dumps(dict(params), sort_keys=True)
             cg.attrs["runs"] = len(runs)
             for metric in runs[0].keys():
-                stack = np.stack([np.asarray(g[metric][...], dtype=np.float64) for g in runs])
-                cg.create_dataset(metric, data=np.quantile(stack, list(quantiles), axis=0))
+                cg.create_dataset(metric, data=quantile_bands((g[metric][...] for g in runs), quantiles))
         self.file.attrs["completed"] = len(self.file["runs"]) + len(self.file["failures"]) >= int(
             self.file.attrs["runs_total"]) and not len(self.file["failures"])
         self.file.flush()

@@ -302,7 +302,7 @@ class _EventLog:
     """One JSON line per event, to a path (appended) or a stream; nothing when None."""
 
     def __init__(self, target: str | IO[str] | None) -> None:
-        self._own = isinstance(target, str)
+        self._own = False
         if isinstance(target, str):
             self.stream: IO[str] | None = sys.stdout if target == "-" else open(target, "a", encoding="utf-8")
             self._own = target != "-"
