@@ -312,3 +312,31 @@ def test_metric_rows_are_written_in_batches(tmp_path, monkeypatch):
     assert traj.metrics["ratio"].tolist() == [0, 1, 2, 3, 4, 5, 1.5, 1.75, 2.0, 2.25]
     assert traj.metrics["n"].dtype == np.int64 and traj.metrics["n"].tolist() == list(range(10))
     assert traj.perf["seconds"].tolist() == [0.5] * 10
+
+
+def test_file_appears_at_its_path_on_the_first_flush_and_stale_temporaries_go(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.h5"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".run.h5.creating{int(dead.stdout)}"  # left by a writer killed before its first flush
+    stale.write_bytes(b"partial")
+    path.write_bytes(b"an older run")  # replaced only once the new file is flushed
+    w = TrajectoryWriter(path, model="m", params={}, seed=0, steps=2)
+    assert not stale.exists()
+    assert path.read_bytes() == b"an older run"
+    w.write_metrics(0, {"n": 1})
+    w.write_agents(0, "a", {"uid": torch.arange(3)})
+    w.flush()
+    assert read_trajectory(path).metrics["n"].tolist() == [1]
+    assert [p.name for p in tmp_path.iterdir()] == ["run.h5"]
+    w.close(completed=True)
+
+    # a writer closed without a flush (an exception in the first step) still leaves its file
+    other = tmp_path / "other.h5"
+    with pytest.raises(RuntimeError), TrajectoryWriter(other, model="m", params={}, seed=0, steps=2) as w2:
+        w2.write_metrics(0, {"n": 1})
+        raise RuntimeError("model failed")
+    traj = read_trajectory(other)
+    assert traj.attrs["completed"] is False and traj.metrics["n"].tolist() == [1]

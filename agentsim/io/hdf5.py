@@ -61,6 +61,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -93,6 +94,28 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 # --------------------------------------------------------------------------- helpers
+def _remove_stale_temporaries(directory: str, name: str) -> None:
+    """Remove ``.NAME.creatingPID`` files left by writers of ``name`` killed before their first
+    flush (their process is gone; a live writer's file is kept).
+    """
+    prefix = f".{name}.creating"
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry[len(prefix):]
+        if not (entry.startswith(prefix) and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, entry))
+        except PermissionError:  # a live process of another user
+            pass
+
+
 def _io_errors(method: _F) -> _F:
     """Turn h5py / OS failures inside a writer method into OutputError naming the file."""
 
@@ -224,7 +247,9 @@ class TrajectoryWriter:
     """Stream one run to an HDF5 file in the ``agentsim-trajectory`` format (see module doc).
 
     Args:
-        path: File to create (written in place with h5py mode ``"w"``).
+        path: File to create. It is written under a temporary name in the same directory
+            (``.NAME.creatingPID``) and renamed to ``path`` by the first :meth:`flush` or
+            :meth:`close`; an existing ``path`` is replaced then.
         model: Model name.
         params: Resolved parameters; stored as JSON (tensors and arrays as lists).
         seed: Run seed.
@@ -271,10 +296,16 @@ class TrajectoryWriter:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"params: cannot be stored as JSON ({e})") from None
         self._check_writable(overwrite)
-        # Created under a temporary name and renamed once its header is on disk: a process killed
-        # at any moment leaves no file, or one that opens.
+        # Created under a temporary name and renamed by the first flush() (or close()), once the
+        # groups and datasets of the first rows and frames are on disk: HDF5 writes new objects'
+        # metadata in no crash-safe order, so a process killed inside the flush that creates them
+        # can leave links to headers past the file's recorded end ("address of object past end of
+        # allocation"). Later flushes only extend datasets. An existing file at `path` stays until
+        # then; a kill before it leaves only the hidden temporary file, removed by the next writer.
         directory, name = os.path.split(os.path.abspath(self.path))
+        _remove_stale_temporaries(directory, name)
         creating = os.path.join(directory, f".{name}.creating{os.getpid()}")
+        self._creating: str | None = creating
         try:
             self._file = h5py.File(creating, "w")
         except OSError as e:
@@ -303,7 +334,6 @@ class TrajectoryWriter:
             self._env = _Series(self._file.create_group("env", track_order=True))
             self._perf = _ScalarSeries(self._file.create_group("perf", track_order=True))
             self._file.flush()
-            os.replace(creating, self.path)
         except OSError as e:
             self._file.close()
             if os.path.exists(creating):
@@ -328,6 +358,7 @@ class TrajectoryWriter:
         """
         self = cls.__new__(cls)
         self.path = os.fspath(path)
+        self._creating = None
         params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
         try:
             self._file = h5py.File(self.path, "r+")
@@ -633,6 +664,13 @@ class TrajectoryWriter:
         self._check_open()
         self._write_buffers()
         self._file.flush()
+        self._publish()
+
+    def _publish(self) -> None:
+        """Rename the file from its temporary name to ``path`` (after the first flush or close)."""
+        if self._creating is not None:
+            os.replace(self._creating, self.path)
+            self._creating = None
 
     @_io_errors
     def close(self, completed: bool) -> None:
@@ -649,6 +687,7 @@ class TrajectoryWriter:
             self._file.attrs["completed"] = bool(completed)
         finally:
             self._file.close()
+            self._publish()
 
     @property
     def closed(self) -> bool:
@@ -876,6 +915,6 @@ def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
             )
         try:
             return Trajectory(path, f)
-        except (KeyError, ValueError, OSError) as e:
+        except (KeyError, ValueError, OSError, RuntimeError) as e:  # h5py raises RuntimeError on bad links
             why = _why(e) if isinstance(e, OSError) else e
             raise OutputError(f"'{path}' is a damaged agentsim trajectory: {why}") from e
