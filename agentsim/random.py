@@ -22,13 +22,15 @@ Examples:
 
 from __future__ import annotations
 
-import math
 import zlib
 
 import torch
 from torch import Tensor
 
+from .rng_kernel import MAX_DRAWS, box_muller, kernel
+
 _MASK64 = (1 << 64) - 1
+_KERNEL_MIN = 1  # ids per call from which the compiled kernel is used (faster from 16 ids on; same bits)
 
 
 def _signed(c: int) -> int:
@@ -119,6 +121,9 @@ class CounterRNG:
             draw: Index of the first draw within (id, step, stream).
             draws: If given, return ``draws`` consecutive draws as a last dimension.
         """
+        fused = self._fused("bits", ids, step, stream, draw, draws)
+        if fused is not None:
+            return fused
         key = self.key(ids, stream)
         if draws is None:
             return mix64(key ^ mix64_int((step << 20) ^ draw))
@@ -128,6 +133,25 @@ class CounterRNG:
             device=key.device,
         )
         return mix64(key.unsqueeze(-1) ^ salts)
+
+    def _fused(self, kind: str, ids: Tensor, step: int, stream: int | str, draw: int, draws: int | None,
+               raw_per_draw: int = 1) -> Tensor | None:
+        """The draws from the compiled kernel (:mod:`agentsim.rng_kernel`; the same bits as the torch
+        ops), or None where it does not apply (not a CPU tensor, few ids, kernel unavailable).
+        """
+        if ids.device.type != "cpu" or ids.numel() < _KERNEL_MIN or ids.requires_grad:
+            return None
+        k = kernel()
+        if k is None:
+            return None
+        n = 1 if draws is None else draws
+        if n * raw_per_draw > MAX_DRAWS:
+            return None
+        salts = [mix64_int((step << 20) ^ (draw * raw_per_draw + d)) for d in range(n * raw_per_draw)]
+        salt = mix64_int(mix64_int(self.seed) ^ stream_id(stream))
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        out = k.run(kind, flat, GOLDEN, salt, salts, n)
+        return out.reshape(ids.shape) if draws is None else out.reshape(*ids.shape, n)
 
     def uniform(
         self,
@@ -139,6 +163,10 @@ class CounterRNG:
         dtype: torch.dtype = torch.float64,
     ) -> Tensor:
         """Uniform numbers in ``[0, 1)``: 53 random bits for float64, 24 for float32."""
+        if dtype in (torch.float64, torch.float32):
+            fused = self._fused("uniform64" if dtype == torch.float64 else "uniform32", ids, step, stream, draw, draws)
+            if fused is not None:
+                return fused
         b = self.bits(ids, step, stream, draw, draws)
         if dtype == torch.float64:
             return _shr(b, 11).to(torch.float64) * (2.0**-53)
@@ -155,12 +183,19 @@ class CounterRNG:
         draws: int | None = None,
         dtype: torch.dtype = torch.float64,
     ) -> Tensor:
-        """Standard normal numbers (Box-Muller); draw ``d`` consumes raw draws ``2d, 2d+1``."""
+        """Standard normal numbers (Box-Muller in float64, then ``dtype``); draw ``d`` consumes raw
+        draws ``2d, 2d+1``. The transform is :func:`agentsim.rng_kernel.box_muller`: correctly
+        rounded operations only, so the compiled kernel, torch ops, CPU and CUDA give the same bits.
+        """
+        if dtype not in (torch.float64, torch.float32):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
+        fused = self._fused("normal64" if dtype == torch.float64 else "normal32", ids, step, stream, draw, draws,
+                            raw_per_draw=2)
+        if fused is not None:
+            return fused
         n = 1 if draws is None else draws
         u = self.uniform(ids, step, stream, 2 * draw, 2 * n, dtype=torch.float64)
-        u1, u2 = u[..., 0::2], u[..., 1::2]
-        z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
-        z = z.to(dtype)
+        z = box_muller(u[..., 0::2], u[..., 1::2]).to(dtype)
         return z.squeeze(-1) if draws is None else z
 
     def integers(

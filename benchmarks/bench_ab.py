@@ -9,7 +9,11 @@ new first in odd ones, so slow phases of a shared machine hit both alike):
 - ``sir``: the README's main job, ``agentsim run sir --agents N --steps 100 --out FILE`` (the
   simulation seconds it prints, and its init seconds);
 - ``boids_w1``: boids on one process, ms per step over ``--steps`` steps after 2 warm-up steps;
-- ``boids_w2``: the same on 2 ranks with the spatial partitioner (the overlapped exchange).
+- ``boids_w2``: the same on 2 ranks with the spatial partitioner (the overlapped exchange);
+- ``randomwalk``, ``schelling`` (with ``--work``): ms per step of that model on one process at
+  ``--walk-agents`` / ``--schelling-agents``.
+
+``--work`` picks the items (default: ``sir boids_w1 boids_w2``).
 
 It writes every round's figures, their medians and the median of the per-round ratios
 new / old (JSON), and checks that both give the same final SIR counts. A checkout is used
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+WORK = ("sir", "boids_w1", "boids_w2", "randomwalk", "schelling")
 
 
 # ---------------------------------------------------------------- run inside a checkout's processes
@@ -73,17 +78,17 @@ def _sir(root: Path, agents: int, out: Path) -> tuple[float, float, str]:
     return float(times.group(2)), float(times.group(1)), final.group(1)
 
 
-def _boids(root: Path, agents: int, steps: int, world_size: int) -> float:
+def _per_step(root: Path, model: str, agents: int, steps: int, world_size: int) -> float:
     if world_size == 1:
-        code = f"import bench_ab; print(bench_ab.seconds_per_step(None, 'boids', {agents}, {steps}, None))"
+        code = f"import bench_ab; print(bench_ab.seconds_per_step(None, {model!r}, {agents}, {steps}, None))"
     else:
         code = ("from agentsim.distributed import run_ranks; import bench_ab; "
-                f"print(run_ranks(bench_ab.seconds_per_step, {world_size}, ('boids', {agents}, {steps}, 'spatial'), "
+                f"print(run_ranks(bench_ab.seconds_per_step, {world_size}, ({model!r}, {agents}, {steps}, 'spatial'), "
                 "timeout=600)[0])")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=_env(root),
                           cwd=root)
     if done.returncode:
-        raise SystemExit(f"{root}: boids on {world_size} failed:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"{root}: {model} on {world_size} failed:\n{done.stderr[-2000:]}")
     return float(done.stdout.strip().splitlines()[-1]) * 1e3
 
 
@@ -94,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--sir-agents", type=int, default=1_000_000)
     ap.add_argument("--boids-agents", type=int, default=1_000_000)
-    ap.add_argument("--steps", type=int, default=10, help="timed boids steps per run")
+    ap.add_argument("--walk-agents", type=int, default=10_000_000)
+    ap.add_argument("--schelling-agents", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per run (boids, randomwalk, schelling)")
+    ap.add_argument("--work", nargs="+", choices=WORK, default=["sir", "boids_w1", "boids_w2"])
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/ab-<time>.json)")
     args = ap.parse_args(argv)
     roots = {"old": Path(args.old).resolve(), "new": Path(args.new).resolve()}
@@ -105,20 +113,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         print(f"bench_ab: --rounds >= 1 (got {args.rounds})", file=sys.stderr)
         return 2
-    keys = ("sir_seconds", "sir_init_seconds", "boids_w1_ms_per_step", "boids_w2_ms_per_step")
+    per_step = {"boids_w1": ("boids", args.boids_agents, 1), "boids_w2": ("boids", args.boids_agents, 2),
+                "randomwalk": ("randomwalk", args.walk_agents, 1), "schelling": ("schelling", args.schelling_agents, 1)}
+    keys = tuple((["sir_seconds", "sir_init_seconds"] if "sir" in args.work else [])
+                 + [f"{w}_ms_per_step" for w in args.work if w != "sir"])
     rounds: dict[str, dict[str, list[float]]] = {v: {k: [] for k in keys} for v in roots}
     finals: dict[str, set[str]] = {v: set() for v in roots}
     scratch = Path(os.environ.get("TMPDIR", "/tmp"))
     for r in range(args.rounds):
         order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
-        for v in order:
+        for v in order if "sir" in args.work else []:
             seconds, init, final = _sir(roots[v], args.sir_agents, scratch / f"bench_ab_sir_{v}.h5")
             rounds[v]["sir_seconds"].append(seconds)
             rounds[v]["sir_init_seconds"].append(init)
             finals[v].add(final)
-        for key, world_size in (("boids_w1_ms_per_step", 1), ("boids_w2_ms_per_step", 2)):
+        for work in args.work:
+            if work == "sir":
+                continue
+            model, agents, world_size = per_step[work]
             for v in order:
-                rounds[v][key].append(_boids(roots[v], args.boids_agents, args.steps, world_size))
+                rounds[v][f"{work}_ms_per_step"].append(_per_step(roots[v], model, agents, args.steps, world_size))
         print(f"round {r + 1}/{args.rounds}: " + "; ".join(
             f"{k}: old {rounds['old'][k][-1]:.3f} new {rounds['new'][k][-1]:.3f}" for k in keys), flush=True)
     ratios = {}

@@ -91,3 +91,86 @@ def test_bad_arguments():
         CounterRNG(1).integers(torch.arange(3), 0, "x", 0)
     with pytest.raises(TypeError, match="stream must be"):
         CounterRNG(1).uniform(torch.arange(3), 0, 1.5)
+
+
+# ---------------------------------------------------------------- the compiled kernel (agentsim.rng_kernel)
+def _eager(monkeypatch, fn):
+    monkeypatch.setenv("AGENTSIM_RNG_KERNEL", "0")
+    try:
+        return fn()
+    finally:
+        monkeypatch.delenv("AGENTSIM_RNG_KERNEL")
+
+
+@pytest.fixture(scope="module")
+def built_kernel():
+    from agentsim.rng_kernel import kernel
+
+    k = kernel()
+    if k is None:
+        pytest.skip("the random-number kernel could not be built here (no C compiler)")
+    return k
+
+
+@pytest.mark.parametrize("n", [4096, 4099, 70_001, 300_000])
+@pytest.mark.parametrize(("method", "kwargs"), [
+    ("bits", {}), ("bits", {"draw": 3, "draws": 5}),
+    ("uniform", {}), ("uniform", {"draws": 2}), ("uniform", {"dtype": torch.float32, "draw": 1, "draws": 3}),
+    ("normal", {}), ("normal", {"draw": 2, "draws": 3}), ("normal", {"draws": 2, "dtype": torch.float32}),
+])
+def test_kernel_gives_the_bits_of_the_torch_ops(built_kernel, monkeypatch, n, method, kwargs):
+    rng = CounterRNG(-12345)
+    ids = torch.arange(n) * 7919 - 10**12  # negative ids too
+    fused = getattr(rng, method)(ids, 77, "stream", **kwargs)
+    eager = _eager(monkeypatch, lambda: getattr(rng, method)(ids, 77, "stream", **kwargs))
+    assert fused.dtype == eager.dtype and fused.shape == eager.shape
+    assert torch.equal(fused.view(torch.int64 if fused.dtype == torch.float64 else fused.dtype),
+                       eager.view(torch.int64 if eager.dtype == torch.float64 else eager.dtype))  # -0.0 too
+
+
+def test_kernel_takes_any_id_layout(built_kernel):
+    rng = CounterRNG(3)
+    ids = (torch.arange(20_000) * 5).reshape(100, 200).t()  # non-contiguous, 2-D
+    assert torch.equal(rng.normal(ids, 1, "s", draws=2), rng.normal(ids.contiguous(), 1, "s", draws=2))
+    assert rng.normal(ids, 1, "s", draws=2).shape == (200, 100, 2)
+    assert torch.equal(rng.uniform(ids.to(torch.int32), 1, "s"), rng.uniform(ids, 1, "s"))
+
+
+def test_box_muller_is_the_textbook_transform_to_a_few_ulp():
+    from agentsim.rng_kernel import box_muller
+
+    g = torch.Generator().manual_seed(0)
+    u1 = torch.cat([torch.rand(1_000_000, dtype=torch.float64, generator=g),
+                    torch.tensor([0.0, 1 - 2**-53, 0.5, 2**-53], dtype=torch.float64)])
+    u2 = torch.cat([torch.rand(1_000_000, dtype=torch.float64, generator=g),
+                    torch.tensor([0.0, 0.25, 0.5, 0.75], dtype=torch.float64)])
+    textbook = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
+    ours = box_muller(u1, u2)
+    assert torch.isfinite(ours).all()
+    assert (ours - textbook).abs().max().item() < 1e-14  # values reach 8.6
+
+
+def test_normal_moments_and_kolmogorov_smirnov():
+    z = CounterRNG(11).normal(torch.arange(400_000), 2, "z")
+    assert abs(z.mean().item()) < 5 / math.sqrt(z.numel())
+    assert abs(z.var().item() - 1) < 0.01
+    assert stats.kstest(z.numpy(), "norm").pvalue > 1e-4
+
+
+def test_without_a_compiler_the_eager_path_runs_with_a_warning(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import torch, warnings; from agentsim.random import CounterRNG; from agentsim import rng_kernel\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    z = CounterRNG(1).normal(torch.arange(5000), 3, 's')\n"
+            "print(rng_kernel.kernel_status()); print(len(w), w[0].message if w else '')\n"
+            "torch.save(z, 'z.pt')")
+    env = {**__import__("os").environ, "CC": str(tmp_path / "no-such-cc"), "AGENTSIM_KERNEL_DIR": str(tmp_path / "k")}
+    env.pop("AGENTSIM_RNG_KERNEL", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "eager: the random-number kernel could not be built" in out.stdout
+    assert "1 agentsim:" in out.stdout
+    assert torch.equal(torch.load(tmp_path / "z.pt"), CounterRNG(1).normal(torch.arange(5000), 3, "s"))
