@@ -278,6 +278,7 @@ class Kernel:
             self._functions[name] = fn
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self._pool_pid = os.getpid()
 
     def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int) -> Tensor:
         """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype."""
@@ -301,11 +302,11 @@ class Kernel:
         return out
 
     def _executor(self, threads: int) -> ThreadPoolExecutor:
-        if self._pool is None or self._pool_size < threads:
-            if self._pool is not None:
+        if self._pool is None or self._pool_size < threads or self._pool_pid != os.getpid():  # a fork has none
+            if self._pool is not None and self._pool_pid == os.getpid():
                 self._pool.shutdown(wait=False)
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="agentsim-rng")
-            self._pool_size = threads
+            self._pool_size, self._pool_pid = threads, os.getpid()
         return self._pool
 
 

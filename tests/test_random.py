@@ -174,3 +174,13 @@ def test_without_a_compiler_the_eager_path_runs_with_a_warning(tmp_path):
     assert "eager: the random-number kernel could not be built" in out.stdout
     assert "1 agentsim:" in out.stdout
     assert torch.equal(torch.load(tmp_path / "z.pt"), CounterRNG(1).normal(torch.arange(5000), 3, "s"))
+
+
+def test_kernel_threads_work_in_a_forked_child(built_kernel):
+    import multiprocessing as mp
+
+    ids = torch.arange(200_000)
+    want = CounterRNG(5).normal(ids, 1, "s")  # the parent's thread pool exists now
+    with mp.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(CounterRNG(5).normal, (ids, 1, "s")).get(timeout=60)
+    assert torch.equal(got, want)
