@@ -1,0 +1,238 @@
+"""agentsim next to its peers on the same work, in alternating rounds.
+
+    python benchmarks/bench_peers.py install            # Starsim, Mesa (and AgentTorch if it installs)
+    python benchmarks/bench_peers.py sir --rounds 3     # SIR 1M x 100 days: Starsim vs agentsim
+    python benchmarks/bench_peers.py boids --rounds 3   # boids 10k per step: Mesa vs agentsim
+    python benchmarks/bench_peers.py targets            # random walk 10M, Schelling 1M, SIR memory and init
+    python benchmarks/bench_peers.py sizes              # agent-updates/s at 10k..10M with peak memory
+
+``install`` makes one virtual environment per peer under ``benchmarks/peers/venvs/`` (ignored by
+git; never the package's environment): Starsim 3.7.2 with this Python, Mesa 3.5.1 with a Python
+>= 3.12 (it requires one; found on PATH or given with ``--python312``), AgentTorch 0.6.0 with
+torch pinned to the installed version (recorded as not installed if pip fails). Each suite runs,
+per round, every side in a fresh process, in alternating order (peer first in even rounds), and
+writes ``benchmarks/results/peers-<suite>.json`` (every round, medians, versions, machine, date)
+and a Markdown table ``benchmarks/results/peers-<suite>.md``. agentsim runs from this checkout
+with torch's default threads; peak memory is the process's peak RSS (``ru_maxrss``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VENVS = HERE / "peers" / "venvs"
+PEERS = {  # name: (pip requirement, needs Python >= 3.12)
+    "starsim": ("starsim==3.7.2", False),
+    "mesa": ("mesa==3.5.1", True),
+    "agenttorch": ("agent-torch==0.6.0", False),
+}
+
+
+# ---------------------------------------------------------------- agentsim's side (in a fresh process)
+AGENTSIM_RUN = r"""
+import json, resource, statistics, sys, time
+import torch
+import agentsim
+model, n, steps, params = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+t0 = time.perf_counter()
+sim = agentsim.Simulation(agentsim.get_model(model), agents=n, seed=1, params=params)
+t1 = time.perf_counter()
+times = []
+if model == "sir":
+    res = sim.run(steps)
+    run = float(res.seconds)
+    final = {k: float(v[-1]) for k, v in res.metrics.items() if k != "step"}
+else:
+    sim.run(1)  # warm-up
+    for _ in range(steps):
+        t = time.perf_counter(); sim.run(1); times.append(time.perf_counter() - t)
+    run = sum(times)
+    final = {}
+print(json.dumps({"agents": n, "init_seconds": t1 - t0, "run_seconds": run,
+                  "seconds_per_step": statistics.median(times) if times else run / steps, "steps": steps,
+                  "final": final, "threads": torch.get_num_threads(),
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _json_line(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> dict[str, Any]:
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode:
+        raise SystemExit(f"bench_peers: {' '.join(cmd[:4])} ... failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def agentsim_run(model: str, agents: int, steps: int, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One agentsim run of ``model`` in a fresh process (this checkout first on the path)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return _json_line([sys.executable, "-W", "ignore", "-c", AGENTSIM_RUN, model, str(agents), str(steps),
+                       json.dumps(params or {})], env=env)
+
+
+def peer_python(peer: str) -> Path:
+    return VENVS / peer / "bin" / "python"
+
+
+def peer_run(peer: str, script: str, *args: Any) -> dict[str, Any]:
+    python = peer_python(peer)
+    if not python.exists():
+        raise SystemExit(f"bench_peers: {peer} is not installed (run: python benchmarks/bench_peers.py install)")
+    env = {**os.environ, "STARSIM_INSTALL_FONTS": "0"}
+    env.pop("PYTHONPATH", None)
+    return _json_line([str(python), str(HERE / "peers" / script), *map(str, args)], env=env)
+
+
+# ---------------------------------------------------------------- install
+def _python312(given: str | None) -> str | None:
+    for candidate in ([given] if given else []) + ["python3.13", "python3.12"]:
+        path = shutil.which(candidate) or (candidate if Path(candidate).exists() else None)
+        if path is None:
+            continue
+        ok = subprocess.run([path, "-c", "import sys; print(sys.version_info >= (3, 12))"], capture_output=True,
+                            text=True)
+        if ok.stdout.strip() == "True":
+            return path
+    return None
+
+
+def install(python312: str | None) -> dict[str, str]:
+    """Create the peers' venvs; returns peer -> version installed or why not."""
+    import torch
+
+    status: dict[str, str] = {}
+    for peer, (requirement, needs_312) in PEERS.items():
+        python = _python312(python312) if needs_312 else sys.executable
+        if python is None:
+            status[peer] = "not installed: needs Python >= 3.12 (none on PATH; pass --python312)"
+            continue
+        venv = VENVS / peer
+        if not peer_python(peer).exists():
+            subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        extra = [f"torch=={torch.__version__.split('+')[0]}"] if peer == "agenttorch" else []
+        done = subprocess.run([str(peer_python(peer)), "-m", "pip", "install", "-q", requirement, *extra],
+                              capture_output=True, text=True)
+        if done.returncode:
+            why = [ln for ln in done.stderr.splitlines() if ln.startswith("ERROR")][-1:] or [done.stderr[-300:]]
+            status[peer] = f"not installed: {why[0][:300]}"
+            continue
+        probe = {"starsim": "import starsim; print(starsim.__version__)", "mesa": "import mesa; print(mesa.__version__)",
+                 "agenttorch": "import agent_torch, importlib.metadata as m; print(m.version('agent-torch'))"}[peer]
+        got = subprocess.run([str(peer_python(peer)), "-c", probe], capture_output=True, text=True,
+                             env={**os.environ, "STARSIM_INSTALL_FONTS": "0"})
+        status[peer] = got.stdout.strip() if got.returncode == 0 else f"installed, import fails: {got.stderr[-300:]}"
+    (VENVS / "status.json").write_text(json.dumps(status, indent=1) + "\n")
+    return status
+
+
+# ---------------------------------------------------------------- suites
+def _rounds(rounds: int, sides: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            out[name].append(sides[name]())
+            print(f"round {r + 1}/{rounds} {name}: {json.dumps(out[name][-1])[:300]}", flush=True)
+    return out
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in rows)
+
+
+def suite_sir(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
+    n = args.agents or 1_000_000
+    got = _rounds(args.rounds, {"starsim": lambda: peer_run("starsim", "starsim_sir.py", n, 1),
+                                "agentsim": lambda: agentsim_run("sir", n, 100)})
+    s_run, a_run = _median(got["starsim"], "run_seconds"), _median(got["agentsim"], "run_seconds")
+    s_mem, a_mem = _median(got["starsim"], "peak_rss_bytes"), _median(got["agentsim"], "peak_rss_bytes")
+    rows = [["SIR, 1M, degree 10, 100 days: run", f"Starsim {got['starsim'][0]['version']}: {s_run:.2f} s",
+             f"{a_run:.2f} s", f"{s_run / a_run:.1f}x", ">= 10x"],
+            ["SIR init (people + network)", f"{_median(got['starsim'], 'init_seconds'):.2f} s",
+             f"{_median(got['agentsim'], 'init_seconds'):.2f} s", "", ""],
+            ["SIR peak RSS per agent", f"{s_mem / n:.0f} B", f"{a_mem / n:.0f} B", f"{s_mem / a_mem:.1f}x less", ""]]
+    return got, rows
+
+
+def suite_boids(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
+    n = args.agents or 10_000
+    got = _rounds(args.rounds, {"mesa": lambda: peer_run("mesa", "mesa_boids.py", n, 3, 1),
+                                "agentsim": lambda: agentsim_run("boids", n, 20, {"separation": 2.0})})
+    m, a = _median(got["mesa"], "seconds_per_step"), _median(got["agentsim"], "seconds_per_step")
+    return got, [[f"boids, {n:,}, Mesa's rules and density: per step", f"Mesa {got['mesa'][0]['version']}: {m:.2f} s",
+                  f"{a * 1e3:.2f} ms", f"{m / a:.0f}x", ">= 1000x"]]
+
+
+def suite_targets(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
+    got = _rounds(args.rounds, {"randomwalk_10M": lambda: agentsim_run("randomwalk", 10_000_000, 5),
+                                "schelling_1M": lambda: agentsim_run("schelling", 1_000_000, 10)})
+    w, s = _median(got["randomwalk_10M"], "seconds_per_step"), _median(got["schelling_1M"], "seconds_per_step")
+    return got, [["random walk, 10M, per step", "", f"{w:.3f} s", "", "<= 0.1 s"],
+                 ["Schelling, 1M, per step", "", f"{s * 1e3:.1f} ms", "", "<= 50 ms"]]
+
+
+def suite_sizes(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
+    got: dict[str, Any] = {}
+    rows = []
+    for model in ("sir", "boids", "schelling", "randomwalk", "wolfsheep"):
+        for n in (10_000, 100_000, 1_000_000, 10_000_000):
+            if model in ("boids", "wolfsheep") and n > 1_000_000:
+                continue  # minutes per step here
+            steps = 20 if n <= 100_000 else 5 if n <= 1_000_000 else 3
+            runs = [agentsim_run(model, n, steps) for _ in range(args.rounds)]
+            got[f"{model}_{n}"] = runs
+            sec = _median(runs, "seconds_per_step")
+            rows.append([f"{model}, {n:,}", "", f"{n / sec:.3g} agent-updates/s ({sec * 1e3:.1f} ms/step)",
+                         f"peak RSS {_median(runs, 'peak_rss_bytes') / 2**20:.0f} MiB", ""])
+            print(rows[-1], flush=True)
+    return got, rows
+
+
+SUITES = {"sir": suite_sir, "boids": suite_boids, "targets": suite_targets, "sizes": suite_sizes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", choices=["install", *SUITES])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--agents", type=int, default=None, help="population (default: the suite's)")
+    ap.add_argument("--python312", default=None, help="a Python >= 3.12 for Mesa's venv")
+    args = ap.parse_args(argv)
+    if args.suite == "install":
+        for peer, version in install(args.python312).items():
+            print(f"{peer}: {version}")
+        return 0
+    if args.rounds < 1:
+        print(f"bench_peers: --rounds >= 1 (got {args.rounds})", file=sys.stderr)
+        return 2
+    got, rows = SUITES[args.suite](args)
+    import torch
+
+    meta = {"suite": args.suite, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                     cwd=ROOT).stdout.strip()}
+    table = ["| work | peer | agentsim | ratio | target |", "| --- | --- | --- | --- | --- |",
+             *("| " + " | ".join(r) + " |" for r in rows)]
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"peers-{args.suite}.json").write_text(json.dumps({**meta, "runs": got, "table": rows}, indent=1) + "\n")
+    (results / f"peers-{args.suite}.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
