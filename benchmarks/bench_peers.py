@@ -96,7 +96,8 @@ def peer_run(peer: str, script: str, *args: Any) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- install
 def _python312(given: str | None) -> str | None:
-    for candidate in ([given] if given else []) + ["python3.13", "python3.12"]:
+    pyenv = sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python"), reverse=True)  # pyenv's shims
+    for candidate in ([given] if given else []) + ["python3.13", "python3.12", *map(str, pyenv)]:
         path = shutil.which(candidate) or (candidate if Path(candidate).exists() else None)
         if path is None:
             continue
