@@ -35,7 +35,7 @@ ROOT = HERE.parent
 VENVS = HERE / "peers" / "venvs"
 PEERS = {  # name: (pip requirement, needs Python >= 3.12)
     "starsim": ("starsim==3.7.2", False),
-    "mesa": ("mesa==3.5.1", True),
+    "mesa": ("mesa==3.5.1 networkx", True),  # mesa imports networkx without requiring it
     "agenttorch": ("agent-torch==0.6.0", False),
 }
 
@@ -122,13 +122,14 @@ def install(python312: str | None) -> dict[str, str]:
         if not peer_python(peer).exists():
             subprocess.run([python, "-m", "venv", str(venv)], check=True)
         extra = [f"torch=={torch.__version__.split('+')[0]}"] if peer == "agenttorch" else []
-        done = subprocess.run([str(peer_python(peer)), "-m", "pip", "install", "-q", requirement, *extra],
+        done = subprocess.run([str(peer_python(peer)), "-m", "pip", "install", "-q", *requirement.split(), *extra],
                               capture_output=True, text=True)
         if done.returncode:
             why = [ln for ln in done.stderr.splitlines() if ln.startswith("ERROR")][-1:] or [done.stderr[-300:]]
             status[peer] = f"not installed: {why[0][:300]}"
             continue
-        probe = {"starsim": "import starsim; print(starsim.__version__)", "mesa": "import mesa; print(mesa.__version__)",
+        probe = {"starsim": "import starsim; print(starsim.__version__)",
+                 "mesa": "import mesa; print(mesa.__version__)",
                  "agenttorch": "import agent_torch, importlib.metadata as m; print(m.version('agent-torch'))"}[peer]
         got = subprocess.run([str(peer_python(peer)), "-c", probe], capture_output=True, text=True,
                              env={**os.environ, "STARSIM_INSTALL_FONTS": "0"})

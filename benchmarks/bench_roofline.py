@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         per_step = statistics.median(r["run_seconds"] / r["steps"] if model == "sir" else r["seconds_per_step"]
                                      for r in got)
         ideal = BYTES_PER_AGENT[model] * n / bound
-        rows.append({"model": model, "agents": n, "seconds_per_step": per_step, "bytes_per_agent": BYTES_PER_AGENT[model],
-                     "bound_seconds": ideal, "fraction_of_bound": ideal / per_step})
+        rows.append({"model": model, "agents": n, "seconds_per_step": per_step,
+                     "bytes_per_agent": BYTES_PER_AGENT[model], "bound_seconds": ideal,
+                     "fraction_of_bound": ideal / per_step})
         print(rows[-1], flush=True)
     table = [f"Bandwidth (torch, {bw['threads']} threads): copy {bw['default_threads']['copy'] / 1e9:.1f} GB/s, "
              f"triad {bw['default_threads']['triad'] / 1e9:.1f} GB/s; one thread: copy "

@@ -23,5 +23,6 @@ for _ in range(steps):
     t = time.perf_counter()
     model.step()
     times.append(time.perf_counter() - t)
-print(json.dumps({"peer": "mesa", "version": mesa.__version__, "agents": n, "seconds_per_step": statistics.median(times),
-                  "steps": steps, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+print(json.dumps({"peer": "mesa", "version": mesa.__version__, "agents": n,
+                  "seconds_per_step": statistics.median(times), "steps": steps,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
