@@ -490,10 +490,10 @@ class Simulation:
                 pop, key = ref.split(".")
                 t = self.state.env[key] if pop == ENV else self.state.populations[pop][key]
                 if t.is_floating_point():
-                    # One pass on the CPU: a NaN or an inf anywhere makes the float64 sum non-finite
-                    # (the four passes of isnan and isinf only then); elsewhere no host sync here.
-                    # Every rank makes the same flags, whatever it found.
-                    clean = t.device.type == "cpu" and bool(torch.isfinite(torch.sum(t, dtype=torch.float64)))
+                    # One pass on the CPU: a NaN or an inf anywhere makes the sum non-finite (the four
+                    # passes of isnan and isinf only then, or when the sum overflowed); elsewhere no host
+                    # sync here. Every rank makes the same flags, whatever it found.
+                    clean = t.device.type == "cpu" and bool(torch.isfinite(t.sum()))
                     none = torch.zeros((), dtype=torch.bool)
                     if self.check_nan:
                         flags.append(Flag(f"{s.name}: NaN in {ref}", none if clean else torch.isnan(t).any()))
