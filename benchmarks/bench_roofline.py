@@ -39,12 +39,13 @@ WORK = {"randomwalk": (10_000_000, 5), "schelling": (1_000_000, 10), "sir": (1_0
         "boids": (1_000_000, 3)}
 
 
-def bandwidth(threads: int, repeats: int = 7) -> dict[str, float]:
-    """Streaming bandwidth in bytes/s: copy (2 x 1 GiB moved) and triad (3 x 1 GiB)."""
+def bandwidth(threads: int, repeats: int = 7, n: int = 1 << 28) -> dict[str, float]:
+    """Streaming bandwidth in bytes/s of float32 arrays of ``n`` elements (default 1 GiB): copy
+    (2 arrays moved) and triad (3).
+    """
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        n = 1 << 28
         a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
         a.copy_(b)
         copy, triad = [], []

@@ -1,0 +1,40 @@
+"""benchmarks/bench_peers.py and bench_roofline.py: agentsim's side runs and reports; a missing peer
+is named (no peer is installed in the default test run; no timing is asserted)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_peers  # noqa: E402
+import bench_roofline  # noqa: E402
+
+
+@pytest.mark.timeout(120)
+def test_agentsim_side_reports_time_memory_and_the_final_state():
+    sir = bench_peers.agentsim_run("sir", 3000, 5)
+    assert sir["steps"] == 5 and sir["run_seconds"] > 0 and sir["peak_rss_bytes"] > 10**7
+    assert sum(sir["final"][k] for k in ("S", "I", "R")) == 3000
+    walk = bench_peers.agentsim_run("randomwalk", 3000, 3)
+    assert walk["seconds_per_step"] > 0 and walk["final"] == {}
+
+
+def test_a_peer_not_installed_is_named(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_peers, "VENVS", tmp_path)
+    with pytest.raises(SystemExit, match="starsim is not installed"):
+        bench_peers.peer_run("starsim", "starsim_sir.py", 10, 1)
+
+
+def test_bad_rounds_is_refused():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_peers.py"), "sir", "--rounds", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--rounds >= 1" in done.stderr
+
+
+def test_bandwidth_is_measured_in_bytes_per_second():
+    bw = bench_roofline.bandwidth(1, repeats=1, n=1 << 22)
+    assert 1e8 < bw["copy"] < 1e12 and 1e8 < bw["triad"] < 1e12
