@@ -195,8 +195,8 @@ def suite_sizes(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str
             runs = [agentsim_run(model, n, steps) for _ in range(args.rounds)]
             got[f"{model}_{n}"] = runs
             sec = _median(runs, "seconds_per_step")
-            rows.append([f"{model}, {n:,}", "", f"{n / sec:.3g} agent-updates/s ({sec * 1e3:.1f} ms/step)",
-                         f"peak RSS {_median(runs, 'peak_rss_bytes') / 2**20:.0f} MiB", ""])
+            rows.append([f"{model}, {n:,}", f"{n / sec:.3g} ({sec * 1e3:.1f} ms/step)",
+                         f"{_median(runs, 'peak_rss_bytes') / 2**20:.0f} MiB"])
             print(rows[-1], flush=True)
     return got, rows
 
@@ -226,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                      cwd=ROOT).stdout.strip()}
-    table = ["| work | peer | agentsim | ratio | target |", "| --- | --- | --- | --- | --- |",
-             *("| " + " | ".join(r) + " |" for r in rows)]
+    header = ["| work | peer | agentsim | ratio | target |", "| --- | --- | --- | --- | --- |"]
+    if args.suite == "sizes":
+        header = ["| model, agents | agent-updates/s | peak RSS (whole process) |", "| --- | --- | --- |"]
+    table = [*header, *("| " + " | ".join(r) + " |" for r in rows)]
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     (results / f"peers-{args.suite}.json").write_text(json.dumps({**meta, "runs": got, "table": rows}, indent=1) + "\n")
