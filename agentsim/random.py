@@ -30,7 +30,6 @@ from torch import Tensor
 from .rng_kernel import MAX_DRAWS, box_muller, kernel
 
 _MASK64 = (1 << 64) - 1
-_KERNEL_MIN = 1  # ids per call from which the compiled kernel is used (faster from 16 ids on; same bits)
 
 
 def _signed(c: int) -> int:
@@ -74,6 +73,11 @@ def mix64_int(z: int) -> int:
     return _signed(z ^ (z >> 31))
 
 
+def _draw_salt(step: int, index: int) -> int:
+    """Hash of (step, raw draw index) that is xor-ed into an id's key: draw = ``mix(key ^ salt)``."""
+    return mix64_int((step << 20) ^ index)
+
+
 def stream_id(stream: int | str) -> int:
     """Map a stream name or number to an int. Names hash with CRC-32 (stable across runs)."""
     if isinstance(stream, str):
@@ -106,8 +110,11 @@ class CounterRNG:
         """Per-id key for ``stream``: int64 tensor shaped like ``ids``."""
         if ids.dtype != torch.int64:
             ids = ids.to(torch.int64)
-        salt = mix64_int(mix64_int(self.seed) ^ stream_id(stream))
-        return mix64(ids * GOLDEN + salt)
+        return mix64(ids * GOLDEN + self._stream_salt(stream))
+
+    def _stream_salt(self, stream: int | str) -> int:
+        """The seed and stream hashed together: an id's key is ``mix(id * golden + salt)``."""
+        return mix64_int(mix64_int(self.seed) ^ stream_id(stream))
 
     def bits(
         self, ids: Tensor, step: int, stream: int | str, draw: int = 0, draws: int | None = None
@@ -126,20 +133,18 @@ class CounterRNG:
             return fused
         key = self.key(ids, stream)
         if draws is None:
-            return mix64(key ^ mix64_int((step << 20) ^ draw))
-        salts = torch.tensor(
-            [mix64_int((step << 20) ^ (draw + d)) for d in range(draws)],
-            dtype=torch.int64,
-            device=key.device,
-        )
+            return mix64(key ^ _draw_salt(step, draw))
+        salts = torch.tensor([_draw_salt(step, draw + d) for d in range(draws)], dtype=torch.int64,
+                             device=key.device)
         return mix64(key.unsqueeze(-1) ^ salts)
 
     def _fused(self, kind: str, ids: Tensor, step: int, stream: int | str, draw: int, draws: int | None,
                raw_per_draw: int = 1) -> Tensor | None:
         """The draws from the compiled kernel (:mod:`agentsim.rng_kernel`; the same bits as the torch
-        ops), or None where it does not apply (not a CPU tensor, few ids, kernel unavailable).
+        ops; used for every CPU call: faster from 16 ids on), or None where it does not apply (not a
+        CPU tensor, more than ``MAX_DRAWS`` raw draws per id, kernel unavailable).
         """
-        if ids.device.type != "cpu" or ids.numel() < _KERNEL_MIN or ids.requires_grad:
+        if ids.device.type != "cpu" or ids.requires_grad:
             return None
         k = kernel()
         if k is None:
@@ -147,10 +152,9 @@ class CounterRNG:
         n = 1 if draws is None else draws
         if n * raw_per_draw > MAX_DRAWS:
             return None
-        salts = [mix64_int((step << 20) ^ (draw * raw_per_draw + d)) for d in range(n * raw_per_draw)]
-        salt = mix64_int(mix64_int(self.seed) ^ stream_id(stream))
+        salts = [_draw_salt(step, draw * raw_per_draw + d) for d in range(n * raw_per_draw)]
         flat = ids.reshape(-1).to(torch.int64).contiguous()
-        out = k.run(kind, flat, GOLDEN, salt, salts, n)
+        out = k.run(kind, flat, GOLDEN, self._stream_salt(stream), salts, n)
         return out.reshape(ids.shape) if draws is None else out.reshape(*ids.shape, n)
 
     def uniform(

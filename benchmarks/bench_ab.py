@@ -122,17 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(os.environ.get("TMPDIR", "/tmp"))
     for r in range(args.rounds):
         order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
-        for v in order if "sir" in args.work else []:
-            seconds, init, final = _sir(roots[v], args.sir_agents, scratch / f"bench_ab_sir_{v}.h5")
-            rounds[v]["sir_seconds"].append(seconds)
-            rounds[v]["sir_init_seconds"].append(init)
-            finals[v].add(final)
         for work in args.work:
-            if work == "sir":
-                continue
-            model, agents, world_size = per_step[work]
             for v in order:
-                rounds[v][f"{work}_ms_per_step"].append(_per_step(roots[v], model, agents, args.steps, world_size))
+                if work == "sir":
+                    seconds, init, final = _sir(roots[v], args.sir_agents, scratch / f"bench_ab_sir_{v}.h5")
+                    rounds[v]["sir_seconds"].append(seconds)
+                    rounds[v]["sir_init_seconds"].append(init)
+                    finals[v].add(final)
+                else:
+                    model, agents, world_size = per_step[work]
+                    rounds[v][f"{work}_ms_per_step"].append(_per_step(roots[v], model, agents, args.steps,
+                                                                      world_size))
         print(f"round {r + 1}/{args.rounds}: " + "; ".join(
             f"{k}: old {rounds['old'][k][-1]:.3f} new {rounds['new'][k][-1]:.3f}" for k in keys), flush=True)
     ratios = {}
