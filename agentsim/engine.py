@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import ops
+from . import native, ops
 from .comm import Comm, CommStats, LocalComm
 from .context import Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
 from .errors import ConfigError, FieldAccessError, OutputError, SimulationError
@@ -222,6 +222,11 @@ class Simulation:
         failed: None, or what stopped the simulation: after an error inside a step its state
             may be partly updated (and, on several ranks, an exchange in flight), so it refuses
             to go on; build a new one.
+
+    On the CPU, creating a Simulation also tells glibc to keep freed memory for reuse
+    (:func:`agentsim.native.reuse_freed_memory`: large tensors otherwise cost a page fault per
+    4 KiB each time; ``AGENTSIM_MALLOC=system`` keeps glibc's defaults). It changes run time,
+    never a result.
     """
 
     def __init__(self, model: Model, agents: int | None = None, seed: int = 0,
@@ -238,6 +243,8 @@ class Simulation:
         self.seed = check_seed(seed)
         self.n_agents = check_agents(self.model.default_agents if agents is None else agents)
         self.device = resolve_device(device)
+        if self.device.type == "cpu":  # freed tensors reused, not fresh pages (see native.reuse_freed_memory)
+            native.reuse_freed_memory()
         self.comm: Comm = comm if comm is not None else LocalComm()
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
         self.sync_every = check_sync_every_for(self.partition, sync_every)

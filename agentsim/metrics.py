@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from . import ops
+from . import cpu_kernels, ops
 from .context import MetricsContext
 from .errors import ConfigError
 
@@ -125,12 +125,17 @@ def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) ->
         local.update(metric.values(mc))
     names = list(local)
     is_float = [local[k].is_floating_point() for k in names]
-    sums = torch.stack([
-        ops.to_fixed(local[k].to(torch.float64), METRIC_FRAC_BITS).sum().cpu() if f
-        else local[k].to(torch.int64).sum().cpu()
-        for k, f in zip(names, is_float, strict=True)
-    ])
+    sums = torch.stack([_exact_sum(local[k]) if f else local[k].sum(dtype=torch.int64).cpu()
+                        for k, f in zip(names, is_float, strict=True)])
     return MetricSums(names, is_float, sums)
+
+
+def _exact_sum(values: Tensor) -> Tensor:
+    """The int64 fixed-point sum of float values (one pass on the CPU, the same bits as torch's)."""
+    fused = cpu_kernels.fixed_sum(values, METRIC_FRAC_BITS)
+    if fused is not None:
+        return fused
+    return ops.to_fixed(values.to(torch.float64), METRIC_FRAC_BITS).sum().cpu()
 
 
 def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMetrics],

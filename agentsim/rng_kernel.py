@@ -3,9 +3,9 @@
 :class:`agentsim.random.CounterRNG` evaluated with torch ops makes a dozen passes over int64
 columns per draw (the SplitMix64 steps, then the float transform). This module fuses a whole draw
 (hash the id into its key, hash in the step and draw index, turn the bits into a uniform or a
-normal) into one loop written in C, compiled with the system C compiler into a shared library
-cached under ``~/.cache/agentsim/kernels`` (``AGENTSIM_KERNEL_DIR`` overrides), loaded with
-:mod:`ctypes` and run on ``torch.get_num_threads()`` threads (the call releases the GIL).
+normal) into one loop written in C, compiled on first use by :mod:`agentsim.native` (the system
+C compiler; the library is cached under ``~/.cache/agentsim/kernels``), loaded with :mod:`ctypes`
+and run on ``torch.get_num_threads()`` threads (the call releases the GIL).
 
 **The same bits on either path.** Integer hashing is exact in both. The normal transform
 (Box-Muller) is defined here with IEEE-754 operations that are correctly rounded
@@ -25,22 +25,17 @@ Set ``AGENTSIM_RNG_KERNEL=0`` to use the eager path (for A/B measurements).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import itertools
 import math
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from . import native
 
 __all__ = ["box_muller", "kernel", "kernel_status"]
 
@@ -244,8 +239,6 @@ void agentsim_normal32(const int64_t *ids, int64_t n, uint64_t golden, uint64_t 
 }}
 """
 
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99"]
-_NATIVE = ["-march=native"]
 _FUNCTIONS = {"bits": (torch.int64, "agentsim_bits"), "uniform64": (torch.float64, "agentsim_uniform64"),
               "uniform32": (torch.float32, "agentsim_uniform32"), "normal64": (torch.float64, "agentsim_normal64"),
               "normal32": (torch.float32, "agentsim_normal32")}
@@ -299,75 +292,14 @@ class Kernel:
         return self._pool
 
 
-_lock = threading.Lock()
-_loaded: dict[str, Kernel | str] = {}
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("AGENTSIM_KERNEL_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentsim" / "kernels"
-
-
-def _cpu_signature() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags (a shared home directory may
-    be mounted on machines with different CPUs).
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
-        return "\n".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
-
-
-def _build(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = _FLAGS + (_NATIVE if platform.machine() in ("x86_64", "AMD64") else [])
-    digest = hashlib.sha256("\0".join([_SOURCE, *flags, version, platform.machine(), _cpu_signature()])
-                            .encode()).hexdigest()[:16]
-    directory = _cache_dir()
-    target = directory / f"counter_rng-{digest}.so"
-    if target.exists():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        source = Path(tmp) / "counter_rng.c"
-        source.write_text(_SOURCE)
-        built = Path(tmp) / "counter_rng.so"
-        proc = subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], capture_output=True,
-                              text=True, timeout=120)
-        if proc.returncode != 0:
-            raise OSError(f"{compiler} failed: {proc.stderr.strip()[-400:]}")
-        os.replace(built, target)  # atomic: ranks building at once each install a whole library
-    return target
-
-
 def kernel_status() -> str:
     """``"kernel: PATH"`` when the compiled kernel is in use, else why the eager path is used."""
     k = kernel()
-    return f"kernel: {k.path}" if k is not None else str(_loaded.get("cpu", "eager"))
+    return f"kernel: {k.path}" if k is not None else (native.status("counter_rng") or "eager")
 
 
 def kernel() -> Kernel | None:
     """The compiled kernel, built on first use; None where it is disabled or cannot be built
     (no C compiler, a failed build: warned once, and the eager path gives the same bits).
     """
-    if os.environ.get("AGENTSIM_RNG_KERNEL", "1") == "0":
-        return None
-    with _lock:
-        got = _loaded.get("cpu")
-        if got is None:
-            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-            try:
-                if compiler is None:
-                    raise OSError("no C compiler found (set CC, or install gcc or clang)")
-                path = _build(compiler)
-                got = Kernel(ctypes.CDLL(str(path)), path)
-            except (OSError, subprocess.SubprocessError, AttributeError) as e:
-                got = f"eager: the random-number kernel could not be built ({e})"
-                warnings.warn(f"agentsim: {got}; draws use torch ops (same bits, slower). "
-                              "Set AGENTSIM_RNG_KERNEL=0 to skip the build.", RuntimeWarning, stacklevel=3)
-            _loaded["cpu"] = got
-        return got if isinstance(got, Kernel) else None
+    return native.load("counter_rng", _SOURCE, Kernel, switch="AGENTSIM_RNG_KERNEL", what="random-number kernel")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from agentsim import cpu_kernels
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space.base import SortKey
 
@@ -189,6 +190,9 @@ class Graph:
             [1, 0, 2, 0]
         """
         nodes = nodes.to(torch.int64)
+        pushed = cpu_kernels.push_count(self.indptr, self.indices, self.n_nodes, nodes)  # one pass, same counts
+        if pushed is not None:
+            return pushed
         start = self.indptr.index_select(0, nodes)
         count = self.indptr.index_select(0, nodes + 1) - start
         total = int(count.sum()) if count.numel() else 0

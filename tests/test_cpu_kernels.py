@@ -1,0 +1,108 @@
+"""The compiled CPU kernels (agentsim.cpu_kernels) against torch ops and brute-force loops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from agentsim import cpu_kernels, ops
+from agentsim.space.graph import Graph
+
+
+@pytest.fixture(scope="module")
+def built():
+    if cpu_kernels._kernels() is None:  # noqa: SLF001
+        pytest.skip("the CPU kernels could not be built here (no C compiler)")
+
+
+def _torch_path(monkeypatch, fn):
+    monkeypatch.setenv("AGENTSIM_KERNELS", "0")
+    try:
+        return fn()
+    finally:
+        monkeypatch.delenv("AGENTSIM_KERNELS")
+
+
+def _graph_with_a_hub(n: int = 9000, hub_degree: int = 6000) -> Graph:
+    """A random graph plus one node linked to ``hub_degree`` others (a CSR run longer than the
+    kernel's 4096-id buffer).
+    """
+    g = torch.Generator().manual_seed(5)
+    src = torch.randint(0, n, (40_000,), generator=g)
+    dst = torch.randint(0, n, (40_000,), generator=g)
+    hub = torch.full((hub_degree,), 7)
+    others = torch.randperm(n, generator=g)[:hub_degree]
+    others = others[others != 7]
+    src, dst = torch.cat([src, hub[:others.numel()]]), torch.cat([dst, others])
+    keep = src != dst
+    pairs = torch.unique(torch.stack([torch.minimum(src, dst), torch.maximum(src, dst)])[:, keep], dim=1)
+    return Graph.from_edges(pairs[0], pairs[1], n)
+
+
+def test_push_count_is_the_brute_force_count(built, monkeypatch):
+    graph = _graph_with_a_hub()
+    nodes = torch.cat([torch.randperm(graph.n_nodes, generator=torch.Generator().manual_seed(2))[:3000],
+                       torch.tensor([7, 7])])  # the hub, and a repeat (counted again)
+    got = graph.count_neighbors_in(nodes)
+    eager = _torch_path(monkeypatch, lambda: graph.count_neighbors_in(nodes))
+    assert got.dtype == eager.dtype == torch.int64
+    assert torch.equal(got, eager)
+    indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
+    expect = [0] * graph.n_nodes
+    for u in nodes.tolist():
+        for v in indices[indptr[u]:indptr[u + 1]]:
+            expect[v] += 1
+    assert got.tolist() == expect
+
+
+def test_push_count_refuses_a_node_out_of_range(built):
+    graph = _graph_with_a_hub(100, 10)
+    with pytest.raises(IndexError, match="node id 100 out of range for a graph of 100 nodes"):
+        graph.count_neighbors_in(torch.tensor([3, 100]))
+    with pytest.raises(IndexError, match="node id -1"):
+        graph.count_neighbors_in(torch.tensor([-1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fixed_sum_is_the_bits_of_torch(built, dtype):
+    g = torch.Generator().manual_seed(0)
+    ties = torch.arange(-50, 50, dtype=torch.float64) * 2.0**-25  # x * 2**24 = k / 2: ties, half of them odd
+    values = torch.cat([torch.randn(100_003, dtype=torch.float64, generator=g) * 1e3, ties,
+                        torch.tensor([0.0, -0.0, 2.0**-30, -(2.0**-25), 1e9])]).to(dtype)
+    for x in (values, values[:0], values.reshape(-1, 1)[::3]):  # empty, strided
+        fused = cpu_kernels.fixed_sum(x, 24)
+        assert fused is not None and fused.dtype == torch.int64
+        assert int(fused) == int(ops.to_fixed(x.to(torch.float64), 24).sum())
+
+
+def test_fixed_sum_declines_what_it_does_not_cover():
+    assert cpu_kernels.fixed_sum(torch.ones(3, dtype=torch.float16), 24) is None
+    assert cpu_kernels.fixed_sum(torch.ones(3, requires_grad=True), 24) is None
+
+
+def test_without_a_compiler_the_torch_ops_run_with_one_warning(tmp_path):
+    code = ("import torch, warnings\n"
+            "from agentsim.space.graph import erdos_renyi\n"
+            "from agentsim import metrics\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    g = erdos_renyi(2000, 5.0, seed=1)\n"
+            "    c = g.count_neighbors_in(torch.arange(0, 2000, 3))\n"
+            "    s = metrics._exact_sum(torch.linspace(-3, 3, 1001))\n"
+            "print(len([x for x in w if 'CPU kernel library' in str(x.message)]))\n"
+            "torch.save((c, s), 'out.pt')")
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "AGENTSIM_KERNEL_DIR": str(tmp_path / "k")}
+    env.pop("AGENTSIM_KERNELS", None)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1"]
+    counts, total = torch.load(tmp_path / "out.pt")
+    from agentsim import metrics
+    from agentsim.space.graph import erdos_renyi
+
+    assert torch.equal(counts, erdos_renyi(2000, 5.0, seed=1).count_neighbors_in(torch.arange(0, 2000, 3)))
+    assert int(total) == int(metrics._exact_sum(torch.linspace(-3, 3, 1001)))  # noqa: SLF001
