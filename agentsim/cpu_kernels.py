@@ -18,6 +18,7 @@ operations followed by integer sums, so the order of work never shows in the bit
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -25,11 +26,12 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["fixed_sum", "push_count"]
+__all__ = ["csr_from_pair_chunks", "fixed_sum", "push_count"]
 
 _SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
 
 #define BUF 4096
 
@@ -74,6 +76,68 @@ int64_t agentsim_fixed_sum64(const double *x, int64_t n, double scale) {
     return (int64_t)s;
 }
 
+/* The CSR of an undirected graph from pairs given in chunks, without a sorted edge list: count,
+   then place, then sort and deduplicate each row in place. Self-loops are skipped.
+   1. agentsim_csr_count(u, v, m, counts): counts[u] += 1, counts[v] += 1 per pair.
+   2. the caller turns counts into row starts (rows[r] = start of row r; rows has n + 1 entries);
+   3. agentsim_csr_place(u, v, m, rows, indices): indices[rows[u]++] = v, indices[rows[v]++] = u
+      (afterwards rows[r] is the end of row r, i.e. the start of row r + 1);
+   4. agentsim_csr_finish(rows, n, indices): rows shifted back to starts, each row sorted and its
+      duplicates dropped, rows moved down over the gaps; rows[r] = the new starts, rows[n] the
+      number of entries. */
+/* Both loops are random accesses into arrays larger than the cache: the rows (and, placing, the
+   slots they point to) of pairs a few ahead are prefetched. */
+void agentsim_csr_count(const int64_t *u, const int64_t *v, int64_t m, int64_t *counts) {
+    for (int64_t e = 0; e < m; e++) {
+        if (e + 16 < m) { __builtin_prefetch(&counts[u[e + 16]], 1); __builtin_prefetch(&counts[v[e + 16]], 1); }
+        if (u[e] != v[e]) { counts[u[e]]++; counts[v[e]]++; }
+    }
+}
+
+void agentsim_csr_place(const int64_t *u, const int64_t *v, int64_t m, int64_t *rows, int32_t *indices) {
+    for (int64_t e = 0; e < m; e++) {
+        if (e + 16 < m) { __builtin_prefetch(&rows[u[e + 16]], 1); __builtin_prefetch(&rows[v[e + 16]], 1); }
+        if (e + 8 < m) {
+            __builtin_prefetch(&indices[rows[u[e + 8]]], 1);
+            __builtin_prefetch(&indices[rows[v[e + 8]]], 1);
+        }
+        if (u[e] != v[e]) { indices[rows[u[e]]++] = (int32_t)v[e]; indices[rows[v[e]]++] = (int32_t)u[e]; }
+    }
+}
+
+static int cmp_int32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void agentsim_csr_finish(int64_t *rows, int64_t n, int32_t *indices) {
+    int64_t written = 0, start = 0;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t end = rows[r];  /* after placing: the end of row r */
+        int32_t *a = indices + start;
+        int64_t len = end - start;
+        if (len <= 32) {
+            for (int64_t i = 1; i < len; i++) {
+                int32_t x = a[i];
+                int64_t j = i - 1;
+                while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
+                a[j + 1] = x;
+            }
+        } else {
+            qsort(a, (size_t)len, sizeof(int32_t), cmp_int32);
+        }
+        rows[r] = written;
+        int32_t prev = 0;
+        for (int64_t i = 0; i < len; i++) {  /* written <= start + i: nothing unread is overwritten */
+            int32_t x = a[i];
+            if (i == 0 || x != prev) indices[written++] = x;
+            prev = x;
+        }
+        start = end;
+    }
+    rows[n] = written;
+}
+
 int64_t agentsim_fixed_sum32(const float *x, int64_t n, double scale) {
     uint64_t s = 0;
     for (int64_t i = 0; i < n; i++) s += (uint64_t)(int64_t)nearbyint((double)x[i] * scale);
@@ -89,6 +153,13 @@ class _Kernels:
         self.push_count.restype = ctypes.c_int64
         self.push_count.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_int64, ctypes.c_void_p]
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.csr_count = library.agentsim_csr_count
+        self.csr_count.restype, self.csr_count.argtypes = None, [p, p, i64, p]
+        self.csr_place = library.agentsim_csr_place
+        self.csr_place.restype, self.csr_place.argtypes = None, [p, p, i64, p, p]
+        self.csr_finish = library.agentsim_csr_finish
+        self.csr_finish.restype, self.csr_finish.argtypes = None, [p, i64, p]
         self.fixed_sum = {}
         for dtype, symbol in ((torch.float64, "agentsim_fixed_sum64"), (torch.float32, "agentsim_fixed_sum32")):
             fn = getattr(library, symbol)
@@ -127,6 +198,35 @@ def push_count(indptr: Tensor, indices: Tensor, n_nodes: int, nodes: Tensor) -> 
     if bad:
         raise IndexError(f"node id {int(nodes[bad - 1])} out of range for a graph of {n_nodes} nodes")
     return out
+
+
+def csr_from_pair_chunks(pair_chunks: Callable[[], Iterator[tuple[Tensor, Tensor]]],
+                         n_nodes: int) -> tuple[Tensor, Tensor] | None:
+    """The CSR ``(indptr [n + 1] int64, indices int32)`` of the undirected graph with the given
+    pairs (both directions, rows sorted, self-loops and repeated pairs dropped: what
+    :func:`~agentsim.space.graph.network.build_csr` makes of them), or None where the kernel does
+    not apply (no kernel, ``n_nodes >= 2**31``).
+
+    ``pair_chunks()`` yields the pairs as chunks of ``(u, v)`` int64 ``[k]`` tensors; it is called
+    twice (count, then place), so the whole edge list is never held: the peak is ``indices`` (4 B
+    per directed edge) and ``indptr`` (8 B per node), against 16 B per pair plus ``indices`` for
+    the sort of packed keys.
+    """
+    k = _kernels()
+    if k is None or n_nodes >= 2**31:
+        return None
+    rows = torch.zeros(n_nodes + 1, dtype=torch.int64)
+    counts = rows[1:]
+    for u, v in pair_chunks():
+        u, v = u.contiguous(), v.contiguous()
+        k.csr_count(u.data_ptr(), v.data_ptr(), u.numel(), counts.data_ptr())
+    torch.cumsum(rows, 0, out=rows)  # rows[r]: the start of row r
+    indices = torch.empty(int(rows[-1]), dtype=torch.int32)
+    for u, v in pair_chunks():
+        u, v = u.contiguous(), v.contiguous()
+        k.csr_place(u.data_ptr(), v.data_ptr(), u.numel(), rows.data_ptr(), indices.data_ptr())
+    k.csr_finish(rows.data_ptr(), n_nodes, indices.data_ptr())
+    return rows, indices[:int(rows[-1])]
 
 
 def fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:

@@ -243,8 +243,6 @@ class Simulation:
         self.seed = check_seed(seed)
         self.n_agents = check_agents(self.model.default_agents if agents is None else agents)
         self.device = resolve_device(device)
-        if self.device.type == "cpu":  # freed tensors reused, not fresh pages (see native.reuse_freed_memory)
-            native.reuse_freed_memory()
         self.comm: Comm = comm if comm is not None else LocalComm()
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
         self.sync_every = check_sync_every_for(self.partition, sync_every)
@@ -284,6 +282,8 @@ class Simulation:
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
         self._history = True  # a differentiable run's steps record autograd history (see without_history)
+        if self.device.type == "cpu":  # the steps' freed tensors reused, not fresh pages (after init: its
+            native.reuse_freed_memory()  # one-off temporaries go back to the system)
 
     def parameter_gradients(self, loss: Tensor) -> dict[str, Tensor]:
         """``d loss / d`` each of :attr:`grad_params`, added over ranks (a collective: every rank

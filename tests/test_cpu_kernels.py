@@ -15,7 +15,7 @@ from agentsim.space.graph import Graph
 
 @pytest.fixture(scope="module")
 def built():
-    if cpu_kernels._kernels() is None:  # noqa: SLF001
+    if cpu_kernels._kernels() is None:
         pytest.skip("the CPU kernels could not be built here (no C compiler)")
 
 
@@ -105,4 +105,28 @@ def test_without_a_compiler_the_torch_ops_run_with_one_warning(tmp_path):
     from agentsim.space.graph import erdos_renyi
 
     assert torch.equal(counts, erdos_renyi(2000, 5.0, seed=1).count_neighbors_in(torch.arange(0, 2000, 3)))
-    assert int(total) == int(metrics._exact_sum(torch.linspace(-3, 3, 1001)))  # noqa: SLF001
+    assert int(total) == int(metrics._exact_sum(torch.linspace(-3, 3, 1001)))
+
+
+def test_csr_from_pair_chunks_is_build_csr(built):
+    from agentsim.space.graph.network import build_csr
+
+    g = torch.Generator().manual_seed(9)
+    n = 3000
+    u = torch.cat([torch.randint(0, n, (20_000,), generator=g), torch.full((500,), 5), torch.arange(40)])
+    v = torch.cat([torch.randint(0, n, (20_000,), generator=g), torch.randint(0, 300, (500,), generator=g),
+                   torch.arange(40)])  # a hub (row 5: > 32 entries, repeats) and 40 self-loops
+    chunks = lambda: ((u[i:i + 4096], v[i:i + 4096]) for i in range(0, u.numel(), 4096))  # noqa: E731
+    got = cpu_kernels.csr_from_pair_chunks(chunks, n)
+    assert got is not None
+    expect = build_csr(torch.stack([u, v]).contiguous(), n, None, ())
+    assert torch.equal(got[0], expect.indptr)
+    assert torch.equal(got[1], expect.indices) and got[1].dtype == torch.int32
+
+
+def test_erdos_renyi_is_the_same_graph_without_the_kernel(monkeypatch):
+    from agentsim.space.graph import erdos_renyi
+
+    lean = erdos_renyi(20_000, 8.0, seed=4)
+    sorted_keys = _torch_path(monkeypatch, lambda: erdos_renyi(20_000, 8.0, seed=4))
+    assert torch.equal(lean.indptr, sorted_keys.indptr) and torch.equal(lean.indices, sorted_keys.indices)

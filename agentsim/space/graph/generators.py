@@ -8,11 +8,13 @@ arguments and seed.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from agentsim import cpu_kernels
 from agentsim.errors import ConfigError
 from agentsim.random import CounterRNG
 
@@ -78,6 +80,16 @@ def erdos_renyi(n_nodes: int, mean_degree: float, seed: int) -> Graph:
         raise ConfigError(f"Expected 0 <= mean_degree < n_nodes = {n_nodes} (got {mean_degree})")
     rng = CounterRNG(check_int("seed", seed))
     m = round(n_nodes * mean_degree / 2)
+
+    def pair_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+        for start in range(0, m, CHUNK):
+            u = rng.uniform(torch.arange(start, min(start + CHUNK, m)), 0, "erdos_renyi", draws=2)
+            yield _scaled_int(u[:, 0], n_nodes), _scaled_int(u[:, 1], n_nodes)
+
+    # The same graph either way; the kernel never holds the pairs (see cpu_kernels.csr_from_pair_chunks).
+    lean = cpu_kernels.csr_from_pair_chunks(pair_chunks, n_nodes)
+    if lean is not None:
+        return Graph(lean[0], lean[1], n_nodes, None, ())
     return build_csr(_random_pairs(rng, m, n_nodes, "erdos_renyi"), n_nodes, None, ())
 
 
