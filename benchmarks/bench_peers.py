@@ -3,8 +3,9 @@
     python benchmarks/bench_peers.py install            # Starsim, Mesa (and AgentTorch if it installs)
     python benchmarks/bench_peers.py sir --rounds 3     # SIR 1M x 100 days: Starsim vs agentsim
     python benchmarks/bench_peers.py boids --rounds 3   # boids 10k per step: Mesa vs agentsim
-    python benchmarks/bench_peers.py targets            # random walk 10M, Schelling 1M, SIR memory and init
+    python benchmarks/bench_peers.py targets            # random walk 10M, Schelling 1M
     python benchmarks/bench_peers.py sizes              # agent-updates/s at 10k..10M with peak memory
+    python benchmarks/bench_peers.py memory --rounds 1  # SIR 100M: init seconds, peak B/agent
 
 ``install`` makes one virtual environment per peer under ``benchmarks/peers/venvs/`` (ignored by
 git; never the package's environment): Starsim 3.7.2 with this Python, Mesa 3.5.1 with a Python
@@ -201,7 +202,31 @@ def suite_sizes(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str
     return got, rows
 
 
-SUITES = {"sir": suite_sir, "boids": suite_boids, "targets": suite_targets, "sizes": suite_sizes}
+BARE_PROCESS = "import resource, torch, agentsim; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+
+
+def suite_memory(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
+    """SIR at ``--agents`` (default 100M), 3 days: initialization seconds and peak memory per agent,
+    of the whole process and above a process that only imported torch and agentsim.
+    """
+    n = args.agents or 100_000_000
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    got: dict[str, Any] = {"bare": [], "sir": []}
+    for _ in range(args.rounds):
+        bare = subprocess.run([sys.executable, "-c", BARE_PROCESS], capture_output=True, text=True, env=env, check=True)
+        got["bare"].append(int(bare.stdout.strip()))
+        got["sir"].append(agentsim_run("sir", n, 3))
+        print(got["sir"][-1], flush=True)
+    base = statistics.median(got["bare"])
+    peak, init = _median(got["sir"], "peak_rss_bytes"), _median(got["sir"], "init_seconds")
+    return got, [[f"SIR memory, {n:,} agents (network of mean degree 10 included), peak", "",
+                  f"{peak / n:.0f} B/agent whole process; {(peak - base) / n:.0f} B/agent above a bare "
+                  f"torch + agentsim process ({base / 2**20:.0f} MiB)", "", "<= 80 B/agent"],
+                 [f"SIR initialization, {n:,} agents (network build)", "", f"{init:.1f} s", "", "<= 30 s"]]
+
+
+SUITES = {"sir": suite_sir, "boids": suite_boids, "targets": suite_targets, "sizes": suite_sizes,
+          "memory": suite_memory}
 
 
 def main(argv: list[str] | None = None) -> int:
