@@ -1,4 +1,5 @@
-"""Shared fixtures: the path-equivalence runs of a test module's ``CASES`` (see equivalence.py)."""
+"""Shared fixtures: the path-equivalence runs of a test module's ``CASES`` (see equivalence.py), and
+``torch_ops`` (a call with the compiled kernels switched off)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,19 @@ import pytest
 from equivalence import reference_runs, run_on_subgroups
 
 from agentsim.distributed import run_ranks
+
+
+@pytest.fixture
+def torch_ops(monkeypatch):
+    """``torch_ops(fn, switch="AGENTSIM_KERNELS")``: ``fn()`` with the kernels behind ``switch``
+    turned off (their torch ops run instead); the variable's earlier value is restored after.
+    """
+    def run(fn, switch="AGENTSIM_KERNELS"):
+        with monkeypatch.context() as m:
+            m.setenv(switch, "0")
+            return fn()
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,6 @@ def built():
         pytest.skip("the CPU kernels could not be built here (no C compiler)")
 
 
-def _torch_path(monkeypatch, fn):
-    monkeypatch.setenv("AGENTSIM_KERNELS", "0")
-    try:
-        return fn()
-    finally:
-        monkeypatch.delenv("AGENTSIM_KERNELS")
-
-
 def _graph_with_a_hub(n: int = 9000, hub_degree: int = 6000) -> Graph:
     """A random graph plus one node linked to ``hub_degree`` others (a CSR run longer than the
     kernel's 4096-id buffer).
@@ -43,12 +35,12 @@ def _graph_with_a_hub(n: int = 9000, hub_degree: int = 6000) -> Graph:
     return Graph.from_edges(pairs[0], pairs[1], n)
 
 
-def test_push_count_is_the_brute_force_count(built, monkeypatch):
+def test_push_count_is_the_brute_force_count(built, torch_ops):
     graph = _graph_with_a_hub()
     nodes = torch.cat([torch.randperm(graph.n_nodes, generator=torch.Generator().manual_seed(2))[:3000],
                        torch.tensor([7, 7])])  # the hub, and a repeat (counted again)
     got = graph.count_neighbors_in(nodes)
-    eager = _torch_path(monkeypatch, lambda: graph.count_neighbors_in(nodes))
+    eager = torch_ops(lambda: graph.count_neighbors_in(nodes))
     assert got.dtype == eager.dtype == torch.int64
     assert torch.equal(got, eager)
     indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
@@ -124,9 +116,9 @@ def test_csr_from_pair_chunks_is_build_csr(built):
     assert torch.equal(got[1], expect.indices) and got[1].dtype == torch.int32
 
 
-def test_erdos_renyi_is_the_same_graph_without_the_kernel(monkeypatch):
+def test_erdos_renyi_is_the_same_graph_without_the_kernel(torch_ops):
     from agentsim.space.graph import erdos_renyi
 
     lean = erdos_renyi(20_000, 8.0, seed=4)
-    sorted_keys = _torch_path(monkeypatch, lambda: erdos_renyi(20_000, 8.0, seed=4))
+    sorted_keys = torch_ops(lambda: erdos_renyi(20_000, 8.0, seed=4))
     assert torch.equal(lean.indptr, sorted_keys.indptr) and torch.equal(lean.indices, sorted_keys.indices)

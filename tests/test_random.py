@@ -94,14 +94,6 @@ def test_bad_arguments():
 
 
 # ---------------------------------------------------------------- the compiled kernel (agentsim.rng_kernel)
-def _eager(monkeypatch, fn):
-    monkeypatch.setenv("AGENTSIM_RNG_KERNEL", "0")
-    try:
-        return fn()
-    finally:
-        monkeypatch.delenv("AGENTSIM_RNG_KERNEL")
-
-
 @pytest.fixture(scope="module")
 def built_kernel():
     from agentsim.rng_kernel import kernel
@@ -118,11 +110,11 @@ def built_kernel():
     ("uniform", {}), ("uniform", {"draws": 2}), ("uniform", {"dtype": torch.float32, "draw": 1, "draws": 3}),
     ("normal", {}), ("normal", {"draw": 2, "draws": 3}), ("normal", {"draws": 2, "dtype": torch.float32}),
 ])
-def test_kernel_gives_the_bits_of_the_torch_ops(built_kernel, monkeypatch, n, method, kwargs):
+def test_kernel_gives_the_bits_of_the_torch_ops(built_kernel, torch_ops, n, method, kwargs):
     rng = CounterRNG(-12345)
     ids = torch.arange(n) * 7919 - 10**12  # negative ids too
     fused = getattr(rng, method)(ids, 77, "stream", **kwargs)
-    eager = _eager(monkeypatch, lambda: getattr(rng, method)(ids, 77, "stream", **kwargs))
+    eager = torch_ops(lambda: getattr(rng, method)(ids, 77, "stream", **kwargs), "AGENTSIM_RNG_KERNEL")
     assert fused.dtype == eager.dtype and fused.shape == eager.shape
     assert torch.equal(fused.view(torch.int64 if fused.dtype == torch.float64 else fused.dtype),
                        eager.view(torch.int64 if eager.dtype == torch.float64 else eager.dtype))  # -0.0 too

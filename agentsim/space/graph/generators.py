@@ -41,18 +41,22 @@ def _scaled_int(u: Tensor, high: int | Tensor) -> Tensor:
     return torch.floor(u * high).to(torch.int64).clamp_(max=max(high - 1, 0))
 
 
-def _random_pairs(rng: CounterRNG, m: int, n: int, stream: str, out: Tensor | None = None) -> Tensor:
-    """``m`` pairs of independent uniform node ids in ``[0, n)`` as ``[2, m]`` int64 ``(src, dst)``.
-
-    Pair ``e`` uses draws 0 and 1 of id ``e``. Written into ``out`` if given.
+def _pair_chunks(rng: CounterRNG, m: int, n: int, stream: str) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """``m`` pairs of independent uniform node ids in ``[0, n)``, ``CHUNK`` at a time: ``(start,
+    src, dst)`` with int64 ``src``, ``dst`` of pairs ``start, start + 1, ...``. Pair ``e`` uses
+    draws 0 and 1 of id ``e``.
     """
-    pairs = torch.empty((2, m), dtype=torch.int64) if out is None else out
-    src, dst = pairs[0], pairs[1]
     for start in range(0, m, CHUNK):
-        stop = min(start + CHUNK, m)
-        u = rng.uniform(torch.arange(start, stop), 0, stream, draws=2)
-        src[start:stop] = _scaled_int(u[:, 0], n)
-        dst[start:stop] = _scaled_int(u[:, 1], n)
+        u = rng.uniform(torch.arange(start, min(start + CHUNK, m)), 0, stream, draws=2)
+        yield start, _scaled_int(u[:, 0], n), _scaled_int(u[:, 1], n)
+
+
+def _random_pairs(rng: CounterRNG, m: int, n: int, stream: str, out: Tensor | None = None) -> Tensor:
+    """The pairs of :func:`_pair_chunks` as ``[2, m]`` int64 ``(src, dst)``, written into ``out`` if given."""
+    pairs = torch.empty((2, m), dtype=torch.int64) if out is None else out
+    for start, src, dst in _pair_chunks(rng, m, n, stream):
+        pairs[0, start:start + src.numel()] = src
+        pairs[1, start:start + dst.numel()] = dst
     return pairs
 
 
@@ -81,13 +85,9 @@ def erdos_renyi(n_nodes: int, mean_degree: float, seed: int) -> Graph:
     rng = CounterRNG(check_int("seed", seed))
     m = round(n_nodes * mean_degree / 2)
 
-    def pair_chunks() -> Iterator[tuple[Tensor, Tensor]]:
-        for start in range(0, m, CHUNK):
-            u = rng.uniform(torch.arange(start, min(start + CHUNK, m)), 0, "erdos_renyi", draws=2)
-            yield _scaled_int(u[:, 0], n_nodes), _scaled_int(u[:, 1], n_nodes)
-
     # The same graph either way; the kernel never holds the pairs (see cpu_kernels.csr_from_pair_chunks).
-    lean = cpu_kernels.csr_from_pair_chunks(pair_chunks, n_nodes)
+    lean = cpu_kernels.csr_from_pair_chunks(
+        lambda: ((src, dst) for _, src, dst in _pair_chunks(rng, m, n_nodes, "erdos_renyi")), n_nodes)
     if lean is not None:
         return Graph(lean[0], lean[1], n_nodes, None, ())
     return build_csr(_random_pairs(rng, m, n_nodes, "erdos_renyi"), n_nodes, None, ())
