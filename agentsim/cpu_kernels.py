@@ -18,6 +18,7 @@ operations followed by integer sums, so the order of work never shows in the bit
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,10 +29,13 @@ from . import native
 
 __all__ = ["csr_from_pair_chunks", "fixed_sum", "push_count"]
 
+_PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
+
 _SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define BUF 4096
 
@@ -82,26 +86,46 @@ int64_t agentsim_fixed_sum64(const double *x, int64_t n, double scale) {
    2. the caller turns counts into row starts (rows[r] = start of row r; rows has n + 1 entries);
    3. agentsim_csr_place(u, v, m, rows, indices): indices[rows[u]++] = v, indices[rows[v]++] = u
       (afterwards rows[r] is the end of row r, i.e. the start of row r + 1);
-   4. agentsim_csr_finish(rows, n, indices): rows shifted back to starts, each row sorted and its
-      duplicates dropped, rows moved down over the gaps; rows[r] = the new starts, rows[n] the
-      number of entries. */
+   4. agentsim_csr_sort_rows(rows, r0, r1, indices, lengths): rows r0 <= r < r1 sorted in place,
+      their distinct entries moved to the front of the row, lengths[r] = how many;
+   5. agentsim_csr_compact(rows, n, indices, lengths): the rows moved down over the gaps;
+      rows[r] = the new starts, rows[n] the number of entries.
+   Steps 1, 3 and 4 may run on several threads at once (disjoint pairs, disjoint rows): the
+   increments are atomic, and the order in which a row is filled does not matter since it is
+   sorted afterwards, so the graph is the same on any number of threads. */
 /* Both loops are random accesses into arrays larger than the cache: the rows (and, placing, the
    slots they point to) of pairs a few ahead are prefetched. */
-void agentsim_csr_count(const int64_t *u, const int64_t *v, int64_t m, int64_t *counts) {
+/* u[e * stride], v[e * stride]: the pair e (the columns of an [m, 2] tensor have stride 2) */
+void agentsim_csr_count(const int64_t *u, const int64_t *v, int64_t stride, int64_t m, int64_t *counts) {
     for (int64_t e = 0; e < m; e++) {
-        if (e + 16 < m) { __builtin_prefetch(&counts[u[e + 16]], 1); __builtin_prefetch(&counts[v[e + 16]], 1); }
-        if (u[e] != v[e]) { counts[u[e]]++; counts[v[e]]++; }
+        int64_t a = u[e * stride], b = v[e * stride];
+        if (e + 16 < m) {
+            __builtin_prefetch(&counts[u[(e + 16) * stride]], 1);
+            __builtin_prefetch(&counts[v[(e + 16) * stride]], 1);
+        }
+        if (a != b) {
+            __atomic_fetch_add(&counts[a], 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&counts[b], 1, __ATOMIC_RELAXED);
+        }
     }
 }
 
-void agentsim_csr_place(const int64_t *u, const int64_t *v, int64_t m, int64_t *rows, int32_t *indices) {
+void agentsim_csr_place(const int64_t *u, const int64_t *v, int64_t stride, int64_t m, int64_t *rows,
+                        int32_t *indices) {
     for (int64_t e = 0; e < m; e++) {
-        if (e + 16 < m) { __builtin_prefetch(&rows[u[e + 16]], 1); __builtin_prefetch(&rows[v[e + 16]], 1); }
-        if (e + 8 < m) {
-            __builtin_prefetch(&indices[rows[u[e + 8]]], 1);
-            __builtin_prefetch(&indices[rows[v[e + 8]]], 1);
+        int64_t a = u[e * stride], b = v[e * stride];
+        if (e + 16 < m) {
+            __builtin_prefetch(&rows[u[(e + 16) * stride]], 1);
+            __builtin_prefetch(&rows[v[(e + 16) * stride]], 1);
         }
-        if (u[e] != v[e]) { indices[rows[u[e]]++] = (int32_t)v[e]; indices[rows[v[e]]++] = (int32_t)u[e]; }
+        if (e + 8 < m) {
+            __builtin_prefetch(&indices[rows[u[(e + 8) * stride]]], 1);
+            __builtin_prefetch(&indices[rows[v[(e + 8) * stride]]], 1);
+        }
+        if (a != b) {
+            indices[__atomic_fetch_add(&rows[a], 1, __ATOMIC_RELAXED)] = (int32_t)b;
+            indices[__atomic_fetch_add(&rows[b], 1, __ATOMIC_RELAXED)] = (int32_t)a;
+        }
     }
 }
 
@@ -110,12 +134,11 @@ static int cmp_int32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void agentsim_csr_finish(int64_t *rows, int64_t n, int32_t *indices) {
-    int64_t written = 0, start = 0;
-    for (int64_t r = 0; r < n; r++) {
-        int64_t end = rows[r];  /* after placing: the end of row r */
+void agentsim_csr_sort_rows(const int64_t *rows, int64_t r0, int64_t r1, int32_t *indices, int32_t *lengths) {
+    int64_t start = r0 == 0 ? 0 : rows[r0 - 1];  /* after placing, rows[r] is the end of row r */
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t end = rows[r], len = end - start;
         int32_t *a = indices + start;
-        int64_t len = end - start;
         if (len <= 32) {
             for (int64_t i = 1; i < len; i++) {
                 int32_t x = a[i];
@@ -126,13 +149,21 @@ void agentsim_csr_finish(int64_t *rows, int64_t n, int32_t *indices) {
         } else {
             qsort(a, (size_t)len, sizeof(int32_t), cmp_int32);
         }
+        int64_t kept = 0;
+        for (int64_t i = 0; i < len; i++)
+            if (i == 0 || a[i] != a[kept - 1]) a[kept++] = a[i];
+        lengths[r] = (int32_t)kept;
+        start = end;
+    }
+}
+
+void agentsim_csr_compact(int64_t *rows, int64_t n, int32_t *indices, const int32_t *lengths) {
+    int64_t written = 0, start = 0;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t end = rows[r];
+        if (written != start) memmove(indices + written, indices + start, (size_t)lengths[r] * sizeof(int32_t));
         rows[r] = written;
-        int32_t prev = 0;
-        for (int64_t i = 0; i < len; i++) {  /* written <= start + i: nothing unread is overwritten */
-            int32_t x = a[i];
-            if (i == 0 || x != prev) indices[written++] = x;
-            prev = x;
-        }
+        written += lengths[r];
         start = end;
     }
     rows[n] = written;
@@ -155,11 +186,13 @@ class _Kernels:
                                     ctypes.c_int64, ctypes.c_void_p]
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         self.csr_count = library.agentsim_csr_count
-        self.csr_count.restype, self.csr_count.argtypes = None, [p, p, i64, p]
+        self.csr_count.restype, self.csr_count.argtypes = None, [p, p, i64, i64, p]
         self.csr_place = library.agentsim_csr_place
-        self.csr_place.restype, self.csr_place.argtypes = None, [p, p, i64, p, p]
-        self.csr_finish = library.agentsim_csr_finish
-        self.csr_finish.restype, self.csr_finish.argtypes = None, [p, i64, p]
+        self.csr_place.restype, self.csr_place.argtypes = None, [p, p, i64, i64, p, p]
+        self.csr_sort_rows = library.agentsim_csr_sort_rows
+        self.csr_sort_rows.restype, self.csr_sort_rows.argtypes = None, [p, i64, i64, p, p]
+        self.csr_compact = library.agentsim_csr_compact
+        self.csr_compact.restype, self.csr_compact.argtypes = None, [p, i64, p, p]
         self.fixed_sum = {}
         for dtype, symbol in ((torch.float64, "agentsim_fixed_sum64"), (torch.float32, "agentsim_fixed_sum32")):
             fn = getattr(library, symbol)
@@ -215,18 +248,43 @@ def csr_from_pair_chunks(pair_chunks: Callable[[], Iterator[tuple[Tensor, Tensor
     k = _kernels()
     if k is None or n_nodes >= 2**31:
         return None
-    rows = torch.zeros(n_nodes + 1, dtype=torch.int64)
+    rows = _huge_empty(n_nodes + 1, torch.int64).zero_()
     counts = rows[1:]
-    for u, v in pair_chunks():
-        u, v = u.contiguous(), v.contiguous()
-        k.csr_count(u.data_ptr(), v.data_ptr(), u.numel(), counts.data_ptr())
+    for u, v in _strided_int64(pair_chunks()):
+        _on_threads(k.csr_count, u, v, counts.data_ptr())
     torch.cumsum(rows, 0, out=rows)  # rows[r]: the start of row r
-    indices = torch.empty(int(rows[-1]), dtype=torch.int32)
-    for u, v in pair_chunks():
-        u, v = u.contiguous(), v.contiguous()
-        k.csr_place(u.data_ptr(), v.data_ptr(), u.numel(), rows.data_ptr(), indices.data_ptr())
-    k.csr_finish(rows.data_ptr(), n_nodes, indices.data_ptr())
+    indices = _huge_empty(int(rows[-1]), torch.int32)
+    for u, v in _strided_int64(pair_chunks()):
+        _on_threads(k.csr_place, u, v, rows.data_ptr(), indices.data_ptr())
+    lengths = torch.empty(n_nodes, dtype=torch.int32)
+    native.run_parallel([functools.partial(k.csr_sort_rows, rows.data_ptr(), a, b, indices.data_ptr(),
+                                           lengths.data_ptr())
+                         for a, b in native.thread_ranges(n_nodes, _PARALLEL_MIN)])
+    k.csr_compact(rows.data_ptr(), n_nodes, indices.data_ptr(), lengths.data_ptr())
     return rows, indices[:int(rows[-1])]
+
+
+def _on_threads(fn: Callable[..., None], u: Tensor, v: Tensor, *tail: int) -> None:
+    """``fn(u + a, v + a, stride, b - a, *tail)`` for pieces ``[a, b)`` of the pairs, one a thread."""
+    s = u.stride(0)
+    native.run_parallel([functools.partial(fn, u.data_ptr() + 8 * s * a, v.data_ptr() + 8 * s * a, s, b - a, *tail)
+                         for a, b in native.thread_ranges(u.numel(), _PARALLEL_MIN)])
+
+
+def _strided_int64(chunks: Iterator[tuple[Tensor, Tensor]]) -> Iterator[tuple[Tensor, Tensor]]:
+    """The chunks as int64 ``[k]`` views with one stride for both (copied only where they differ)."""
+    for u, v in chunks:
+        u, v = u.to(torch.int64), v.to(torch.int64)
+        if u.stride(0) != v.stride(0) or u.stride(0) < 1:
+            u, v = u.contiguous(), v.contiguous()
+        yield u, v
+
+
+def _huge_empty(n: int, dtype: torch.dtype) -> Tensor:
+    """``torch.empty(n, dtype=dtype)`` in 2 MiB pages where the system allows (before first touch)."""
+    out = torch.empty(n, dtype=dtype)
+    native.huge_pages(out.data_ptr(), out.numel() * out.element_size())
+    return out
 
 
 def fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:

@@ -139,7 +139,7 @@ class CounterRNG:
         return mix64(key.unsqueeze(-1) ^ salts)
 
     def _fused(self, kind: str, ids: Tensor, step: int, stream: int | str, draw: int, draws: int | None,
-               raw_per_draw: int = 1) -> Tensor | None:
+               raw_per_draw: int = 1, *extra: int) -> Tensor | None:
         """The draws from the compiled kernel (:mod:`agentsim.rng_kernel`; the same bits as the torch
         ops; used for every CPU call: faster from 16 ids on), or None where it does not apply (not a
         CPU tensor, more than ``MAX_DRAWS`` raw draws per id, kernel unavailable).
@@ -154,7 +154,7 @@ class CounterRNG:
             return None
         salts = [_draw_salt(step, draw * raw_per_draw + d) for d in range(n * raw_per_draw)]
         flat = ids.reshape(-1).to(torch.int64).contiguous()
-        out = k.run(kind, flat, GOLDEN, self._stream_salt(stream), salts, n)
+        out = k.run(kind, flat, GOLDEN, self._stream_salt(stream), salts, n, *extra)
         return out.reshape(ids.shape) if draws is None else out.reshape(*ids.shape, n)
 
     def uniform(
@@ -203,18 +203,28 @@ class CounterRNG:
         return z.squeeze(-1) if draws is None else z
 
     def integers(
-        self, ids: Tensor, step: int, stream: int | str, high: int | Tensor, draw: int = 0
+        self, ids: Tensor, step: int, stream: int | str, high: int | Tensor, draw: int = 0,
+        draws: int | None = None,
     ) -> Tensor:
-        """Integers in ``[0, high)`` (``high`` an int or an int tensor shaped like ``ids``).
+        """Integers in ``[0, high)`` (``high`` an int, or an int tensor shaped like ``ids``; with
+        ``draws``, ``draws`` consecutive draws as a last dimension, ``high`` an int).
 
         Uses ``floor(u * high)`` with a 53-bit uniform: the bias is below ``high / 2**53``.
+        With an int ``high`` on the CPU the kernel makes the draws and the scaling in one pass.
         """
-        u = self.uniform(ids, step, stream, draw)
         if isinstance(high, Tensor):
+            if draws is not None:
+                raise ValueError("integers: draws needs an int high (got a tensor)")
+            u = self.uniform(ids, step, stream, draw)
             out = torch.floor(u * high.to(torch.float64)).to(torch.int64)
             return torch.minimum(out, (high.to(torch.int64) - 1).clamp(min=0))
         if high < 1:
             raise ValueError(f"high must be >= 1 (got {high})")
+        if high < 2**62:  # (double)high and high - 1 as the kernel computes them
+            fused = self._fused("integers", ids, step, stream, draw, draws, 1, high)
+            if fused is not None:
+                return fused
+        u = self.uniform(ids, step, stream, draw, draws)
         return torch.floor(u * high).to(torch.int64).clamp(max=high - 1)
 
     def bernoulli(self, ids: Tensor, step: int, stream: int | str, p: float | Tensor, draw: int = 0) -> Tensor:
@@ -279,11 +289,11 @@ class StepRNG:
         return self.rng.normal(ids, self.step, self._stream(stream), draw, draws, dtype)
 
     def integers(self, ids: Tensor, stream: int | str | None = None, high: int | Tensor | None = None,
-                 draw: int = 0) -> Tensor:
+                 draw: int = 0, draws: int | None = None) -> Tensor:
         """Integers in ``[0, high)`` (see :meth:`CounterRNG.integers`)."""
         if high is None:
             raise ValueError("integers: high is required (rng.integers(ids, high=n))")
-        return self.rng.integers(ids, self.step, self._stream(stream), high, draw)
+        return self.rng.integers(ids, self.step, self._stream(stream), high, draw, draws)
 
     def bernoulli(self, ids: Tensor, stream: int | str | None = None, p: float | Tensor | None = None,
                   draw: int = 0) -> Tensor:

@@ -25,10 +25,8 @@ Set ``AGENTSIM_RNG_KERNEL=0`` to use the eager path (for A/B measurements).
 from __future__ import annotations
 
 import ctypes
-import itertools
+import functools
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -205,6 +203,22 @@ static inline int64_t raw64(uint64_t b) {{ return (int64_t)b; }}
 /* a 24-bit integer: exact in float */
 static inline float uniform24(uint64_t b) {{ return (float)(int32_t)(b >> 40) * 0x1p-24f; }}
 
+/* agentsim_integers: out[i * d + j] = min(floor(u * high), high - 1) for the 53-bit uniform u of
+   draw j (CounterRNG.integers with an int high, in one pass) */
+void agentsim_integers(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt,
+                       const uint64_t *salts, int64_t d, int64_t *out, int64_t high) {{
+    double h = (double)high;
+    for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {{
+        int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
+        KEYS(i0, m)
+        for (int64_t j = 0; j < d; j++)
+            for (int64_t i = 0; i < m; i++) {{
+                int64_t x = (int64_t)floor(uniform53(mix(key[i] ^ salts[j])) * h);
+                out[(i0 + i) * d + j] = x < high - 1 ? x : high - 1;
+            }}
+    }}
+}}
+
 DRAWS(agentsim_bits, int64_t, raw64)
 DRAWS(agentsim_uniform64, double, uniform53)
 DRAWS(agentsim_uniform32, float, uniform24)
@@ -241,7 +255,7 @@ void agentsim_normal32(const int64_t *ids, int64_t n, uint64_t golden, uint64_t 
 
 _FUNCTIONS = {"bits": (torch.int64, "agentsim_bits"), "uniform64": (torch.float64, "agentsim_uniform64"),
               "uniform32": (torch.float32, "agentsim_uniform32"), "normal64": (torch.float64, "agentsim_normal64"),
-              "normal32": (torch.float32, "agentsim_normal32")}
+              "normal32": (torch.float32, "agentsim_normal32"), "integers": (torch.int64, "agentsim_integers")}
 MAX_DRAWS = 256  # raw draws per id the kernel takes in one call (more: the eager path)
 _PARALLEL_MIN = 1 << 15  # ids per call below which one thread runs it (a thread pool call costs ~50 us)
 
@@ -256,40 +270,25 @@ class Kernel:
             fn = getattr(library, symbol)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_void_p]
+                           ctypes.c_int64, ctypes.c_void_p] + ([ctypes.c_int64] if name == "integers" else [])
             self._functions[name] = fn
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_size = 0
-        self._pool_pid = os.getpid()
 
-    def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int) -> Tensor:
-        """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype."""
+    def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int,
+            *extra: int) -> Tensor:
+        """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype
+        (``extra``: ``integers``' upper bound ``high``).
+        """
         dtype, _ = _FUNCTIONS[name]
         n = ids.numel()
         out = torch.empty((n, d), dtype=dtype)
         salt_array = (ctypes.c_uint64 * len(salts))(*(s & 0xFFFFFFFFFFFFFFFF for s in salts))
         fn = self._functions[name]
         g, s = golden & 0xFFFFFFFFFFFFFFFF, salt & 0xFFFFFFFFFFFFFFFF
-        threads = max(1, min(torch.get_num_threads(), n // _PARALLEL_MIN))
-        if threads == 1:
-            fn(ids.data_ptr(), n, g, s, salt_array, d, out.data_ptr())
-            return out
-        bounds = [n * k // threads for k in range(threads + 1)]
         ids_ptr, out_ptr, out_item = ids.data_ptr(), out.data_ptr(), out.element_size() * d
-        pool = self._executor(threads)
-        jobs = [pool.submit(fn, ids_ptr + 8 * a, b - a, g, s, salt_array, d, out_ptr + out_item * a)
-                for a, b in itertools.pairwise(bounds)]
-        for job in jobs:
-            job.result()
+        native.run_parallel([
+            functools.partial(fn, ids_ptr + 8 * a, b - a, g, s, salt_array, d, out_ptr + out_item * a, *extra)
+            for a, b in native.thread_ranges(n, _PARALLEL_MIN)])
         return out
-
-    def _executor(self, threads: int) -> ThreadPoolExecutor:
-        if self._pool is None or self._pool_size < threads or self._pool_pid != os.getpid():  # a fork has none
-            if self._pool is not None and self._pool_pid == os.getpid():
-                self._pool.shutdown(wait=False)
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="agentsim-rng")
-            self._pool_size, self._pool_pid = threads, os.getpid()
-        return self._pool
 
 
 def kernel_status() -> str:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from agentsim import cpu_kernels, ops
+from agentsim import cpu_kernels, native, ops
 from agentsim.space.graph import Graph
 
 
@@ -114,6 +114,30 @@ def test_csr_from_pair_chunks_is_build_csr(built):
     expect = build_csr(torch.stack([u, v]).contiguous(), n, None, ())
     assert torch.equal(got[0], expect.indptr)
     assert torch.equal(got[1], expect.indices) and got[1].dtype == torch.int32
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_csr_from_pair_chunks_on_threads_is_build_csr(built, monkeypatch, threads):
+    """Counting, placing and sorting split over threads (atomic increments, rows filled in any
+    order): the same CSR as the sorted-key build, whatever the number of threads."""
+    from agentsim.space.graph.network import build_csr
+
+    monkeypatch.setattr(cpu_kernels, "_PARALLEL_MIN", 500)  # small pieces: every step runs on `threads`
+    before = torch.get_num_threads()
+    g = torch.Generator().manual_seed(threads)
+    n = 5000
+    u = torch.cat([torch.randint(0, n, (60_000,), generator=g), torch.full((700,), 7)])
+    v = torch.cat([torch.randint(0, n, (60_000,), generator=g), torch.randint(0, 200, (700,), generator=g)])
+    chunks = lambda: ((u[i:i + 9000], v[i:i + 9000]) for i in range(0, u.numel(), 9000))  # noqa: E731
+    try:
+        torch.set_num_threads(threads)
+        assert len(native.thread_ranges(9000, cpu_kernels._PARALLEL_MIN)) == threads
+        got = cpu_kernels.csr_from_pair_chunks(chunks, n)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None
+    expect = build_csr(torch.stack([u, v]).contiguous(), n, None, ())
+    assert torch.equal(got[0], expect.indptr) and torch.equal(got[1], expect.indices)
 
 
 def test_erdos_renyi_is_the_same_graph_without_the_kernel(torch_ops):

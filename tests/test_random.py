@@ -89,6 +89,8 @@ def test_bad_arguments():
         CounterRNG(1.5)
     with pytest.raises(ValueError, match="high must be >= 1"):
         CounterRNG(1).integers(torch.arange(3), 0, "x", 0)
+    with pytest.raises(ValueError, match="draws needs an int high"):
+        CounterRNG(1).integers(torch.arange(3), 0, "x", torch.tensor([2, 3, 4]), draws=2)
     with pytest.raises(TypeError, match="stream must be"):
         CounterRNG(1).uniform(torch.arange(3), 0, 1.5)
 
@@ -109,6 +111,8 @@ def built_kernel():
     ("bits", {}), ("bits", {"draw": 3, "draws": 5}),
     ("uniform", {}), ("uniform", {"draws": 2}), ("uniform", {"dtype": torch.float32, "draw": 1, "draws": 3}),
     ("normal", {}), ("normal", {"draw": 2, "draws": 3}), ("normal", {"draws": 2, "dtype": torch.float32}),
+    ("integers", {"high": 7}), ("integers", {"high": 1, "draw": 4}), ("integers", {"high": 10**15 + 3, "draws": 2}),
+    ("integers", {"high": 2**61 + 1, "draw": 2, "draws": 3}),
 ])
 def test_kernel_gives_the_bits_of_the_torch_ops(built_kernel, torch_ops, n, method, kwargs):
     rng = CounterRNG(-12345)

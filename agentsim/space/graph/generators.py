@@ -47,8 +47,8 @@ def _pair_chunks(rng: CounterRNG, m: int, n: int, stream: str) -> Iterator[tuple
     draws 0 and 1 of id ``e``.
     """
     for start in range(0, m, CHUNK):
-        u = rng.uniform(torch.arange(start, min(start + CHUNK, m)), 0, stream, draws=2)
-        yield start, _scaled_int(u[:, 0], n), _scaled_int(u[:, 1], n)
+        ends = rng.integers(torch.arange(start, min(start + CHUNK, m)), 0, stream, n, draws=2)  # floor(u * n)
+        yield start, ends[:, 0], ends[:, 1]
 
 
 def _random_pairs(rng: CounterRNG, m: int, n: int, stream: str, out: Tensor | None = None) -> Tensor:
