@@ -27,7 +27,7 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["csr_from_pair_chunks", "fixed_sum", "push_count"]
+__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "push_count"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -45,7 +45,7 @@ _SOURCE = r"""
    their ids gathered into a small buffer before the increments: the two kinds of cache misses
    no longer wait on each other (3-4x faster than the plain double loop here). */
 int64_t agentsim_push_count(const int64_t *indptr, const int32_t *indices, int64_t n_nodes,
-                            const int64_t *nodes, int64_t m, int64_t *counts) {
+                            const int64_t *nodes, int64_t m, int32_t *counts) {
     for (int64_t i = 0; i < m; i++)
         if (nodes[i] < 0 || nodes[i] >= n_nodes) return i + 1;
     int32_t buf[BUF];
@@ -74,6 +74,34 @@ int64_t agentsim_push_count(const int64_t *indptr, const int32_t *indices, int64
 
 /* sum of (int64) nearbyint(x[i] * scale), wrapping (as torch's int64 sum): scale is a power of two,
    so x * scale is exact and the rounding (to nearest, ties to even) is the only one. */
+/* pos[i * d + j] = wrap(pos[i * d + j] + delta[i * d + j], len[j]) in place, where wrap is
+   Box.wrap's torch ops: r = remainder(x, L) (fmod, then + L where it is negative: the same
+   rounding as torch), then r = 0 where r rounds to L. fmod is exact, so for 0 <= x < L it is x
+   and for L <= x < 2L it is x - L (exact by Sterbenz); the C library is called for the rest. */
+#define ADD_WRAP(NAME, T, FMOD) \
+void NAME(T *pos, const T *delta, int64_t n, int64_t d, const double *lengths) { \
+    T len[3]; \
+    for (int64_t j = 0; j < d; j++) len[j] = (T)lengths[j]; \
+    for (int64_t i = 0; i < n; i++) \
+        for (int64_t j = 0; j < d; j++) { \
+            T x = pos[i * d + j] + delta[i * d + j], L = len[j], r; \
+            if (x >= 0 && x < L) r = x; \
+            else if (x >= L && x < 2 * L) r = x - L; \
+            else if (x < 0 && x > -L) r = x + L; \
+            else { r = FMOD(x, L); if (r != 0 && r < 0) r += L; } \
+            pos[i * d + j] = r >= L ? 0 : r; \
+        } \
+}
+ADD_WRAP(agentsim_add_wrap32, float, fmodf)
+ADD_WRAP(agentsim_add_wrap64, double, fmod)
+
+/* 1 if x[i] == i for every i < n, else 0 (stops at the first difference) */
+int64_t agentsim_is_iota(const int64_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] != i) return 0;
+    return 1;
+}
+
 int64_t agentsim_fixed_sum64(const double *x, int64_t n, double scale) {
     uint64_t s = 0;
     for (int64_t i = 0; i < n; i++) s += (uint64_t)(int64_t)nearbyint(x[i] * scale);
@@ -185,6 +213,13 @@ class _Kernels:
         self.push_count.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_int64, ctypes.c_void_p]
         p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self.add_wrap = {}
+        for dtype, symbol in ((torch.float32, "agentsim_add_wrap32"), (torch.float64, "agentsim_add_wrap64")):
+            fn = getattr(library, symbol)
+            fn.restype, fn.argtypes = None, [p, p, i64, i64, p]
+            self.add_wrap[dtype] = fn
+        self.is_iota = library.agentsim_is_iota
+        self.is_iota.restype, self.is_iota.argtypes = ctypes.c_int64, [p, i64]
         self.csr_count = library.agentsim_csr_count
         self.csr_count.restype, self.csr_count.argtypes = None, [p, p, i64, i64, p]
         self.csr_place = library.agentsim_csr_place
@@ -206,7 +241,7 @@ def _kernels() -> _Kernels | None:
 
 
 def push_count(indptr: Tensor, indices: Tensor, n_nodes: int, nodes: Tensor) -> Tensor | None:
-    """``out[v]`` = how many neighbors of ``v`` are in ``nodes`` (``[n_nodes]`` int64), or None where
+    """``out[v]`` = how many neighbors of ``v`` are in ``nodes`` (``[n_nodes]`` int32), or None where
     the kernel does not apply (not CPU, other dtypes, no kernel): then use torch ops.
 
     Args:
@@ -225,12 +260,44 @@ def push_count(indptr: Tensor, indices: Tensor, n_nodes: int, nodes: Tensor) -> 
     if k is None:
         return None
     indptr, indices, nodes = indptr.contiguous(), indices.contiguous(), nodes.contiguous()
-    out = torch.zeros(n_nodes, dtype=torch.int64)
+    out = torch.zeros(n_nodes, dtype=torch.int32)
     bad = k.push_count(indptr.data_ptr(), indices.data_ptr(), n_nodes, nodes.data_ptr(), nodes.numel(),
                        out.data_ptr())
     if bad:
         raise IndexError(f"node id {int(nodes[bad - 1])} out of range for a graph of {n_nodes} nodes")
     return out
+
+
+def add_wrap(pos: Tensor, delta: Tensor, lengths: tuple[float, ...]) -> bool:
+    """``pos = wrap(pos + delta)`` in a periodic box of side ``lengths`` in place, in one pass on
+    torch's threads, with the bits of :meth:`~agentsim.space.continuous.Box.wrap`'s torch ops.
+    False (nothing done) where the kernel does not apply: not contiguous CPU float32/float64
+    tensors of the same dtype and shape ``[n, len(lengths)]``, grad, or no kernel.
+    """
+    ndim = len(lengths)
+    if (pos.device.type != "cpu" or pos.dtype not in (torch.float32, torch.float64) or delta.dtype != pos.dtype
+            or delta.device != pos.device or pos.shape != delta.shape or pos.dim() != 2 or pos.shape[1] != ndim
+            or not (pos.is_contiguous() and delta.is_contiguous()) or pos.requires_grad or delta.requires_grad):
+        return False
+    k = _kernels()
+    if k is None:
+        return False
+    fn, size = k.add_wrap[pos.dtype], pos.element_size() * ndim
+    side = (ctypes.c_double * ndim)(*lengths)
+    native.run_parallel([functools.partial(fn, pos.data_ptr() + size * a, delta.data_ptr() + size * a, b - a, ndim,
+                                           ctypes.addressof(side))
+                         for a, b in native.thread_ranges(pos.shape[0], _PARALLEL_MIN)])
+    return True
+
+
+def is_iota(x: Tensor) -> bool | None:
+    """Whether ``x`` is ``0, 1, ..., len(x) - 1`` (one pass that stops at the first difference), or
+    None where the kernel does not apply (not a contiguous CPU int64 tensor, no kernel).
+    """
+    if x.device.type != "cpu" or x.dtype != torch.int64 or x.dim() != 1 or not x.is_contiguous():
+        return None
+    k = _kernels()
+    return None if k is None else bool(k.is_iota(x.data_ptr(), x.numel()))
 
 
 def csr_from_pair_chunks(pair_chunks: Callable[[], Iterator[tuple[Tensor, Tensor]]],

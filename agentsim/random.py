@@ -22,7 +22,9 @@ Examples:
 
 from __future__ import annotations
 
+import ctypes
 import zlib
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -186,20 +188,35 @@ class CounterRNG:
         draw: int = 0,
         draws: int | None = None,
         dtype: torch.dtype = torch.float64,
+        mean: float | Sequence[float] | None = None,
+        std: float | None = None,
     ) -> Tensor:
-        """Standard normal numbers (Box-Muller in float64, then ``dtype``); draw ``d`` consumes raw
+        """Normal numbers (Box-Muller in float64, then ``dtype``); draw ``d`` consumes raw
         draws ``2d, 2d+1``. The transform is :func:`agentsim.rng_kernel.box_muller`: correctly
         rounded operations only, so the compiled kernel, torch ops, CPU and CUDA give the same bits.
+
+        With ``mean`` or ``std``: ``z * std + mean`` (defaults 1 and 0), each operation rounded in
+        ``dtype`` as ``z.mul_(std).add_(mean)`` would be, in the same pass as the draws; ``mean``
+        may give one value per draw (a sequence of length ``draws``: a drift per axis).
         """
         if dtype not in (torch.float64, torch.float32):
             raise TypeError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
+        n = 1 if draws is None else draws
+        affine = mean is not None or std is not None
+        shift = [float(m) for m in mean] if isinstance(mean, Sequence) else [float(mean or 0.0)] * n
+        if len(shift) != n:
+            raise ValueError(f"normal: mean has {len(shift)} values, expected one per draw ({n})")
+        scale = 1.0 if std is None else float(std)
+        scale_array, shift_array = (ctypes.c_double * 1)(scale), (ctypes.c_double * n)(*shift)  # alive during the call
+        pointers = [ctypes.addressof(scale_array), ctypes.addressof(shift_array)] if affine else [0, 0]  # 0: NULL
         fused = self._fused("normal64" if dtype == torch.float64 else "normal32", ids, step, stream, draw, draws,
-                            raw_per_draw=2)
+                            2, *pointers)
         if fused is not None:
             return fused
-        n = 1 if draws is None else draws
         u = self.uniform(ids, step, stream, 2 * draw, 2 * n, dtype=torch.float64)
         z = box_muller(u[..., 0::2], u[..., 1::2]).to(dtype)
+        if affine:
+            z.mul_(scale).add_(torch.tensor(shift, dtype=dtype, device=z.device))
         return z.squeeze(-1) if draws is None else z
 
     def integers(
@@ -284,9 +301,10 @@ class StepRNG:
         return self.rng.uniform(ids, self.step, self._stream(stream), draw, draws, dtype)
 
     def normal(self, ids: Tensor, stream: int | str | None = None, draw: int = 0, draws: int | None = None,
-               dtype: torch.dtype = torch.float64) -> Tensor:
-        """Standard normal numbers (see :meth:`CounterRNG.normal`)."""
-        return self.rng.normal(ids, self.step, self._stream(stream), draw, draws, dtype)
+               dtype: torch.dtype = torch.float64, mean: float | Sequence[float] | None = None,
+               std: float | None = None) -> Tensor:
+        """Normal numbers, standard or ``z * std + mean`` (see :meth:`CounterRNG.normal`)."""
+        return self.rng.normal(ids, self.step, self._stream(stream), draw, draws, dtype, mean, std)
 
     def integers(self, ids: Tensor, stream: int | str | None = None, high: int | Tensor | None = None,
                  draw: int = 0, draws: int | None = None) -> Tensor:

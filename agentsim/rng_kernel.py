@@ -223,9 +223,10 @@ DRAWS(agentsim_bits, int64_t, raw64)
 DRAWS(agentsim_uniform64, double, uniform53)
 DRAWS(agentsim_uniform32, float, uniform24)
 
-/* d normals per id from 2 d raw draws (salts[2 j], salts[2 j + 1]) */
+/* d normals per id from 2 d raw draws (salts[2 j], salts[2 j + 1]); with scale (not NULL), draw j
+   is z * scale[0] + shift[j], both operations rounded in the output's type (as torch's mul_, add_) */
 static void normals(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt, const uint64_t *salts,
-                    int64_t d, double *out64, float *out32) {{
+                    int64_t d, double *out64, float *out32, const double *scale, const double *shift) {{
     double u1[BLOCK], u2[BLOCK], z[BLOCK];
     for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {{
         int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
@@ -236,26 +237,38 @@ static void normals(const int64_t *ids, int64_t n, uint64_t golden, uint64_t sal
                 u2[i] = uniform53(mix(key[i] ^ salts[2 * j + 1]));
             }}
             box_muller(u1, u2, z, m);
-            if (out64) for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i];
-            else for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i];
+            if (out64 && scale) {{
+                double a = scale[0], b = shift[j];
+                for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i] * a + b;
+            }} else if (out64) {{
+                for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i];
+            }} else if (scale) {{
+                float a = (float)scale[0], b = (float)shift[j];
+                for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i] * a + b;
+            }} else {{
+                for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i];
+            }}
         }}
     }}
 }}
 
 void agentsim_normal64(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt,
-                       const uint64_t *salts, int64_t d, double *out) {{
-    normals(ids, n, golden, salt, salts, d, out, 0);
+                       const uint64_t *salts, int64_t d, double *out, const double *scale, const double *shift) {{
+    normals(ids, n, golden, salt, salts, d, out, 0, scale, shift);
 }}
 
 void agentsim_normal32(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt,
-                       const uint64_t *salts, int64_t d, float *out) {{
-    normals(ids, n, golden, salt, salts, d, 0, out);
+                       const uint64_t *salts, int64_t d, float *out, const double *scale, const double *shift) {{
+    normals(ids, n, golden, salt, salts, d, 0, out, scale, shift);
 }}
 """
 
 _FUNCTIONS = {"bits": (torch.int64, "agentsim_bits"), "uniform64": (torch.float64, "agentsim_uniform64"),
               "uniform32": (torch.float32, "agentsim_uniform32"), "normal64": (torch.float64, "agentsim_normal64"),
               "normal32": (torch.float32, "agentsim_normal32"), "integers": (torch.int64, "agentsim_integers")}
+_EXTRA: dict[str, list[type]] = {"integers": [ctypes.c_int64],  # high
+                                 "normal64": [ctypes.c_void_p, ctypes.c_void_p],  # scale, shift (NULL: standard)
+                                 "normal32": [ctypes.c_void_p, ctypes.c_void_p]}
 MAX_DRAWS = 256  # raw draws per id the kernel takes in one call (more: the eager path)
 _PARALLEL_MIN = 1 << 15  # ids per call below which one thread runs it (a thread pool call costs ~50 us)
 
@@ -270,13 +283,14 @@ class Kernel:
             fn = getattr(library, symbol)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_void_p] + ([ctypes.c_int64] if name == "integers" else [])
+                           ctypes.c_int64, ctypes.c_void_p, *_EXTRA.get(name, [])]
             self._functions[name] = fn
 
     def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int,
             *extra: int) -> Tensor:
         """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype
-        (``extra``: ``integers``' upper bound ``high``).
+        (``extra``: ``integers``' upper bound ``high``; the normals' ``scale`` and ``shift``
+        arrays, or None for standard normals).
         """
         dtype, _ = _FUNCTIONS[name]
         n = ids.numel()

@@ -77,12 +77,12 @@ def infect(ctx: Context) -> None:
     people = ctx["person"]
     graph: Graph = ctx.space
     nb = ctx.neighbors("person")
-    infectious = nb["uid"][nb["status"] == I]
     uid, status = people["uid"], people["status"]
-    k = graph.count_neighbors_in(infectious).index_select(0, uid)
+    k = graph.count_neighbors_in(nb["uid"][nb["status"] == I], at=uid)  # int32 [n]: 4 B a person
     # Draws are keyed by uid, so drawing only for the candidates gives the same numbers.
     cand = torch.nonzero((status == S) & (k > 0)).squeeze(1)
     k_cand = k.index_select(0, cand)
+    del k  # the day's largest temporary, freed before the state is written
     escape = infection_table(ctx.params["beta"], int(k_cand.max()) if k_cand.numel() else 0, ctx.device)
     u = ctx.rng.uniform(uid.index_select(0, cand))  # stream "infect"
     new = cand[u >= escape.index_select(0, k_cand)]

@@ -59,7 +59,7 @@ def _infectious_contacts(ctx: Context, of: str) -> torch.Tensor:
     """``[n]`` infectious hosts among the network contacts of each local agent of ``of``."""
     graph: Graph = ctx.space
     hosts = ctx.neighbors("host")
-    return graph.count_neighbors_in(hosts["uid"][hosts["status"] == I]).index_select(0, ctx[of]["uid"])
+    return graph.count_neighbors_in(hosts["uid"][hosts["status"] == I], at=ctx[of]["uid"])
 
 
 @model.policy("person", action="protect", observations=OBSERVATIONS, actions=2, reads=["person.status"],

@@ -41,7 +41,7 @@ def test_push_count_is_the_brute_force_count(built, torch_ops):
                        torch.tensor([7, 7])])  # the hub, and a repeat (counted again)
     got = graph.count_neighbors_in(nodes)
     eager = torch_ops(lambda: graph.count_neighbors_in(nodes))
-    assert got.dtype == eager.dtype == torch.int64
+    assert got.dtype == eager.dtype == torch.int32
     assert torch.equal(got, eager)
     indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
     expect = [0] * graph.n_nodes
@@ -49,6 +49,18 @@ def test_push_count_is_the_brute_force_count(built, torch_ops):
         for v in indices[indptr[u]:indptr[u + 1]]:
             expect[v] += 1
     assert got.tolist() == expect
+
+
+def test_is_iota(built):
+    assert cpu_kernels.is_iota(torch.arange(100_000)) is True
+    assert cpu_kernels.is_iota(torch.arange(0)) is True
+    for where in (0, 5, 99_999):
+        x = torch.arange(100_000)
+        x[where] += 1
+        assert cpu_kernels.is_iota(x) is False
+    assert cpu_kernels.is_iota(torch.arange(1, 10)) is False
+    assert cpu_kernels.is_iota(torch.arange(10, dtype=torch.int32)) is None  # not the kernel's dtype
+    assert cpu_kernels.is_iota(torch.arange(20)[::2]) is None  # not contiguous
 
 
 def test_push_count_refuses_a_node_out_of_range(built):
@@ -146,3 +158,42 @@ def test_erdos_renyi_is_the_same_graph_without_the_kernel(torch_ops):
     lean = erdos_renyi(20_000, 8.0, seed=4)
     sorted_keys = torch_ops(lambda: erdos_renyi(20_000, 8.0, seed=4))
     assert torch.equal(lean.indptr, sorted_keys.indptr) and torch.equal(lean.indices, sorted_keys.indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [(7.25, 7.25), (3162.2776601683795, 1.0, 0.3)])
+def test_box_move_gives_the_bits_of_add_then_wrap(built, torch_ops, dtype, size):
+    """Every branch of the kernel's wrap (inside, one box over, just below 0, far away, a result
+    that rounds to L) against remainder + masked_fill_, bit for bit."""
+    from agentsim import Box
+
+    box = Box(size)
+    g = torch.Generator().manual_seed(len(size))
+    n, d = 200_000, len(size)
+    side = torch.tensor(size, dtype=torch.float64)
+    pos = (torch.rand(n, d, generator=g, dtype=torch.float64) * side).to(dtype)
+    scales = torch.tensor([1e-30, 1e-7, 0.1, 1.0, 3.0, 1e6], dtype=torch.float64)
+    delta = (torch.randn(n, d, generator=g, dtype=torch.float64) * side
+             * scales[torch.randint(0, 6, (n, 1), generator=g)]).to(dtype)
+    delta[:5] = -pos[:5]  # exactly 0
+    delta[5:10] = (side - pos[5:10].to(torch.float64)).to(dtype)  # about L
+    delta[10:15] = -pos[10:15] - torch.tensor(1e-30, dtype=dtype)  # a tiny negative: rounds to L, then 0
+    got = box.move(pos.clone(), delta)
+    expect = torch_ops(lambda: box.move(pos.clone(), delta))
+    assert torch.equal(expect, box.wrap(pos.clone().add_(delta)))
+    assert torch.equal(got.view(torch.int64 if dtype == torch.float64 else torch.int32),
+                       expect.view(torch.int64 if dtype == torch.float64 else torch.int32))
+    assert bool(((got >= 0) & (got < side.to(dtype))).all())
+
+
+def test_box_move_in_place_and_bounded(built):
+    from agentsim import Box
+
+    pos = torch.tensor([[9.5, 0.5], [1.0, 1.0]])
+    out = Box((10.0, 10.0)).move(pos, torch.tensor([[1.0, -1.0], [0.0, 0.0]]))
+    assert out.data_ptr() == pos.data_ptr() and out.tolist() == [[0.5, 9.5], [1.0, 1.0]]
+    strided = torch.tensor([[9.5, 0.0, 0.5]])[:, ::2]  # not contiguous: the torch ops
+    assert Box((10.0, 10.0)).move(strided, torch.tensor([[1.0, -1.0]])).tolist() == [[0.5, 9.5]]
+    bounded = torch.tensor([[9.5, 0.5]])
+    assert Box((10.0, 10.0), periodic=False).move(bounded, torch.tensor([[1.0, -1.0]])).tolist() == [[10.0, 0.0]]
+    assert bounded.tolist() == [[10.0, 0.0]]

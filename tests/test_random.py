@@ -111,6 +111,8 @@ def built_kernel():
     ("bits", {}), ("bits", {"draw": 3, "draws": 5}),
     ("uniform", {}), ("uniform", {"draws": 2}), ("uniform", {"dtype": torch.float32, "draw": 1, "draws": 3}),
     ("normal", {}), ("normal", {"draw": 2, "draws": 3}), ("normal", {"draws": 2, "dtype": torch.float32}),
+    ("normal", {"draws": 2, "dtype": torch.float32, "mean": (0.25, -3.0), "std": 0.7}),
+    ("normal", {"draw": 1, "mean": 1e-3}), ("normal", {"draws": 3, "std": 2.5}),
     ("integers", {"high": 7}), ("integers", {"high": 1, "draw": 4}), ("integers", {"high": 10**15 + 3, "draws": 2}),
     ("integers", {"high": 2**61 + 1, "draw": 2, "draws": 3}),
 ])

@@ -452,3 +452,9 @@ def test_count_neighbors_in_matches_loop():
         assert got[u] == expect
     assert torch.equal(g.count_neighbors_in(nodes.flip(0)), got)
     assert g.count_neighbors_in(torch.zeros(0, dtype=torch.int64)).sum() == 0
+    assert got.dtype == torch.int32
+    # at=: the counts of the given nodes (an agent type's uid column), in their order
+    perm = torch.randperm(500, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(g.count_neighbors_in(nodes, at=perm), got[perm])
+    assert torch.equal(g.count_neighbors_in(nodes, at=perm[:7]), got[perm[:7]])
+    assert torch.equal(g.count_neighbors_in(nodes, at=torch.arange(500)), got)  # the identity: no copy needed

@@ -10,6 +10,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from agentsim import cpu_kernels
 from agentsim.errors import ConfigError
 from agentsim.space.base import SortKey
 
@@ -117,6 +118,26 @@ class Box:
         for k, length in enumerate(self.size):
             out[..., k] = wrap_dim(pos[..., k], length)
         return out
+
+    def move(self, pos: Tensor, delta: Tensor) -> Tensor:
+        """Move agents by ``delta`` and map them into the box, in place: ``pos`` becomes
+        ``wrap(pos + delta)`` and is returned.
+
+        The same bits as ``pos.add_(delta)`` then :meth:`wrap`; on the CPU a periodic box does it
+        in one pass (:func:`agentsim.cpu_kernels.add_wrap`) instead of five.
+
+        Args:
+            pos: Positions ``[n, ndim]`` float, overwritten (length units).
+            delta: Displacements, the same shape and dtype (length units).
+
+        Examples:
+            >>> pos = torch.tensor([[9.5, 0.5]])
+            >>> Box((10.0, 10.0)).move(pos, torch.tensor([[1.0, -1.0]])).tolist()
+            [[0.5, 9.5]]
+        """
+        if self.periodic and cpu_kernels.add_wrap(pos, delta, self.size):
+            return pos
+        return pos.copy_(self.wrap(pos.add_(delta)))
 
     def displacement(self, frm: Tensor, to: Tensor) -> Tensor:
         """Displacement ``to - frm``, minimum image when periodic.

@@ -170,8 +170,8 @@ class Graph:
         src = torch.repeat_interleave(torch.arange(self.n_nodes, device=self.device), self.degree())
         return src, self.indices.to(torch.int64)
 
-    def count_neighbors_in(self, nodes: Tensor) -> Tensor:
-        """For every node, how many of its neighbors are in ``nodes``.
+    def count_neighbors_in(self, nodes: Tensor, at: Tensor | None = None) -> Tensor:
+        """For every node (or every node of ``at``), how many of its neighbors are in ``nodes``.
 
         Pushes from the given nodes along their edges, so the cost is proportional to
         their total degree, not to the size of the graph (an SIR step touches only the
@@ -179,17 +179,26 @@ class Graph:
         independent of the order of ``nodes``.
 
         Args:
-            nodes: ``[m]`` distinct node ids (any integer dtype).
+            nodes: ``[m]`` node ids (any integer dtype); a repeated id counts again.
+            at: Optional ``[k]`` node ids whose counts are wanted (an agent type's ``uid``
+                column): ``counts[at]``, without a copy where ``at`` is ``0 .. n_nodes - 1``.
 
         Returns:
-            ``[n_nodes]`` int64 counts.
+            ``[n_nodes]`` (or ``[k]``) int32 counts.
 
         Examples:
             >>> g = Graph.from_edges(torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3]), 4)
             >>> g.count_neighbors_in(torch.tensor([1, 3])).tolist()
             [1, 0, 2, 0]
+            >>> g.count_neighbors_in(torch.tensor([1, 3]), at=torch.tensor([2, 0])).tolist()
+            [2, 1]
         """
-        nodes = nodes.to(torch.int64)
+        counts = self._push_counts(nodes.to(torch.int64))
+        if at is None or (at.numel() == self.n_nodes and cpu_kernels.is_iota(at)):
+            return counts
+        return counts.index_select(0, at)
+
+    def _push_counts(self, nodes: Tensor) -> Tensor:
         pushed = cpu_kernels.push_count(self.indptr, self.indices, self.n_nodes, nodes)  # one pass, same counts
         if pushed is not None:
             return pushed
@@ -197,10 +206,10 @@ class Graph:
         count = self.indptr.index_select(0, nodes + 1) - start
         total = int(count.sum()) if count.numel() else 0
         if total == 0:
-            return torch.zeros(self.n_nodes, dtype=torch.int64, device=self.indptr.device)
+            return torch.zeros(self.n_nodes, dtype=torch.int32, device=self.indptr.device)
         first = torch.cumsum(count, 0) - count  # where each node's run starts in the output
         pos = torch.arange(total, device=start.device) + torch.repeat_interleave(start - first, count)
-        return torch.bincount(self.indices.index_select(0, pos), minlength=self.n_nodes)
+        return torch.bincount(self.indices.index_select(0, pos), minlength=self.n_nodes).to(torch.int32)
 
     def neighbor_sum(self, values: Tensor) -> Tensor:
         """Sum of a node quantity over each node's neighbors.
