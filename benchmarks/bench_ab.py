@@ -17,7 +17,8 @@ new first in odd ones, so slow phases of a shared machine hit both alike):
 
 It writes every round's figures, their medians and the median of the per-round ratios
 new / old (JSON), and checks that both give the same final SIR counts. A checkout is used
-through ``PYTHONPATH`` (its own ``agentsim`` first), with one torch thread per process.
+through ``PYTHONPATH`` (its own ``agentsim`` first, and its own ``models/`` as ``agentsim.models``:
+``checkout_site/sitecustomize.py``), with one torch thread per process.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def seconds_per_step(comm: Any, model: str, agents: int, steps: int, partition: 
 # ---------------------------------------------------------------- the driver
 def _env(root: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = f"{root}{os.pathsep}{HERE}"
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(HERE / "checkout_site"), str(HERE)])
+    env["AGENTSIM_CHECKOUT_MODELS"] = str(root / "models")  # its own models (checkout_site/sitecustomize.py)
     env["OMP_NUM_THREADS"] = "1"
     return env
 
