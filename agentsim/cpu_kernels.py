@@ -27,7 +27,7 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "push_count"]
+__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "push_count", "squared_norm"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -94,6 +94,19 @@ void NAME(T *pos, const T *delta, int64_t n, int64_t d, const double *lengths) {
 }
 ADD_WRAP(agentsim_add_wrap32, float, fmodf)
 ADD_WRAP(agentsim_add_wrap64, double, fmod)
+
+/* out[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double, each square and each sum rounded, left to right */
+#define SQ_NORM(NAME, T) \
+void NAME(const T *x, int64_t n, int64_t k, double *out) { \
+    for (int64_t i = 0; i < n; i++) { \
+        double a = (double)x[i * k]; \
+        double s = a * a; \
+        for (int64_t j = 1; j < k; j++) { double b = (double)x[i * k + j]; s = s + b * b; } \
+        out[i] = s; \
+    } \
+}
+SQ_NORM(agentsim_sq_norm32, float)
+SQ_NORM(agentsim_sq_norm64, double)
 
 /* 1 if x[i] == i for every i < n, else 0 (stops at the first difference) */
 int64_t agentsim_is_iota(const int64_t *x, int64_t n) {
@@ -218,6 +231,11 @@ class _Kernels:
             fn = getattr(library, symbol)
             fn.restype, fn.argtypes = None, [p, p, i64, i64, p]
             self.add_wrap[dtype] = fn
+        self.sq_norm = {}
+        for dtype, symbol in ((torch.float32, "agentsim_sq_norm32"), (torch.float64, "agentsim_sq_norm64")):
+            fn = getattr(library, symbol)
+            fn.restype, fn.argtypes = None, [p, i64, i64, p]
+            self.sq_norm[dtype] = fn
         self.is_iota = library.agentsim_is_iota
         self.is_iota.restype, self.is_iota.argtypes = ctypes.c_int64, [p, i64]
         self.csr_count = library.agentsim_csr_count
@@ -288,6 +306,25 @@ def add_wrap(pos: Tensor, delta: Tensor, lengths: tuple[float, ...]) -> bool:
                                            ctypes.addressof(side))
                          for a, b in native.thread_ranges(pos.shape[0], _PARALLEL_MIN)])
     return True
+
+
+def squared_norm(x: Tensor) -> Tensor | None:
+    """``[n]`` float64 ``sum_j x[:, j]**2`` (see :func:`agentsim.ops.squared_norm`) in one pass on
+    torch's threads, or None where the kernel does not apply (not a contiguous 2-D CPU
+    float32/float64 tensor with at least one column, grad, no kernel).
+    """
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.dim() != 2
+            or x.shape[1] < 1 or not x.is_contiguous() or x.requires_grad):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    n, width = x.shape
+    out = torch.empty(n, dtype=torch.float64)
+    fn, row = k.sq_norm[x.dtype], x.element_size() * width
+    native.run_parallel([functools.partial(fn, x.data_ptr() + row * a, b - a, width, out.data_ptr() + 8 * a)
+                         for a, b in native.thread_ranges(n, _PARALLEL_MIN)])
+    return out
 
 
 def is_iota(x: Tensor) -> bool | None:

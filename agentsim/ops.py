@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import cpu_kernels
 from .errors import ConfigError, did_you_mean
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "scatter_sum_exact",
     "segment_sum",
     "set_backend",
+    "squared_norm",
     "take_rows",
     "tensor_version",
     "to_fixed",
@@ -433,6 +435,36 @@ def exact_sum(x: Tensor, dim: int | None = None, frac_bits: int = 32) -> Tensor:
     fixed = to_fixed(x, frac_bits)
     total = fixed.sum() if dim is None else fixed.sum(dim)
     return from_fixed(total, frac_bits, x.dtype)
+
+
+def squared_norm(x: Tensor) -> Tensor:
+    """Squared Euclidean norm of each row in float64: ``x[:, 0]**2 + x[:, 1]**2 + ...``.
+
+    Each column is converted to float64, squared and added left to right, each operation
+    rounded on its own: the same bits on every device and path (one pass on the CPU, the
+    torch ops elsewhere). Typical use: a mean squared displacement metric.
+
+    Args:
+        x: ``[n, k]`` float, ``k >= 1`` (e.g. displacements, length units).
+
+    Returns:
+        ``[n]`` float64 (length units squared).
+
+    Examples:
+        >>> squared_norm(torch.tensor([[3.0, 4.0], [1.0, 0.5]])).tolist()
+        [25.0, 1.25]
+    """
+    if x.dim() != 2 or x.shape[1] < 1 or not x.is_floating_point():
+        raise ValueError(f"squared_norm: expected a float [n, k] tensor with k >= 1 (got {_describe(x)})")
+    fused = cpu_kernels.squared_norm(x)
+    if fused is not None:
+        return fused
+    d = x.to(torch.float64)
+    d = d * d if d is x or d.requires_grad else d.mul_(d)
+    out = d[:, 0].clone()
+    for j in range(1, d.shape[1]):
+        out = out + d[:, j]
+    return out
 
 
 def scatter_sum_exact(src: Tensor, index: Tensor, dim_size: int, frac_bits: int = 32) -> Tensor:

@@ -197,3 +197,31 @@ def test_box_move_in_place_and_bounded(built):
     bounded = torch.tensor([[9.5, 0.5]])
     assert Box((10.0, 10.0), periodic=False).move(bounded, torch.tensor([[1.0, -1.0]])).tolist() == [[10.0, 0.0]]
     assert bounded.tolist() == [[10.0, 0.0]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_squared_norm_gives_the_bits_of_the_torch_ops(built, torch_ops, dtype, k):
+    g = torch.Generator().manual_seed(k)
+    x = (torch.randn(150_000, k, generator=g, dtype=torch.float64)
+         * 10 ** torch.randint(-20, 20, (150_000, 1), generator=g)).to(dtype)
+    x[0] = -0.0
+    before = x.clone()
+    got = ops.squared_norm(x)
+    eager = torch_ops(lambda: ops.squared_norm(x))
+    d = x.to(torch.float64) ** 2
+    brute = d[:, 0].clone()
+    for j in range(1, k):
+        brute = brute + d[:, j]
+    assert got.dtype == torch.float64 and torch.equal(got, eager) and torch.equal(got, brute)
+    assert torch.equal(x, before)  # the input is not touched (either path)
+
+
+def test_squared_norm_refuses_bad_input():
+    with pytest.raises(ValueError, match=r"expected a float \[n, k\] tensor"):
+        ops.squared_norm(torch.ones(3))
+    with pytest.raises(ValueError, match="int64"):
+        ops.squared_norm(torch.ones(3, 2, dtype=torch.int64))
+    grad = torch.ones(4, 2, requires_grad=True)
+    ops.squared_norm(grad).sum().backward()  # differentiable off the kernel
+    assert grad.grad is not None and torch.equal(grad.grad, torch.full((4, 2), 2.0))
