@@ -120,14 +120,30 @@ def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) ->
     """This rank's exact sums of every metric (and ``n_<population>``); sum them over ranks
     elementwise (int64) for the global sums.
     """
-    local: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n) for name, pop in mc.state.populations.items()}
-    for metric in metrics:
-        local.update(metric.values(mc))
-    names = list(local)
-    is_float = [local[k].is_floating_point() for k in names]
-    sums = torch.stack([_exact_sum(local[k]) if f else local[k].sum(dtype=torch.int64).cpu()
-                        for k, f in zip(names, is_float, strict=True)])
-    return MetricSums(names, is_float, sums)
+    sums: dict[str, Tensor] = {f"n_{name}": torch.tensor(pop.n, dtype=torch.int64)
+                               for name, pop in mc.state.populations.items()}
+    is_float = dict.fromkeys(sums, False)
+    for metric in metrics:  # each metric's values summed and freed before the next is computed
+        for key, values in metric.values(mc).items():
+            is_float[key] = values.is_floating_point()
+            sums[key] = _exact_sum(values) if is_float[key] else _integer_sum(values)
+    return MetricSums(list(sums), [is_float[k] for k in sums], torch.stack(list(sums.values())))
+
+
+_INT_CHUNK = 1 << 20  # elements converted to int64 at a time (torch's integer sum converts the whole input)
+
+
+def _integer_sum(values: Tensor) -> Tensor:
+    """The int64 sum of integer or bool values, on the CPU, without an int64 copy of them all."""
+    if values.dtype == torch.bool:
+        return torch.count_nonzero(values).cpu()
+    if values.dtype == torch.int64 or values.numel() <= _INT_CHUNK:
+        return values.sum(dtype=torch.int64).cpu()
+    flat = values.reshape(-1)
+    total = torch.zeros((), dtype=torch.int64, device=values.device)
+    for i in range(0, flat.numel(), _INT_CHUNK):
+        total += flat[i:i + _INT_CHUNK].sum(dtype=torch.int64)
+    return total.cpu()
 
 
 def _exact_sum(values: Tensor) -> Tensor:
