@@ -211,11 +211,22 @@ void agentsim_integers(const int64_t *ids, int64_t n, uint64_t golden, uint64_t 
     for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {{
         int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
         KEYS(i0, m)
-        for (int64_t j = 0; j < d; j++)
-            for (int64_t i = 0; i < m; i++) {{
-                int64_t x = (int64_t)floor(uniform53(mix(key[i] ^ salts[j])) * h);
-                out[(i0 + i) * d + j] = x < high - 1 ? x : high - 1;
+        for (int64_t j = 0; j < d; j++) {{
+            if (high <= (1LL << 52)) {{
+                /* floor(u * h) < 2**52: its integer is the low bits of floor(u * h) + 2**52 (exact),
+                   a conversion AVX2 vectorizes (it has no double -> int64 instruction) */
+                for (int64_t i = 0; i < m; i++) {{
+                    double f = floor(uniform53(mix(key[i] ^ salts[j])) * h);
+                    int64_t x = (int64_t)(as_bits(f + 0x1p52) & 0xFFFFFFFFFFFFFULL);
+                    out[(i0 + i) * d + j] = x < high - 1 ? x : high - 1;
+                }}
+            }} else {{
+                for (int64_t i = 0; i < m; i++) {{
+                    int64_t x = (int64_t)floor(uniform53(mix(key[i] ^ salts[j])) * h);
+                    out[(i0 + i) * d + j] = x < high - 1 ? x : high - 1;
+                }}
             }}
+        }}
     }}
 }}
 
