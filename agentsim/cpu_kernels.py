@@ -27,7 +27,8 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "push_count", "squared_norm"]
+__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum", "push_count",
+           "squared_norm"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -107,6 +108,24 @@ void NAME(const T *x, int64_t n, int64_t k, double *out) { \
 }
 SQ_NORM(agentsim_sq_norm32, float)
 SQ_NORM(agentsim_sq_norm64, double)
+
+/* Periodic grid sums of int64 layers: out[b, i, j] = sum_k x[b, (i + dr[k]) mod h, (j + dc[k]) mod w]
+   for the output rows r0 <= b * h + i < r1 of [*, h, w] (0 <= |dr| < h, 0 <= |dc| < w). Each
+   offset is a pass over a row held in cache, split where the columns wrap so the loops vectorize. */
+void agentsim_grid_sum64(const int64_t *x, int64_t r0, int64_t r1, int64_t h, int64_t w,
+                         const int64_t *dr, const int64_t *dc, int64_t k, int64_t *out) {
+    for (int64_t row = r0; row < r1; row++) {
+        int64_t b = row / h, i = row % h;
+        int64_t *o = out + row * w;
+        for (int64_t j = 0; j < w; j++) o[j] = 0;
+        for (int64_t q = 0; q < k; q++) {
+            int64_t r = ((i + dr[q]) % h + h) % h, c = (dc[q] % w + w) % w;
+            const int64_t *s = x + (b * h + r) * w;
+            for (int64_t j = 0; j < w - c; j++) o[j] += s[j + c];
+            for (int64_t j = w - c; j < w; j++) o[j] += s[j + c - w];
+        }
+    }
+}
 
 /* 1 if x[i] == i for every i < n, else 0 (stops at the first difference) */
 int64_t agentsim_is_iota(const int64_t *x, int64_t n) {
@@ -236,6 +255,8 @@ class _Kernels:
             fn = getattr(library, symbol)
             fn.restype, fn.argtypes = None, [p, i64, i64, p]
             self.sq_norm[dtype] = fn
+        self.grid_sum = library.agentsim_grid_sum64
+        self.grid_sum.restype, self.grid_sum.argtypes = None, [p, i64, i64, i64, i64, p, p, i64, p]
         self.is_iota = library.agentsim_is_iota
         self.is_iota.restype, self.is_iota.argtypes = ctypes.c_int64, [p, i64]
         self.csr_count = library.agentsim_csr_count
@@ -324,6 +345,29 @@ def squared_norm(x: Tensor) -> Tensor | None:
     fn, row = k.sq_norm[x.dtype], x.element_size() * width
     native.run_parallel([functools.partial(fn, x.data_ptr() + row * a, b - a, width, out.data_ptr() + 8 * a)
                          for a, b in native.thread_ranges(n, _PARALLEL_MIN)])
+    return out
+
+
+def periodic_grid_sum(layer: Tensor, offsets: list[tuple[int, int]]) -> Tensor | None:
+    """``out[..., i, j] = sum_k layer[..., (i + dr_k) mod h, (j + dc_k) mod w]`` of an int64 layer
+    ``[..., h, w]`` in one pass per row on torch's threads (exact, so the same result as any order
+    of the torch ops), or None where the kernel does not apply (not a contiguous CPU int64 layer,
+    an offset that wraps more than once, no kernel).
+    """
+    h, w = layer.shape[-2:]
+    if (layer.device.type != "cpu" or layer.dtype != torch.int64 or not layer.is_contiguous() or h == 0 or w == 0
+            or any(abs(dr) >= h or abs(dc) >= w for dr, dc in offsets)):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    out = torch.empty_like(layer)
+    grids = layer.numel() // (h * w)
+    dr = (ctypes.c_int64 * max(len(offsets), 1))(*(o[0] for o in offsets))
+    dc = (ctypes.c_int64 * max(len(offsets), 1))(*(o[1] for o in offsets))
+    native.run_parallel([functools.partial(k.grid_sum, layer.data_ptr(), a, b, h, w, ctypes.addressof(dr),
+                                           ctypes.addressof(dc), len(offsets), out.data_ptr())
+                         for a, b in native.thread_ranges(grids * h, 64)])  # rows of all the grids
     return out
 
 

@@ -219,3 +219,35 @@ def test_validation_errors():
     with pytest.raises(ConfigError, match=r"Expected weights of shape \[3, \.\.\.\]"):
         grid.occupancy(torch.tensor([0, 1, 2]), torch.ones(2))
     assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("radius", [1, 3])
+def test_neighbor_sum_integer_kernel_equals_torch_ops(torch_ops, kind, radius):
+    """The one-pass kernel (rows split over threads, several grids) against the torch ops."""
+    grid = Grid((37, 53))
+    g = torch.Generator().manual_seed(radius)
+    layer = torch.randint(-(2**40), 2**40, (3, 37, 53), generator=g, dtype=torch.int64)
+    got = grid.neighbor_sum(layer, kind, radius)
+    assert torch.equal(got, torch_ops(lambda: grid.neighbor_sum(layer, kind, radius)))
+    assert torch.equal(got[1].reshape(-1), torch.tensor(ref_neighbor_sum(layer[1], (37, 53), True, kind, radius,
+                                                                         False)))
+
+
+@pytest.mark.parametrize("radius", [1, 2])
+def test_neighbor_sum_float_periodic_adds_in_roll_order(radius):
+    """Periodic float sums: the padded views add the same terms in the same order as rolling the
+    layer once per offset did, so the same bits."""
+    grid = Grid((9, 11))
+    layer = torch.randn(2, 9, 11, generator=torch.Generator().manual_seed(radius), dtype=torch.float32) * 1e3
+    span = range(-radius, radius + 1)
+
+    def rolled(x, offsets):
+        out = torch.zeros_like(x)
+        for dr, dc in offsets:
+            out += torch.roll(x, shifts=(-dr, -dc), dims=(-2, -1))
+        return out
+
+    expect = rolled(rolled(layer, [(d, 0) for d in span if d != 0]), [(0, d) for d in span])
+    expect += rolled(layer, [(0, d) for d in span if d != 0])
+    assert torch.equal(grid.neighbor_sum(layer, "moore", radius), expect)

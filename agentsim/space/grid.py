@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentsim import cpu_kernels
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space.base import SortKey
 
@@ -310,6 +311,11 @@ class Grid:
             layer = layer.to(torch.int64)
         _check_kind(kind)
         _check_int("radius", radius, 1)
+        if self.periodic and not layer.dtype.is_floating_point and radius <= 3:  # exact in any order: a pass
+            fused = cpu_kernels.periodic_grid_sum(layer.contiguous(), [
+                (int(dr), int(dc)) for dr, dc in self.offsets(kind, radius, include_center).tolist()])
+            if fused is not None:
+                return fused
         if kind == "moore":
             # A Moore box is separable: sum the row shifts, then the column shifts
             # of that, O(r) shifted adds instead of O(r^2). Without the center the
@@ -337,12 +343,19 @@ def _shifted_sum(x: Tensor, offsets: list[tuple[int, int]], periodic: bool, radi
     """``sum_k x[..., i + dr_k, j + dc_k]`` with wrap (periodic) or zero padding."""
     height, width = x.shape[-2:]
     out = torch.zeros_like(x)
-    if periodic:
+    if periodic and radius >= min(height, width):  # wraps more than once: roll
         for dr, dc in offsets:
             # roll moves x[i] to i + shift, so shift by -offset to read x[i + offset].
             out += torch.roll(x, shifts=(-dr, -dc), dims=(-2, -1))
         return out
-    padded = F.pad(x, (radius, radius, radius, radius))
+    if periodic:
+        # Padded once with the wrapped edges, then every offset is a view: the same terms added
+        # in the same order as rolling x per offset (so the same bits), without a copy per offset.
+        r = radius
+        padded = torch.cat([x[..., height - r:, :], x, x[..., :r, :]], dim=-2)
+        padded = torch.cat([padded[..., width - r:], padded, padded[..., :r]], dim=-1)
+    else:
+        padded = F.pad(x, (radius, radius, radius, radius))
     for dr, dc in offsets:
         out += padded[..., radius + dr : radius + dr + height, radius + dc : radius + dc + width]
     return out
