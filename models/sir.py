@@ -39,6 +39,7 @@ from agentsim import (
     erdos_renyi,
     from_edge_list_csv,
     layered_contacts,
+    ops,
     watts_strogatz,
 )
 from agentsim.params import Params
@@ -78,14 +79,16 @@ def infect(ctx: Context) -> None:
     graph: Graph = ctx.space
     nb = ctx.neighbors("person")
     uid, status = people["uid"], people["status"]
-    k = graph.count_neighbors_in(nb["uid"][nb["status"] == I], at=uid)  # int32 [n]: 4 B a person
+    # ops.flatnonzero and index_select: 3-5x faster than torch.nonzero and x[mask] on the CPU here
+    infectious = nb["uid"].index_select(0, ops.flatnonzero(nb["status"] == I))
+    k = graph.count_neighbors_in(infectious, at=uid)  # int32 [n]: 4 B a person
     # Draws are keyed by uid, so drawing only for the candidates gives the same numbers.
-    cand = torch.nonzero((status == S) & (k > 0)).squeeze(1)
+    cand = ops.flatnonzero((status == S) & (k > 0))
     k_cand = k.index_select(0, cand)
     del k  # the day's largest temporary, freed before the state is written
     escape = infection_table(ctx.params["beta"], int(k_cand.max()) if k_cand.numel() else 0, ctx.device)
     u = ctx.rng.uniform(uid.index_select(0, cand))  # stream "infect"
-    new = cand[u >= escape.index_select(0, k_cand)]
+    new = cand.index_select(0, ops.flatnonzero(u >= escape.index_select(0, k_cand)))
     # In place (declared writes): a new copy of the state every day would leave holes of its
     # size in the heap (at 10M people, 18 B a person of memory held for nothing).
     status.index_fill_(0, new, I)
@@ -97,9 +100,9 @@ def recover(ctx: Context) -> None:
     """I -> R with probability gamma, for people infected before today."""
     people = ctx["person"]
     status = people["status"]
-    cand = torch.nonzero((status == I) & (people["infected_day"] < ctx.step)).squeeze(1)
+    cand = ops.flatnonzero((status == I) & (people["infected_day"] < ctx.step))
     u = ctx.rng.uniform(people["uid"].index_select(0, cand))  # stream "recover"
-    status.index_fill_(0, cand[u < ctx.params["gamma"]], R)  # in place, as in infect
+    status.index_fill_(0, cand.index_select(0, ops.flatnonzero(u < ctx.params["gamma"])), R)  # in place
 
 
 def lowest(key: torch.Tensor, k: int) -> torch.Tensor:
