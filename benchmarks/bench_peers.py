@@ -3,7 +3,7 @@
     python benchmarks/bench_peers.py install            # Starsim, Mesa (and AgentTorch if it installs)
     python benchmarks/bench_peers.py sir --rounds 3     # SIR 1M x 100 days: Starsim vs agentsim
     python benchmarks/bench_peers.py boids --rounds 3   # boids 10k per step: Mesa vs agentsim
-    python benchmarks/bench_peers.py targets            # random walk 10M, Schelling 1M
+    python benchmarks/bench_peers.py targets            # random walk 10M (AgentTorch vs agentsim), Schelling 1M
     python benchmarks/bench_peers.py sizes              # agent-updates/s at 10k..10M with peak memory
     python benchmarks/bench_peers.py memory --rounds 1  # SIR 100M: init seconds, peak B/agent
 
@@ -184,10 +184,20 @@ def suite_boids(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str
 
 
 def suite_targets(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
-    got = _rounds(args.rounds, {"randomwalk_10M": lambda: agentsim_run("randomwalk", 10_000_000, 5),
-                                "schelling_1M": lambda: agentsim_run("schelling", 1_000_000, 10)})
+    work = {"randomwalk_10M": lambda: agentsim_run("randomwalk", 10_000_000, 5),
+            "schelling_1M": lambda: agentsim_run("schelling", 1_000_000, 10)}
+    if peer_python("agenttorch").exists():  # optional: "AgentTorch if it installs"
+        work["agenttorch_walk_10M"] = lambda: peer_run("agenttorch", "agenttorch_walk.py", 10_000_000, 5, 1)
+    got = _rounds(args.rounds, work)
     w, s = _median(got["randomwalk_10M"], "seconds_per_step"), _median(got["schelling_1M"], "seconds_per_step")
-    return got, [["random walk, 10M, per step", "", f"{w:.3f} s", "", "<= 0.1 s"],
+    peer, ratio = "AgentTorch: not installed (`bench_peers.py install`)", ""
+    if "agenttorch_walk_10M" in got:
+        at = got["agenttorch_walk_10M"]
+        a = _median(at, "seconds_per_step")
+        peer = (f"AgentTorch {at[0]['version']}: {a:.3f} s (its memory grows "
+                f"{_median(at, 'rss_growth_bytes_per_step') / 2**20:.0f} MiB per step)")
+        ratio = f"{a / w:.1f}x"
+    return got, [["random walk, 10M, per step", peer, f"{w:.3f} s", ratio, "<= 0.1 s"],
                  ["Schelling, 1M, per step", "", f"{s * 1e3:.1f} ms", "", "<= 50 ms"]]
 
 
