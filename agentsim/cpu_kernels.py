@@ -1,9 +1,11 @@
-"""CPU kernels for two hot loops that torch runs as several passes: a push along a graph's edges
-and the exact fixed-point sum of a metric.
+"""CPU kernels for hot loops that torch runs as several passes (or as slow ones): a push along a
+graph's edges, the exact fixed-point sum of a metric, the lean network build, a move in a periodic
+box, a squared norm per row, integer sums over a torus's neighborhoods.
 
 Built on first use by :mod:`agentsim.native`; where no compiler is found the callers use their
-torch ops, which give the same results (both are integer arithmetic, or correctly rounded float
-operations followed by integer sums, so the order of work never shows in the bits).
+torch ops, which give the same results (integer arithmetic, or the same correctly rounded float
+operations in the same order, so neither the path nor the split over threads shows in the bits).
+Each function returns None (or False) where it does not apply, and its caller uses torch.
 
 - :func:`push_count`: for every node, how many of its neighbors are in a given node list (the
   SIR step's "infectious contacts"). Torch needs five passes and four temporaries of the pushed
@@ -13,6 +15,12 @@ operations followed by integer sums, so the order of work never shows in the bit
 - :func:`fixed_sum`: ``sum(round_half_even(x * 2**frac_bits))`` in wrapping int64, the metric
   reduction of :mod:`agentsim.metrics`, in one pass instead of four (a float64 copy, the scaling,
   the rounding, the conversion to int64) and no temporaries.
+- :func:`csr_from_pair_chunks`: the CSR of an undirected graph from regenerable pair chunks
+  (count, place, sort rows; on torch's threads, in 2 MiB pages): no ``[2, m]`` edge list held.
+- :func:`add_wrap`: ``pos = wrap(pos + delta)`` in a periodic box, in place (``Box.move``).
+- :func:`squared_norm`: ``sum_j x[:, j]**2`` in float64 per row (``ops.squared_norm``).
+- :func:`periodic_grid_sum`: integer neighborhood sums on a torus (``Grid.neighbor_sum``).
+- :func:`is_iota`: whether an index column is ``0 .. n - 1`` (a gather that can be skipped).
 """
 
 from __future__ import annotations
