@@ -26,9 +26,9 @@ Each function returns None (or False) where it does not apply, and its caller us
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -253,16 +253,8 @@ class _Kernels:
         self.push_count.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                     ctypes.c_int64, ctypes.c_void_p]
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        self.add_wrap = {}
-        for dtype, symbol in ((torch.float32, "agentsim_add_wrap32"), (torch.float64, "agentsim_add_wrap64")):
-            fn = getattr(library, symbol)
-            fn.restype, fn.argtypes = None, [p, p, i64, i64, p]
-            self.add_wrap[dtype] = fn
-        self.sq_norm = {}
-        for dtype, symbol in ((torch.float32, "agentsim_sq_norm32"), (torch.float64, "agentsim_sq_norm64")):
-            fn = getattr(library, symbol)
-            fn.restype, fn.argtypes = None, [p, i64, i64, p]
-            self.sq_norm[dtype] = fn
+        self.add_wrap = _by_dtype(library, "agentsim_add_wrap", None, [p, p, i64, i64, p])
+        self.sq_norm = _by_dtype(library, "agentsim_sq_norm", None, [p, i64, i64, p])
         self.grid_sum = library.agentsim_grid_sum64
         self.grid_sum.restype, self.grid_sum.argtypes = None, [p, i64, i64, i64, i64, p, p, i64, p]
         self.is_iota = library.agentsim_is_iota
@@ -275,12 +267,17 @@ class _Kernels:
         self.csr_sort_rows.restype, self.csr_sort_rows.argtypes = None, [p, i64, i64, p, p]
         self.csr_compact = library.agentsim_csr_compact
         self.csr_compact.restype, self.csr_compact.argtypes = None, [p, i64, p, p]
-        self.fixed_sum = {}
-        for dtype, symbol in ((torch.float64, "agentsim_fixed_sum64"), (torch.float32, "agentsim_fixed_sum32")):
-            fn = getattr(library, symbol)
-            fn.restype = ctypes.c_int64
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
-            self.fixed_sum[dtype] = fn
+        self.fixed_sum = _by_dtype(library, "agentsim_fixed_sum", ctypes.c_int64, [p, i64, ctypes.c_double])
+
+
+def _by_dtype(library: ctypes.CDLL, prefix: str, restype: type | None, argtypes: list[type]) -> dict[torch.dtype, Any]:
+    """The float32 and float64 variants ``<prefix>32`` and ``<prefix>64`` of a kernel, by dtype."""
+    out = {}
+    for dtype, bits in ((torch.float32, 32), (torch.float64, 64)):
+        fn = getattr(library, f"{prefix}{bits}")
+        fn.restype, fn.argtypes = restype, argtypes
+        out[dtype] = fn
+    return out
 
 
 def _kernels() -> _Kernels | None:
@@ -331,9 +328,8 @@ def add_wrap(pos: Tensor, delta: Tensor, lengths: tuple[float, ...]) -> bool:
         return False
     fn, size = k.add_wrap[pos.dtype], pos.element_size() * ndim
     side = (ctypes.c_double * ndim)(*lengths)
-    native.run_parallel([functools.partial(fn, pos.data_ptr() + size * a, delta.data_ptr() + size * a, b - a, ndim,
-                                           ctypes.addressof(side))
-                         for a, b in native.thread_ranges(pos.shape[0], _PARALLEL_MIN)])
+    native.parallel_for(pos.shape[0], _PARALLEL_MIN,
+                        lambda a, b: fn(pos.data_ptr() + size * a, delta.data_ptr() + size * a, b - a, ndim, side))
     return True
 
 
@@ -351,8 +347,7 @@ def squared_norm(x: Tensor) -> Tensor | None:
     n, width = x.shape
     out = torch.empty(n, dtype=torch.float64)
     fn, row = k.sq_norm[x.dtype], x.element_size() * width
-    native.run_parallel([functools.partial(fn, x.data_ptr() + row * a, b - a, width, out.data_ptr() + 8 * a)
-                         for a, b in native.thread_ranges(n, _PARALLEL_MIN)])
+    native.parallel_for(n, _PARALLEL_MIN, lambda a, b: fn(x.data_ptr() + row * a, b - a, width, out.data_ptr() + 8 * a))
     return out
 
 
@@ -373,9 +368,8 @@ def periodic_grid_sum(layer: Tensor, offsets: list[tuple[int, int]]) -> Tensor |
     grids = layer.numel() // (h * w)
     dr = (ctypes.c_int64 * max(len(offsets), 1))(*(o[0] for o in offsets))
     dc = (ctypes.c_int64 * max(len(offsets), 1))(*(o[1] for o in offsets))
-    native.run_parallel([functools.partial(k.grid_sum, layer.data_ptr(), a, b, h, w, ctypes.addressof(dr),
-                                           ctypes.addressof(dc), len(offsets), out.data_ptr())
-                         for a, b in native.thread_ranges(grids * h, 64)])  # rows of all the grids
+    native.parallel_for(grids * h, 64,  # the rows of all the grids
+                        lambda a, b: k.grid_sum(layer.data_ptr(), a, b, h, w, dr, dc, len(offsets), out.data_ptr()))
     return out
 
 
@@ -413,9 +407,8 @@ def csr_from_pair_chunks(pair_chunks: Callable[[], Iterator[tuple[Tensor, Tensor
     for u, v in _strided_int64(pair_chunks()):
         _on_threads(k.csr_place, u, v, rows.data_ptr(), indices.data_ptr())
     lengths = torch.empty(n_nodes, dtype=torch.int32)
-    native.run_parallel([functools.partial(k.csr_sort_rows, rows.data_ptr(), a, b, indices.data_ptr(),
-                                           lengths.data_ptr())
-                         for a, b in native.thread_ranges(n_nodes, _PARALLEL_MIN)])
+    native.parallel_for(n_nodes, _PARALLEL_MIN,
+                        lambda a, b: k.csr_sort_rows(rows.data_ptr(), a, b, indices.data_ptr(), lengths.data_ptr()))
     k.csr_compact(rows.data_ptr(), n_nodes, indices.data_ptr(), lengths.data_ptr())
     return rows, indices[:int(rows[-1])]
 
@@ -423,8 +416,8 @@ def csr_from_pair_chunks(pair_chunks: Callable[[], Iterator[tuple[Tensor, Tensor
 def _on_threads(fn: Callable[..., None], u: Tensor, v: Tensor, *tail: int) -> None:
     """``fn(u + a, v + a, stride, b - a, *tail)`` for pieces ``[a, b)`` of the pairs, one a thread."""
     s = u.stride(0)
-    native.run_parallel([functools.partial(fn, u.data_ptr() + 8 * s * a, v.data_ptr() + 8 * s * a, s, b - a, *tail)
-                         for a, b in native.thread_ranges(u.numel(), _PARALLEL_MIN)])
+    native.parallel_for(u.numel(), _PARALLEL_MIN,
+                        lambda a, b: fn(u.data_ptr() + 8 * s * a, v.data_ptr() + 8 * s * a, s, b - a, *tail))
 
 
 def _strided_int64(chunks: Iterator[tuple[Tensor, Tensor]]) -> Iterator[tuple[Tensor, Tensor]]:

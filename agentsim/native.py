@@ -11,13 +11,14 @@ its own switch too (``AGENTSIM_RNG_KERNEL=0``).
 
 Users of this module: :mod:`agentsim.rng_kernel` (counter-based draws) and
 :mod:`agentsim.cpu_kernels` (graph pushes, exact metric sums, the lean network build). Kernels
-that run on several threads split their work with :func:`thread_ranges` and run the pieces with
-:func:`run_parallel` (ctypes releases the GIL during a call).
+that run on several threads hand their loop to :func:`parallel_for`, which runs its pieces at once
+(ctypes releases the GIL during a call).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import itertools
 import os
@@ -35,7 +36,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["FLAGS", "cache_dir", "huge_pages", "load", "reuse_freed_memory", "run_parallel", "status",
+__all__ = ["FLAGS", "cache_dir", "huge_pages", "load", "parallel_for", "reuse_freed_memory", "status",
            "thread_ranges"]
 
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99"]
@@ -172,11 +173,13 @@ def thread_ranges(n: int, min_per_thread: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def run_parallel(calls: list[Callable[[], object]]) -> None:
-    """Run ``calls`` (kernel calls that release the GIL) at once, one a thread, and wait for all;
-    a single call runs on the caller's thread. The pool is made again after a fork.
+def parallel_for(n: int, min_per_thread: int, body: Callable[[int, int], object]) -> None:
+    """``body(a, b)`` for the pieces ``[a, b)`` of :func:`thread_ranges` ``(n, min_per_thread)``, at
+    once, one a thread (``body`` calls a kernel that releases the GIL), and wait for all; a single
+    piece runs on the caller's thread. The pool is made again after a fork.
     """
     global _pool, _pool_size, _pool_pid
+    calls = [functools.partial(body, a, b) for a, b in thread_ranges(n, min_per_thread)]
     if len(calls) == 1:
         calls[0]()
         return

@@ -22,7 +22,6 @@ Examples:
 
 from __future__ import annotations
 
-import ctypes
 import zlib
 from collections.abc import Sequence
 
@@ -141,7 +140,7 @@ class CounterRNG:
         return mix64(key.unsqueeze(-1) ^ salts)
 
     def _fused(self, kind: str, ids: Tensor, step: int, stream: int | str, draw: int, draws: int | None,
-               raw_per_draw: int = 1, *extra: int) -> Tensor | None:
+               raw_per_draw: int = 1, *extra: int | list[float] | None) -> Tensor | None:
         """The draws from the compiled kernel (:mod:`agentsim.rng_kernel`; the same bits as the torch
         ops; used for every CPU call: faster from 16 ids on), or None where it does not apply (not a
         CPU tensor, more than ``MAX_DRAWS`` raw draws per id, kernel unavailable).
@@ -207,10 +206,8 @@ class CounterRNG:
         if len(shift) != n:
             raise ValueError(f"normal: mean has {len(shift)} values, expected one per draw ({n})")
         scale = 1.0 if std is None else float(std)
-        scale_array, shift_array = (ctypes.c_double * 1)(scale), (ctypes.c_double * n)(*shift)  # alive during the call
-        pointers = [ctypes.addressof(scale_array), ctypes.addressof(shift_array)] if affine else [0, 0]  # 0: NULL
         fused = self._fused("normal64" if dtype == torch.float64 else "normal32", ids, step, stream, draw, draws,
-                            2, *pointers)
+                            2, *(([scale], shift) if affine else (None, None)))
         if fused is not None:
             return fused
         u = self.uniform(ids, step, stream, 2 * draw, 2 * n, dtype=torch.float64)

@@ -25,7 +25,6 @@ Set ``AGENTSIM_RNG_KERNEL=0`` to use the eager path (for A/B measurements).
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 from pathlib import Path
 
@@ -298,21 +297,21 @@ class Kernel:
             self._functions[name] = fn
 
     def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int,
-            *extra: int) -> Tensor:
+            *extra: int | list[float] | None) -> Tensor:
         """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype
-        (``extra``: ``integers``' upper bound ``high``; the normals' ``scale`` and ``shift``
-        arrays, or None for standard normals).
+        (``extra``: ``integers``' upper bound ``high``; the normals' ``[scale]`` and ``[shift per
+        draw]`` lists, or None, None for standard normals).
         """
         dtype, _ = _FUNCTIONS[name]
         n = ids.numel()
         out = torch.empty((n, d), dtype=dtype)
         salt_array = (ctypes.c_uint64 * len(salts))(*(s & 0xFFFFFFFFFFFFFFFF for s in salts))
+        args = [(ctypes.c_double * len(x))(*x) if isinstance(x, list) else x for x in extra]  # alive during the call
         fn = self._functions[name]
         g, s = golden & 0xFFFFFFFFFFFFFFFF, salt & 0xFFFFFFFFFFFFFFFF
         ids_ptr, out_ptr, out_item = ids.data_ptr(), out.data_ptr(), out.element_size() * d
-        native.run_parallel([
-            functools.partial(fn, ids_ptr + 8 * a, b - a, g, s, salt_array, d, out_ptr + out_item * a, *extra)
-            for a, b in native.thread_ranges(n, _PARALLEL_MIN)])
+        native.parallel_for(n, _PARALLEL_MIN, lambda a, b: fn(ids_ptr + 8 * a, b - a, g, s, salt_array, d,
+                                                              out_ptr + out_item * a, *args))
         return out
 
 
