@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_peers import checkout_env
+
 HERE = Path(__file__).resolve().parent
 WORK = ("sir", "boids_w1", "boids_w2", "randomwalk", "schelling")
 
@@ -61,9 +63,7 @@ def seconds_per_step(comm: Any, model: str, agents: int, steps: int, partition: 
 
 # ---------------------------------------------------------------- the driver
 def _env(root: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(HERE / "checkout_site"), str(HERE)])
-    env["AGENTSIM_CHECKOUT_MODELS"] = str(root / "models")  # its own models (checkout_site/sitecustomize.py)
+    env = checkout_env(root, HERE)  # its own agentsim and models
     env["OMP_NUM_THREADS"] = "1"
     return env
 

@@ -75,15 +75,18 @@ def _json_line(cmd: list[str], env: dict[str, str] | None = None, timeout: float
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _checkout_env() -> dict[str, str]:
-    """This checkout's agentsim and models first (``checkout_site/sitecustomize.py``)."""
-    return {**os.environ, "AGENTSIM_CHECKOUT_MODELS": str(ROOT / "models"),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE / "checkout_site"), os.environ.get("PYTHONPATH", "")])}
+def checkout_env(root: Path = ROOT, *more: Path) -> dict[str, str]:
+    """The environment of a process that runs the checkout ``root``: its agentsim and its models
+    (``checkout_site/sitecustomize.py``) first on ``PYTHONPATH``, then ``more``, then what was there.
+    """
+    path = [str(root), str(HERE / "checkout_site"), *map(str, more), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "AGENTSIM_CHECKOUT_MODELS": str(root / "models"),
+            "PYTHONPATH": os.pathsep.join(p for p in path if p)}  # no empty entry (it would mean the cwd)
 
 
 def agentsim_run(model: str, agents: int, steps: int, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """One agentsim run of ``model`` in a fresh process (this checkout first on the path)."""
-    env = _checkout_env()
+    env = checkout_env()
     return _json_line([sys.executable, "-W", "ignore", "-c", AGENTSIM_RUN, model, str(agents), str(steps),
                        json.dumps(params or {})], env=env)
 
@@ -226,7 +229,7 @@ def suite_memory(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[st
     of the whole process and above a process that only imported torch and agentsim.
     """
     n = args.agents or 100_000_000
-    env = _checkout_env()
+    env = checkout_env()
     got: dict[str, Any] = {"bare": [], "sir": []}
     for _ in range(args.rounds):
         bare = subprocess.run([sys.executable, "-c", BARE_PROCESS], capture_output=True, text=True, env=env, check=True)
