@@ -46,6 +46,8 @@ _SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 
+static inline uint64_t as_bits(double d) { uint64_t b; memcpy(&b, &d, 8); return b; }
+
 #define BUF 4096
 
 /* counts[v] += 1 for every neighbor v of every node in nodes; 0, or 1 + the position of the first
@@ -86,20 +88,38 @@ int64_t agentsim_push_count(const int64_t *indptr, const int32_t *indices, int64
 /* pos[i * d + j] = wrap(pos[i * d + j] + delta[i * d + j], len[j]) in place, where wrap is
    Box.wrap's torch ops: r = remainder(x, L) (fmod, then + L where it is negative: the same
    rounding as torch), then r = 0 where r rounds to L. fmod is exact, so for 0 <= x < L it is x
-   and for L <= x < 2L it is x - L (exact by Sterbenz); the C library is called for the rest. */
+   and for L <= x < 2L it is x - L (exact by Sterbenz); the C library is called for the rest.
+   The flat entries go WRAP_BLOCK at a time: a loop the compiler vectorizes for the three cases
+   -L < x < 2L (selects, no branches), and where a block holds another x (or a NaN) the block
+   again one entry at a time with fmod. */
+#define WRAP_BLOCK 384 /* a multiple of 2 and 3 */
 #define ADD_WRAP(NAME, T, FMOD) \
 void NAME(T *pos, const T *delta, int64_t n, int64_t d, const double *lengths) { \
-    T len[3]; \
-    for (int64_t j = 0; j < d; j++) len[j] = (T)lengths[j]; \
-    for (int64_t i = 0; i < n; i++) \
-        for (int64_t j = 0; j < d; j++) { \
-            T x = pos[i * d + j] + delta[i * d + j], L = len[j], r; \
-            if (x >= 0 && x < L) r = x; \
-            else if (x >= L && x < 2 * L) r = x - L; \
-            else if (x < 0 && x > -L) r = x + L; \
-            else { r = FMOD(x, L); if (r != 0 && r < 0) r += L; } \
-            pos[i * d + j] = r >= L ? 0 : r; \
+    T len[WRAP_BLOCK], out[WRAP_BLOCK]; /* len[k]: the side of entry k of a block (rows repeated) */ \
+    for (int64_t k = 0; k < WRAP_BLOCK; k++) len[k] = (T)lengths[k % d]; \
+    int64_t total = n * d; \
+    for (int64_t k0 = 0; k0 < total; k0 += WRAP_BLOCK) { \
+        int64_t m = total - k0 < WRAP_BLOCK ? total - k0 : WRAP_BLOCK; \
+        const T *p = pos + k0, *q = delta + k0; \
+        int other = 0; \
+        for (int64_t k = 0; k < m; k++) { \
+            T x = p[k] + q[k], L = len[k]; \
+            T y = x >= L ? x - L : x; \
+            y = x < 0 ? x + L : y; \
+            other |= !(x > -L && x < 2 * L); \
+            out[k] = y >= L ? 0 : y; \
         } \
+        if (other) \
+            for (int64_t k = 0; k < m; k++) { \
+                T x = p[k] + q[k], L = len[k], r; \
+                if (x >= 0 && x < L) r = x; \
+                else if (x >= L && x < 2 * L) r = x - L; \
+                else if (x < 0 && x > -L) r = x + L; \
+                else { r = FMOD(x, L); if (r != 0 && r < 0) r += L; } \
+                out[k] = r >= L ? 0 : r; \
+            } \
+        memcpy(pos + k0, out, m * sizeof(T)); \
+    } \
 }
 ADD_WRAP(agentsim_add_wrap32, float, fmodf)
 ADD_WRAP(agentsim_add_wrap64, double, fmod)
@@ -107,6 +127,13 @@ ADD_WRAP(agentsim_add_wrap64, double, fmod)
 /* out[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double, each square and each sum rounded, left to right */
 #define SQ_NORM(NAME, T) \
 void NAME(const T *x, int64_t n, int64_t k, double *out) { \
+    if (k == 2) { /* the common case, in a loop the compiler vectorizes */ \
+        for (int64_t i = 0; i < n; i++) { \
+            double a = (double)x[2 * i], b = (double)x[2 * i + 1]; \
+            out[i] = a * a + b * b; \
+        } \
+        return; \
+    } \
     for (int64_t i = 0; i < n; i++) { \
         double a = (double)x[i * k]; \
         double s = a * a; \
@@ -142,11 +169,33 @@ int64_t agentsim_is_iota(const int64_t *x, int64_t n) {
     return 1;
 }
 
-int64_t agentsim_fixed_sum64(const double *x, int64_t n, double scale) {
-    uint64_t s = 0;
-    for (int64_t i = 0; i < n; i++) s += (uint64_t)(int64_t)nearbyint(x[i] * scale);
-    return (int64_t)s;
+/* FIXED_SUM(NAME, T): the wrapping sum of (int64) nearbyint(x[i] * scale). Blocks of FIXED_BLOCK
+   entries whose |x * scale| < 2**51 take a vectorized path: v + 1.5 * 2**52 rounds v to an integer
+   (to nearest, ties to even: nearbyint's rounding in the default mode) whose bits minus those of
+   1.5 * 2**52 are that integer, exactly; other blocks (large values, NaN) call nearbyint. */
+#define FIXED_BLOCK 1024
+#define FIXED_SUM(NAME, T) \
+int64_t NAME(const T *x, int64_t n, double scale) { \
+    uint64_t s = 0; \
+    for (int64_t i0 = 0; i0 < n; i0 += FIXED_BLOCK) { \
+        int64_t m = n - i0 < FIXED_BLOCK ? n - i0 : FIXED_BLOCK; \
+        uint64_t part = 0; \
+        int large = 0; \
+        for (int64_t i = 0; i < m; i++) { \
+            double v = (double)x[i0 + i] * scale; \
+            large |= !(v < 0x1p51 && v > -0x1p51); \
+            part += as_bits(v + 0x1.8p52) - 0x4338000000000000ULL; \
+        } \
+        if (large) { \
+            part = 0; \
+            for (int64_t i = 0; i < m; i++) part += (uint64_t)(int64_t)nearbyint((double)x[i0 + i] * scale); \
+        } \
+        s += part; \
+    } \
+    return (int64_t)s; \
 }
+FIXED_SUM(agentsim_fixed_sum64, double)
+FIXED_SUM(agentsim_fixed_sum32, float)
 
 /* The CSR of an undirected graph from pairs given in chunks, without a sorted edge list: count,
    then place, then sort and deduplicate each row in place. Self-loops are skipped.
@@ -237,11 +286,6 @@ void agentsim_csr_compact(int64_t *rows, int64_t n, int32_t *indices, const int3
     rows[n] = written;
 }
 
-int64_t agentsim_fixed_sum32(const float *x, int64_t n, double scale) {
-    uint64_t s = 0;
-    for (int64_t i = 0; i < n; i++) s += (uint64_t)(int64_t)nearbyint((double)x[i] * scale);
-    return (int64_t)s;
-}
 """
 
 
@@ -447,4 +491,8 @@ def fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:
     if k is None:
         return None
     x = x.contiguous()
-    return torch.tensor(k.fixed_sum[x.dtype](x.data_ptr(), x.numel(), float(2**frac_bits)), dtype=torch.int64)
+    fn, ptr, item, scale = k.fixed_sum[x.dtype], x.data_ptr(), x.element_size(), float(2**frac_bits)
+    parts: list[int] = []  # one wrapping sum per thread's range: integer addition, so any split gives the same bits
+    native.parallel_for(x.numel(), _PARALLEL_MIN, lambda a, b: parts.append(fn(ptr + item * a, b - a, scale)))
+    total = sum(parts) & 0xFFFFFFFFFFFFFFFF
+    return torch.tensor(total - (1 << 64) if total >= 1 << 63 else total, dtype=torch.int64)

@@ -16,8 +16,12 @@ compiled with ``-ffp-contract=off`` (no fused multiply-adds), so the kernel, the
 and CUDA all give the same bits, and a machine without a compiler gives the same trajectory,
 only slower. ``tests/test_random.py`` checks kernel == eager bit for bit.
 
-Accuracy: the normals differ from the textbook ``sqrt(-2 log1p(-u1)) cos(2 pi u2)`` evaluated with
-ATen's functions by less than 1e-14 in absolute value (2.9e-15 measured on 2M draws; tested).
+With ``CounterRNG.normal(..., paired=True)`` both outputs of each transform are used (``r cos``,
+``r sin``: two independent normals from two uniforms), so a pair of normals costs one logarithm,
+one square root and two hashes; the default stream uses the cosine output only.
+
+Accuracy: the normals differ from the textbook ``sqrt(-2 log1p(-u1)) cos(2 pi u2)`` (and ``sin``)
+evaluated with ATen's functions by less than 1e-14 in absolute value (tested on 1M draws).
 
 Set ``AGENTSIM_RNG_KERNEL=0`` to use the eager path (for A/B measurements).
 """
@@ -69,21 +73,23 @@ _EAGER_CHUNK = 1 << 16  # elements per pass on the CPU: the temporaries stay in 
 
 
 def box_muller(u1: Tensor, u2: Tensor) -> Tensor:
-    """``sqrt(-2 log(1 - u1)) * cos(2 pi u2)`` in correctly rounded float64 operations.
+    """Both outputs of Box-Muller, ``r cos(2 pi u2)`` and ``r sin(2 pi u2)`` with
+    ``r = sqrt(-2 log(1 - u1))`` (two independent standard normals), in correctly rounded float64
+    operations.
 
     Args:
-        u1, u2: float64 uniforms in ``[0, 1)`` (multiples of 2**-53), same shape.
+        u1, u2: float64 uniforms in ``[0, 1)`` (multiples of 2**-53), shape ``[...]``.
 
     Returns:
-        float64 standard normals, same shape. The kernel computes the same bits.
+        float64 ``[..., 2]``: the cosine output, then the sine output. The kernel computes the same bits.
     """
     if u1.device.type != "cpu" or u1.numel() <= _EAGER_CHUNK:
         return _box_muller(u1, u2)
     a, b = u1.reshape(-1), u2.reshape(-1)
-    out = torch.empty_like(a)
+    out = torch.empty((a.numel(), 2), dtype=torch.float64)
     for i in range(0, a.numel(), _EAGER_CHUNK):
         out[i:i + _EAGER_CHUNK] = _box_muller(a[i:i + _EAGER_CHUNK], b[i:i + _EAGER_CHUNK])
-    return out.reshape(u1.shape)
+    return out.reshape(*u1.shape, 2)
 
 
 def _box_muller(u1: Tensor, u2: Tensor) -> Tensor:
@@ -106,8 +112,10 @@ def _box_muller(u1: Tensor, u2: Tensor) -> Tensor:
     w = f * f
     c = _horner(COS_C, w)
     s_ = f * _horner(SIN_C, w)
+    # the angle is (pi / 2) (quadrant + f): rotate (cos, sin) of (pi / 2) f by quadrant quarter turns
     cos = torch.where(quadrant == 0, c, torch.where(quadrant == 1, -s_, torch.where(quadrant == 2, -c, s_)))
-    return r * cos
+    sin = torch.where(quadrant == 0, s_, torch.where(quadrant == 1, c, torch.where(quadrant == 2, -s_, -c)))
+    return torch.stack((r * cos, r * sin), dim=-1)
 
 
 # ---------------------------------------------------------------- the C kernel
@@ -150,8 +158,9 @@ static inline double uniform53(uint64_t b) {{
     return (hi * 0x1p52 + lo) * 0x1p-53;
 }}
 
-/* out[k] = sqrt(-2 log(1 - u1[k])) * cos(2 pi u2[k]): the operations of rng_kernel.box_muller */
-static void box_muller(const double *u1, const double *u2, double *out, int64_t n) {{
+/* z0[k], z1[k] = r cos(2 pi u2[k]), r sin(2 pi u2[k]) with r = sqrt(-2 log(1 - u1[k])): the operations
+   of rng_kernel.box_muller */
+static void box_muller(const double *u1, const double *u2, double *z0, double *z1, int64_t n) {{
     for (int64_t k = 0; k < n; k++) {{
         double x = 1.0 - u1[k];
         uint64_t xb = as_bits(x);
@@ -175,7 +184,9 @@ static void box_muller(const double *u1, const double *u2, double *out, int64_t 
         double c = {_c_horner("COS_C", len(COS_C), "w")};
         double sn = f * {_c_horner("SIN_C", len(SIN_C), "w")};
         double cs = quadrant == 1.0 ? -sn : quadrant == 2.0 ? -c : quadrant == 3.0 ? sn : c;
-        out[k] = r * cs;
+        double ss = quadrant == 1.0 ? c : quadrant == 2.0 ? -sn : quadrant == 3.0 ? -c : sn;
+        z0[k] = r * cs;
+        z1[k] = r * ss;
     }}
 }}
 
@@ -233,43 +244,63 @@ DRAWS(agentsim_bits, int64_t, raw64)
 DRAWS(agentsim_uniform64, double, uniform53)
 DRAWS(agentsim_uniform32, float, uniform24)
 
-/* d normals per id from 2 d raw draws (salts[2 j], salts[2 j + 1]); with scale (not NULL), draw j
-   is z * scale[0] + shift[j], both operations rounded in the output's type (as torch's mul_, add_) */
+/* column j of out[m, d] (rows i0 ..) = z, or z * scale[0] + shift[j] with both operations rounded in
+   the output's type (as torch's mul_, add_) */
+static void store(const double *z, int64_t i0, int64_t m, int64_t d, int64_t j, double *out64, float *out32,
+                  const double *scale, const double *shift) {{
+    if (out64 && scale) {{
+        double a = scale[0], b = shift[j];
+        for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i] * a + b;
+    }} else if (out64) {{
+        for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i];
+    }} else if (scale) {{
+        float a = (float)scale[0], b = (float)shift[j];
+        for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i] * a + b;
+    }} else {{
+        for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i];
+    }}
+}}
+
+/* d normals per id; transform p is made from raw draws (salts[2 p], salts[2 p + 1]). Unpaired: out
+   column j is transform j's cosine output. Paired: transform p gives normals 2 p (cosine) and
+   2 p + 1 (sine), and out column j is normal j + first (first = 1: a call that starts at an odd
+   draw skips the first cosine). */
 static void normals(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt, const uint64_t *salts,
-                    int64_t d, double *out64, float *out32, const double *scale, const double *shift) {{
-    double u1[BLOCK], u2[BLOCK], z[BLOCK];
+                    int64_t d, double *out64, float *out32, int64_t paired, int64_t first,
+                    const double *scale, const double *shift) {{
+    double u1[BLOCK], u2[BLOCK], z[2][BLOCK];
+    int64_t transforms = paired ? (first + d + 1) / 2 : d;
     for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {{
         int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
         KEYS(i0, m)
-        for (int64_t j = 0; j < d; j++) {{
+        for (int64_t p = 0; p < transforms; p++) {{
             for (int64_t i = 0; i < m; i++) {{
-                u1[i] = uniform53(mix(key[i] ^ salts[2 * j]));
-                u2[i] = uniform53(mix(key[i] ^ salts[2 * j + 1]));
+                u1[i] = uniform53(mix(key[i] ^ salts[2 * p]));
+                u2[i] = uniform53(mix(key[i] ^ salts[2 * p + 1]));
             }}
-            box_muller(u1, u2, z, m);
-            if (out64 && scale) {{
-                double a = scale[0], b = shift[j];
-                for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i] * a + b;
-            }} else if (out64) {{
-                for (int64_t i = 0; i < m; i++) out64[(i0 + i) * d + j] = z[i];
-            }} else if (scale) {{
-                float a = (float)scale[0], b = (float)shift[j];
-                for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i] * a + b;
-            }} else {{
-                for (int64_t i = 0; i < m; i++) out32[(i0 + i) * d + j] = (float)z[i];
+            box_muller(u1, u2, z[0], z[1], m);
+            if (!paired) {{
+                store(z[0], i0, m, d, p, out64, out32, scale, shift);
+                continue;
+            }}
+            for (int64_t w = 0; w < 2; w++) {{
+                int64_t j = 2 * p + w - first;
+                if (j >= 0 && j < d) store(z[w], i0, m, d, j, out64, out32, scale, shift);
             }}
         }}
     }}
 }}
 
-void agentsim_normal64(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt,
-                       const uint64_t *salts, int64_t d, double *out, const double *scale, const double *shift) {{
-    normals(ids, n, golden, salt, salts, d, out, 0, scale, shift);
+void agentsim_normal64(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt, const uint64_t *salts,
+                       int64_t d, double *out, int64_t paired, int64_t first, const double *scale,
+                       const double *shift) {{
+    normals(ids, n, golden, salt, salts, d, out, 0, paired, first, scale, shift);
 }}
 
-void agentsim_normal32(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt,
-                       const uint64_t *salts, int64_t d, float *out, const double *scale, const double *shift) {{
-    normals(ids, n, golden, salt, salts, d, 0, out, scale, shift);
+void agentsim_normal32(const int64_t *ids, int64_t n, uint64_t golden, uint64_t salt, const uint64_t *salts,
+                       int64_t d, float *out, int64_t paired, int64_t first, const double *scale,
+                       const double *shift) {{
+    normals(ids, n, golden, salt, salts, d, 0, out, paired, first, scale, shift);
 }}
 """
 
@@ -277,8 +308,9 @@ _FUNCTIONS = {"bits": (torch.int64, "agentsim_bits"), "uniform64": (torch.float6
               "uniform32": (torch.float32, "agentsim_uniform32"), "normal64": (torch.float64, "agentsim_normal64"),
               "normal32": (torch.float32, "agentsim_normal32"), "integers": (torch.int64, "agentsim_integers")}
 _EXTRA: dict[str, list[type]] = {"integers": [ctypes.c_int64],  # high
-                                 "normal64": [ctypes.c_void_p, ctypes.c_void_p],  # scale, shift (NULL: standard)
-                                 "normal32": [ctypes.c_void_p, ctypes.c_void_p]}
+                                 # paired (0 or 1), first (0 or 1), scale, shift (NULL: standard)
+                                 "normal64": [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p],
+                                 "normal32": [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]}
 MAX_DRAWS = 256  # raw draws per id the kernel takes in one call (more: the eager path)
 _PARALLEL_MIN = 1 << 15  # ids per call below which one thread runs it (a thread pool call costs ~50 us)
 
@@ -299,8 +331,10 @@ class Kernel:
     def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int,
             *extra: int | list[float] | None) -> Tensor:
         """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype
-        (``extra``: ``integers``' upper bound ``high``; the normals' ``[scale]`` and ``[shift per
+        (``extra``: ``integers``' upper bound ``high``; the normals' ``paired`` (1: both outputs of
+        each transform), ``first`` (1: skip the first cosine output), ``[scale]`` and ``[shift per
         draw]`` lists, or None, None for standard normals).
+        ``salts``: one per raw draw (normals: two per Box-Muller pair).
         """
         dtype, _ = _FUNCTIONS[name]
         n = ids.numel()

@@ -38,10 +38,11 @@ def move(ctx: Context) -> None:
     """Gaussian step plus drift, wrapped into the periodic box."""
     w = ctx["walker"]
     p = ctx.params
-    # z * step_size + drift in the pass that draws z (stream "move"); then the moves in place (at
-    # 10M walkers every new [n, 2] tensor and every extra pass costs tens of milliseconds)
+    # z * step_size + drift in the pass that draws z (stream "move"; x and y from the two outputs of
+    # one Box-Muller transform: paired=True); then the moves in place (at 10M walkers every new
+    # [n, 2] tensor and every extra pass costs tens of milliseconds)
     delta = ctx.rng.normal(w["uid"], draws=2, dtype=torch.float32, mean=(p["drift_x"], p["drift_y"]),
-                           std=p["step_size"])
+                           std=p["step_size"], paired=True)
     w["disp"].add_(delta)
     ctx.space.move(w["pos"], delta)
 

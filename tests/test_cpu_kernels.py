@@ -83,6 +83,23 @@ def test_fixed_sum_is_the_bits_of_torch(built, dtype):
         assert int(fused) == int(ops.to_fixed(x.to(torch.float64), 24).sum())
 
 
+def test_fixed_sum_blocks_with_large_values_and_any_thread_count(built):
+    # most blocks take the vectorized path (|x * 2**24| < 2**51), a few hold one value in [2**51, 2**63)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(400_000, dtype=torch.float64, generator=g) * 1e4
+    x[[5, 77_777, 300_001]] = torch.tensor([2.0**28 + 0.5, -(2.0**36) - 3.0, 2.0**27 * 3 + 2.0**-24 * 1.5],
+                                        dtype=torch.float64)
+    want = int(ops.to_fixed(x, 24).sum())
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert int(cpu_kernels.fixed_sum(x, 24)) == want
+            assert int(cpu_kernels.fixed_sum(x.float(), 24)) == int(ops.to_fixed(x.float().double(), 24).sum())
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_fixed_sum_declines_what_it_does_not_cover():
     assert cpu_kernels.fixed_sum(torch.ones(3, dtype=torch.float16), 24) is None
     assert cpu_kernels.fixed_sum(torch.ones(3, requires_grad=True), 24) is None
@@ -184,6 +201,26 @@ def test_box_move_gives_the_bits_of_add_then_wrap(built, torch_ops, dtype, size)
     assert torch.equal(got.view(torch.int64 if dtype == torch.float64 else torch.int32),
                        expect.view(torch.int64 if dtype == torch.float64 else torch.int32))
     assert bool(((got >= 0) & (got < side.to(dtype))).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_box_move_blocks_mostly_near_with_a_few_far_or_nan(built, torch_ops, dtype):
+    """Steps of a tenth of a unit (the vectorized path for nearly every block) with a far jump,
+    an inf and a NaN in a few blocks (those blocks again one entry at a time)."""
+    from agentsim import Box
+
+    box = Box((50.0, 20.0, 9.5))
+    g = torch.Generator().manual_seed(3)
+    n = 100_000
+    pos = (torch.rand(n, 3, generator=g, dtype=torch.float64) * torch.tensor(box.size)).to(dtype)
+    delta = (torch.randn(n, 3, generator=g, dtype=torch.float64) * 0.1).to(dtype)
+    delta[1000, 1], delta[50_000, 0], delta[50_001, 2], delta[99_999, 2] = 1e5, float("inf"), float("nan"), -75.0
+    got = box.move(pos.clone(), delta)
+    expect = torch_ops(lambda: box.move(pos.clone(), delta))
+    nan = torch.isnan(expect)
+    assert torch.equal(torch.isnan(got), nan) and int(nan.sum()) == 2  # the inf and the NaN
+    bits = torch.int64 if dtype == torch.float64 else torch.int32
+    assert torch.equal(got[~nan].view(bits), expect[~nan].view(bits))
 
 
 def test_box_move_in_place_and_bounded(built):

@@ -113,6 +113,9 @@ def built_kernel():
     ("normal", {}), ("normal", {"draw": 2, "draws": 3}), ("normal", {"draws": 2, "dtype": torch.float32}),
     ("normal", {"draws": 2, "dtype": torch.float32, "mean": (0.25, -3.0), "std": 0.7}),
     ("normal", {"draw": 1, "mean": 1e-3}), ("normal", {"draws": 3, "std": 2.5}),
+    ("normal", {"paired": True}), ("normal", {"draw": 2, "draws": 3, "paired": True}),
+    ("normal", {"draw": 3, "draws": 4, "dtype": torch.float32, "mean": (1.0, 2.0, 3.0, 4.0), "paired": True}),
+    ("normal", {"draw": 1, "draws": 2, "std": 0.5, "paired": True}),
     ("integers", {"high": 7}), ("integers", {"high": 1, "draw": 4}), ("integers", {"high": 10**15 + 3, "draws": 2}),
     ("integers", {"high": 2**61 + 1, "draw": 2, "draws": 3}),
 ])
@@ -142,10 +145,39 @@ def test_box_muller_is_the_textbook_transform_to_a_few_ulp():
                     torch.tensor([0.0, 1 - 2**-53, 0.5, 2**-53], dtype=torch.float64)])
     u2 = torch.cat([torch.rand(1_000_000, dtype=torch.float64, generator=g),
                     torch.tensor([0.0, 0.25, 0.5, 0.75], dtype=torch.float64)])
-    textbook = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
+    r = torch.sqrt(-2.0 * torch.log1p(-u1))
+    textbook = torch.stack((r * torch.cos((2.0 * math.pi) * u2), r * torch.sin((2.0 * math.pi) * u2)), dim=-1)
     ours = box_muller(u1, u2)
-    assert torch.isfinite(ours).all()
+    assert ours.shape == (u1.numel(), 2) and torch.isfinite(ours).all()
     assert (ours - textbook).abs().max().item() < 1e-14  # values reach 8.6
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_a_normal_draw_is_the_same_alone_or_among_others(paired):
+    rng, ids = CounterRNG(4), torch.arange(1000)
+    z = rng.normal(ids, 5, "p", draws=5, paired=paired)
+    for d in range(5):
+        assert torch.equal(rng.normal(ids, 5, "p", draw=d, paired=paired), z[:, d])
+    assert torch.equal(rng.normal(ids, 5, "p", draw=1, draws=3, paired=paired), z[:, 1:4])
+    assert torch.equal(rng.at(5).normal(ids, "p", draws=5, paired=paired), z)
+
+
+def test_paired_normals_use_both_outputs_of_each_transform():
+    rng, ids = CounterRNG(4), torch.arange(300_000)
+    z = rng.normal(ids, 5, "p", draws=4, paired=True)
+    single = rng.normal(ids, 5, "p", draws=2)  # the default stream: draw d from raw draws 2d, 2d+1
+    assert torch.equal(z[:, 0], single[:, 0]) and not torch.equal(z[:, 1], single[:, 1])
+    u = rng.uniform(ids, 5, "p", draws=4)
+    r = torch.sqrt(-2.0 * torch.log1p(-u[:, 2]))
+    assert torch.allclose(z[:, 2], r * torch.cos(2 * math.pi * u[:, 3]), rtol=0, atol=1e-13)
+    assert torch.allclose(z[:, 3], r * torch.sin(2 * math.pi * u[:, 3]), rtol=0, atol=1e-13)
+    # the cosine and sine outputs of one transform (columns 0, 1) are uncorrelated, and so are their
+    # squares (they share the radius: a wrong pairing would correlate |z0| and |z1|)
+    c = torch.corrcoef(torch.stack([z[:, 0], z[:, 1], z[:, 0] ** 2, z[:, 1] ** 2]))
+    assert abs(c[0, 1].item()) < 0.01 and abs(c[2, 3].item()) < 0.01
+    assert stats.kstest(z[:, 1].numpy(), "norm").pvalue > 1e-4
+    # the product of two independent standard normals has variance 1
+    assert abs((z[:, 0] * z[:, 1]).var().item() - 1) < 0.02
 
 
 def test_normal_moments_and_kolmogorov_smirnov():
