@@ -48,11 +48,16 @@ def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: i
     Returns:
         ``similar``, ``occupied`` (int16 ``[n_local]``) and ``happy`` (bool ``[n_local]``).
     """
-    # One layer counts both: 1 per resident plus 2**32 per resident of group 1 (residents hold
-    # distinct cells; a neighborhood's sums stay below 2**32), so one neighbor sum and one gather
-    # give the occupied and the group-1 neighbor counts (exact integers: the same as two layers).
+    # One layer counts both: 1 per resident plus 2**32 per resident of group 1 (a neighborhood's
+    # sums stay below 2**32), so one neighbor sum and one gather give the occupied and the group-1
+    # neighbor counts (exact integers: the same as two layers). Residents hold distinct cells, so
+    # the values are copied (index_add_ is 3x slower here); every value is >= 1, so fewer nonzero
+    # cells than residents means shared cells (stale neighbors, sync_every > 1): then added.
     packed = torch.zeros(grid.n_cells, dtype=torch.int64, device=cell.device)
-    packed.index_copy_(0, cell, (group.to(torch.int64) << 32) + 1)
+    values = (group.to(torch.int64) << 32) + 1
+    packed.index_copy_(0, cell, values)
+    if int(torch.count_nonzero(packed)) != cell.numel():
+        packed.zero_().index_add_(0, cell, values)
     near = grid.neighbor_sum(packed.reshape(grid.shape), "moore", radius).reshape(-1)
     near = near.index_select(0, cell[:n_local])  # index_select: 4x faster than near[c] on the CPU
     total, ones_near = near & 0xFFFFFFFF, near >> 32

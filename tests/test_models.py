@@ -193,6 +193,29 @@ def test_schelling_happiness_against_loop():
         assert same == sim_similar and happy == (same >= 3)
 
 
+def test_schelling_assessment_counts_shared_cells_like_two_occupancy_layers():
+    """Stale neighbors (sync_every > 1) can share a cell with a resident: the packed layer must
+    then count both, as the two occupancy layers do (the distinct-cells fast path does not apply)."""
+    from agentsim.models.schelling import assessment
+
+    from agentsim import Grid
+
+    grid = Grid((12, 9), periodic=True)
+    g = torch.Generator().manual_seed(0)
+    for shared in (False, True):
+        cell = torch.randperm(grid.n_cells, generator=g)[:60]
+        if shared:
+            cell = torch.cat([cell, cell[:7]])  # 7 stale copies on occupied cells
+        group = torch.randint(0, 2, (cell.numel(),), generator=g).to(torch.int8)
+        got = assessment(grid, cell, group, 3, 1, 50)
+        occ = grid.neighbor_sum(grid.occupancy(cell).reshape(grid.shape), "moore", 1).reshape(-1)[cell[:50]]
+        ones = grid.neighbor_sum(grid.occupancy(cell[group == 1]).reshape(grid.shape), "moore", 1).reshape(-1)
+        similar = torch.where(group[:50] == 1, ones[cell[:50]], occ - ones[cell[:50]])
+        assert torch.equal(got["occupied"], occ.to(torch.int16))
+        assert torch.equal(got["similar"], similar.to(torch.int16))
+        assert torch.equal(got["happy"], similar >= 3)
+
+
 # ------------------------------------------------------------------ wolf-sheep
 def test_wolfsheep_predator_prey_cycle_and_no_negative_values():
     sim = Simulation(get_model("wolfsheep"), agents=3000, seed=1)
