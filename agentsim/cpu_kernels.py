@@ -83,15 +83,13 @@ int64_t agentsim_push_count(const int64_t *indptr, const int32_t *indices, int64
     return 0;
 }
 
-/* sum of (int64) nearbyint(x[i] * scale), wrapping (as torch's int64 sum): scale is a power of two,
-   so x * scale is exact and the rounding (to nearest, ties to even) is the only one. */
 /* pos[i * d + j] = wrap(pos[i * d + j] + delta[i * d + j], len[j]) in place, where wrap is
    Box.wrap's torch ops: r = remainder(x, L) (fmod, then + L where it is negative: the same
    rounding as torch), then r = 0 where r rounds to L. fmod is exact, so for 0 <= x < L it is x
    and for L <= x < 2L it is x - L (exact by Sterbenz); the C library is called for the rest.
    The flat entries go WRAP_BLOCK at a time: a loop the compiler vectorizes for the three cases
-   -L < x < 2L (selects, no branches), and where a block holds another x (or a NaN) the block
-   again one entry at a time with fmod. */
+   -L < x < 2L (selects, no branches); where a block holds another x (or a NaN), those entries
+   again with fmod. */
 #define WRAP_BLOCK 384 /* a multiple of 2 and 3 */
 #define ADD_WRAP(NAME, T, FMOD) \
 void NAME(T *pos, const T *delta, int64_t n, int64_t d, const double *lengths) { \
@@ -111,11 +109,10 @@ void NAME(T *pos, const T *delta, int64_t n, int64_t d, const double *lengths) {
         } \
         if (other) \
             for (int64_t k = 0; k < m; k++) { \
-                T x = p[k] + q[k], L = len[k], r; \
-                if (x >= 0 && x < L) r = x; \
-                else if (x >= L && x < 2 * L) r = x - L; \
-                else if (x < 0 && x > -L) r = x + L; \
-                else { r = FMOD(x, L); if (r != 0 && r < 0) r += L; } \
+                T x = p[k] + q[k], L = len[k]; \
+                if (x > -L && x < 2 * L) continue; /* done above */ \
+                T r = FMOD(x, L); \
+                if (r != 0 && r < 0) r += L; \
                 out[k] = r >= L ? 0 : r; \
             } \
         memcpy(pos + k0, out, m * sizeof(T)); \
@@ -169,7 +166,9 @@ int64_t agentsim_is_iota(const int64_t *x, int64_t n) {
     return 1;
 }
 
-/* FIXED_SUM(NAME, T): the wrapping sum of (int64) nearbyint(x[i] * scale). Blocks of FIXED_BLOCK
+/* FIXED_SUM(NAME, T): the wrapping sum of (int64) nearbyint(x[i] * scale), as torch's int64 sum of
+   the rounded values: scale is a power of two, so x * scale is exact and the rounding (to nearest,
+   ties to even) is the only one. Blocks of FIXED_BLOCK
    entries whose |x * scale| < 2**51 take a vectorized path: v + 1.5 * 2**52 rounds v to an integer
    (to nearest, ties to even: nearbyint's rounding in the default mode) whose bits minus those of
    1.5 * 2**52 are that integer, exactly; other blocks (large values, NaN) call nearbyint. */
