@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -262,3 +263,118 @@ def test_squared_norm_refuses_bad_input():
     grad = torch.ones(4, 2, requires_grad=True)
     ops.squared_norm(grad).sum().backward()  # differentiable off the kernel
     assert grad.grad is not None and torch.equal(grad.grad, torch.full((4, 2), 2.0))
+
+
+def _search_positions(size: tuple[float, ...], n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Random positions, plus agents on 0, on -0.0, just below L, and pairs at exactly the radius
+    (1.5) and at a float32 rounding of it.
+    """
+    from agentsim.space.continuous import Box
+
+    g = torch.Generator().manual_seed(seed)
+    side = torch.tensor(size, dtype=torch.float64)
+    pos = torch.rand(n, len(size), generator=g, dtype=torch.float64) * side
+    pos[0] = 0.0
+    pos[1] = -0.0
+    pos[2] = side - 1e-6
+    pos[3] = side / 2
+    pos[4] = pos[3]
+    pos[4, 0] += 1.5  # exactly the radius away
+    pos[5] = pos[3]
+    pos[5, 1] -= 1.5000000596046448  # float32(1.5 + a little): on the edge in float32, not in float64
+    pos[6] = pos[0]
+    pos[6, 0] = size[0] - 1.5  # across the periodic wrap, exactly the radius
+    return Box(size, periodic=True).wrap(pos).to(dtype) if seed % 2 else pos.to(dtype)
+
+
+@pytest.mark.parametrize("size,periodic", [((20.0, 20.0), True), ((20.0, 20.0), False), ((9.0, 7.0, 12.0), True),
+                                           ((9.0, 7.0, 12.0), False), ((4.0, 4.0), True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_radius_search_kernel_gives_the_chunks_of_the_torch_ops(built, torch_ops, monkeypatch, size, periodic, dtype,
+                                                               threads):
+    # The compiled filter (radius_expand) against the torch ops: the same chunks, rows, row dtypes,
+    # displacement and distance bits, with and without self pairs, on 1 and 3 threads (small
+    # pieces: the threaded pieces are moved together); small chunks, so that there are many.
+    from agentsim.space.continuous import Box, radius_pair_chunks
+    from agentsim.space.continuous import search as continuous
+
+    monkeypatch.setattr(continuous, "_MAX_CANDIDATES", 3000)
+    monkeypatch.setattr(cpu_kernels, "_SEARCH_MIN", 40)
+    box = Box(size, periodic=periodic)
+    called = []
+    real = cpu_kernels.radius_expand
+    monkeypatch.setattr(cpu_kernels, "radius_expand", lambda *a: called.append(1) or real(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for seed in (1, 2):
+            pos = _search_positions(size, 700, dtype, seed)
+            uid = torch.randperm(700, generator=torch.Generator().manual_seed(seed)) * 3
+            for include_self in (False, True):
+                for index_dtype in (torch.int32, torch.int64):
+                    def search(pos=pos, uid=uid, include_self=include_self, index_dtype=index_dtype):
+                        return list(radius_pair_chunks(pos, box, 1.5, uid=uid, n_query=600, include_self=include_self,
+                                                       with_delta=True, index_dtype=index_dtype))
+                    got, want = search(), torch_ops(search)
+                    assert len(got) == len(want) > 3
+                    for a, b in zip(got, want, strict=True):
+                        assert (a.start, a.stop) == (b.start, b.stop)
+                        assert a.i.dtype == b.i.dtype == index_dtype and a.j.dtype == index_dtype
+                        assert torch.equal(a.i, b.i) and torch.equal(a.j, b.j)
+                        assert a.delta.dtype == a.dist2.dtype == dtype
+                        assert torch.equal(a.delta, b.delta) and torch.equal(a.dist2, b.dist2)
+                        # signed zeros too (torch.equal takes -0.0 == 0.0)
+                        assert torch.equal(torch.signbit(a.delta), torch.signbit(b.delta))
+    finally:
+        torch.set_num_threads(before)
+    assert called
+
+
+def test_radius_search_kernel_keeps_pairs_at_the_float32_radius_as_torch_does(built, torch_ops):
+    # float32 positions: a squared distance equal to float32(r2) but above r2 itself is kept
+    # (torch compares a float32 tensor with a Python float in float32).
+    from agentsim.space.continuous import Box, radius_pairs
+
+    box = Box((10.0, 10.0), periodic=True)
+    r = math.sqrt(0.0625 - 1e-12)  # r * r is below 0.25**2, float32(r * r) is 0.25**2
+    assert r * r < 0.0625 and float(torch.tensor(r * r, dtype=torch.float32)) == 0.0625
+    pos = torch.tensor([[5.0, 5.0], [5.25, 5.0], [5.1, 5.0], [9.9, 9.9]], dtype=torch.float32)
+    got = radius_pairs(pos, box, r)
+    want = torch_ops(lambda: radius_pairs(pos, box, r))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert (0, 1) in list(zip(got[0].tolist(), got[1].tolist()))  # 0.25 apart: kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_add_at_gives_the_bits_of_index_add(built, torch_ops, dtype, index_dtype):
+    # In pair order, as torch adds on the CPU and as a Python loop does; repeats of an index
+    # with values of mixed magnitude, so that another order would change the last bits.
+    g = torch.Generator().manual_seed(3)
+    index = torch.randint(0, 50, (20_000,), generator=g).to(index_dtype)
+    src = (torch.randn(20_000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-6, 7, (20_000,), generator=g)
+           ).to(dtype)
+    start = torch.randn(50, generator=g, dtype=torch.float64).to(dtype)
+    got = ops.add_at(start.clone(), index, src)
+    want = torch_ops(lambda: ops.add_at(start.clone(), index, src))
+    assert torch.equal(got, want) and torch.equal(got, start.clone().index_add_(0, index, src))
+    loop = start.tolist()
+    for t, v in zip(index.tolist(), src.tolist(), strict=True):
+        loop[t] = float(torch.tensor(loop[t], dtype=dtype) + torch.tensor(v, dtype=dtype))
+    assert got.tolist() == loop
+    assert torch.equal(ops.scatter_sum(src, index, 50), torch.zeros(50, dtype=dtype).index_add_(0, index, src))
+
+
+def test_add_at_refuses_an_index_out_of_range_and_adds_nothing(built):
+    out = torch.zeros(4)
+    with pytest.raises(IndexError, match="index 4 is out of range for 4 targets"):
+        ops.add_at(out, torch.tensor([0, 4, 1]), torch.ones(3))
+    assert torch.equal(out, torch.zeros(4))
+    with pytest.raises(IndexError):
+        ops.add_at(out, torch.tensor([-1], dtype=torch.int32), torch.ones(1))
+    assert cpu_kernels.index_add(torch.zeros(2, 2), torch.tensor([0]), torch.ones(1, 2)) is False  # 2-D: torch
+    assert cpu_kernels.index_add(torch.zeros(2), torch.tensor([0]), torch.ones(1, requires_grad=True)) is False
+    src = torch.ones(2, requires_grad=True)
+    ops.add_at(torch.zeros(2), torch.tensor([1, 1]), src).sum().backward()  # autograd: index_add_
+    assert src.grad.tolist() == [1.0, 1.0]

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from agentsim import cpu_kernels
 from agentsim.errors import ConfigError, FieldAccessError
 from agentsim.ops import flatnonzero
 
@@ -374,6 +375,12 @@ def _expand(
         if with_delta:
             return (empty, empty, cols[0].new_empty((len(cols), 0)), cols[0].new_empty(0))
         return empty, empty
+    fused = cpu_kernels.radius_expand(cols, scols, order, box.size, box.periodic, r2, include_self, t0, start, cnt,
+                                      per_target)  # on the CPU: one pass, the same pairs and bits
+    if fused is not None:
+        i, j, delta, dist2 = fused
+        i, j = i.to(out_it), j.to(out_it)
+        return (i, j, delta, dist2) if with_delta else (i, j)
     # Sorted-source index s of each candidate: one past the previous candidate's, except
     # at the first candidate of a segment, which jumps to the segment's start. Written as
     # a cumulative sum of steps; an empty segment begins where the next one does, and
