@@ -21,7 +21,6 @@ Each function returns None (or False) where it does not apply, and its caller us
 - :func:`squared_norm`: ``sum_j x[:, j]**2`` in float64 per row (``ops.squared_norm``).
 - :func:`periodic_grid_sum`: integer neighborhood sums on a torus (``Grid.neighbor_sum``).
 - :func:`is_iota`: whether an index column is ``0 .. n - 1`` (a gather that can be skipped).
-- :func:`index_add`: ``out.index_add_(0, index, src)`` for 1-D float tensors, in pair order.
 - :func:`radius_expand`: a radius search's candidates filtered by distance, with their
   displacements (one pass instead of about twenty over the candidates).
 """
@@ -38,7 +37,7 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "index_add", "is_iota", "periodic_grid_sum", "push_count",
+__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum", "push_count",
            "radius_expand", "squared_norm"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
@@ -342,20 +341,6 @@ EXPAND(agentsim_expand32_i64, float, int64_t, nearbyintf)
 EXPAND(agentsim_expand64_i32, double, int32_t, nearbyint)
 EXPAND(agentsim_expand64_i64, double, int64_t, nearbyint)
 
-/* out[index[p]] += src[p] for p = 0 .. m - 1, in that order (torch's index_add_ on the CPU, the
-   same bits); 0, or 1 + the first p whose index is outside [0, n_out) (nothing is added then). */
-#define INDEX_ADD(NAME, F, I)                                                                         \
-int64_t NAME(F *out, int64_t n_out, const I *index, const F *src, int64_t m) {                        \
-    for (int64_t p = 0; p < m; p++)                                                                   \
-        if ((uint64_t)(int64_t)index[p] >= (uint64_t)n_out) return p + 1;                             \
-    for (int64_t p = 0; p < m; p++) out[index[p]] += src[p];                                          \
-    return 0;                                                                                         \
-}
-INDEX_ADD(agentsim_index_add32_i32, float, int32_t)
-INDEX_ADD(agentsim_index_add32_i64, float, int64_t)
-INDEX_ADD(agentsim_index_add64_i32, double, int32_t)
-INDEX_ADD(agentsim_index_add64_i64, double, int64_t)
-
 /* memmove within one buffer (the pieces of a threaded search moved together). */
 void agentsim_move_bytes(char *base, int64_t dst, int64_t src, int64_t n) {
     memmove(base + dst, base + src, (size_t)n);
@@ -396,12 +381,6 @@ class _Kernels:
                 fn.argtypes = [i64, p, p, p, p, p, p, p, f64, f64, f64, i64, f64, i64, p, p, i64, i64, i64, i64, i64,
                                i64, p, p, p, i64, p]
                 self.expand[(fdt, idt)] = fn
-        self.index_add: dict[tuple[torch.dtype, torch.dtype], Any] = {}
-        for fdt, fb in ((torch.float32, 32), (torch.float64, 64)):
-            for idt, ib in ((torch.int32, 32), (torch.int64, 64)):
-                fn = getattr(library, f"agentsim_index_add{fb}_i{ib}")
-                fn.restype, fn.argtypes = i64, [p, i64, p, p, i64]
-                self.index_add[(fdt, idt)] = fn
         self.move_bytes = library.agentsim_move_bytes
         self.move_bytes.restype, self.move_bytes.argtypes = None, [p, i64, i64, i64]
 
@@ -485,32 +464,6 @@ def squared_norm(x: Tensor) -> Tensor | None:
     fn, row = k.sq_norm[x.dtype], x.element_size() * width
     native.parallel_for(n, _PARALLEL_MIN, lambda a, b: fn(x.data_ptr() + row * a, b - a, width, out.data_ptr() + 8 * a))
     return out
-
-
-def index_add(out: Tensor, index: Tensor, src: Tensor) -> bool:
-    """``out[index[p]] += src[p]`` for every ``p`` in order, in place: ``out.index_add_(0, index,
-    src)`` on the CPU, the same bits, several times faster (torch's takes about 7 ns per entry
-    here). False (nothing done) where the kernel does not apply: not contiguous 1-D CPU
-    float32/float64 ``out`` and ``src`` of one dtype with an int32/int64 ``index`` of ``src``'s
-    length, grad, or no kernel.
-
-    Raises:
-        IndexError: An index outside ``[0, len(out))`` (naming it; nothing is added).
-    """
-    if (out.device.type != "cpu" or out.dtype not in (torch.float32, torch.float64) or src.dtype != out.dtype
-            or index.dtype not in (torch.int32, torch.int64) or out.dim() != 1 or src.dim() != 1 or index.dim() != 1
-            or src.device != out.device or index.device != out.device or index.shape != src.shape
-            or not (out.is_contiguous() and src.is_contiguous() and index.is_contiguous())
-            or out.requires_grad or src.requires_grad):
-        return False
-    k = _kernels()
-    if k is None:
-        return False
-    bad = k.index_add[(out.dtype, index.dtype)](out.data_ptr(), out.shape[0], index.data_ptr(), src.data_ptr(),
-                                                src.shape[0])
-    if bad:
-        raise IndexError(f"index_add: index {int(index[bad - 1])} is out of range for {out.shape[0]} targets")
-    return True
 
 
 _SEARCH_MIN = 4096  # targets per thread below which one thread filters a search's candidates

@@ -55,7 +55,6 @@ from .errors import ConfigError, did_you_mean
 
 __all__ = [
     "BACKENDS",
-    "add_at",
     "exact_sum",
     "flatnonzero",
     "from_fixed",
@@ -184,32 +183,8 @@ def scatter_sum(src: Tensor, index: Tensor, dim_size: int) -> Tensor:
     if _torch_scatter is not None:
         summed: Tensor = _torch_scatter.scatter(src, index.long(), dim=0, dim_size=dim_size, reduce="sum")
         return summed
-    return add_at(src.new_zeros((dim_size, *src.shape[1:])), index, src)
-
-
-def add_at(out: Tensor, index: Tensor, src: Tensor) -> Tensor:
-    """``out[index[k]] += src[k]`` for ``k = 0, 1, ...`` in that order, in place; returns ``out``.
-
-    ``out.index_add_(0, index, src)``, with its bits: on the CPU the pairs are added one after
-    another in pair order. For 1-D float32 / float64 CPU tensors (``index`` int32 or int64) a
-    compiled loop does it (:func:`agentsim.cpu_kernels.index_add`), several times faster than
-    torch's here; elsewhere (other shapes, CUDA, autograd) ``index_add_``.
-
-    Args:
-        out: ``[dim_size, ...]`` targets, updated in place.
-        index: ``[n]`` int32 or int64 target of each row of ``src``, in ``[0, dim_size)``.
-        src: ``[n, ...]`` values, the dtype of ``out``.
-
-    Raises:
-        IndexError: An index outside ``[0, dim_size)``.
-
-    Examples:
-        >>> add_at(torch.zeros(3), torch.tensor([2, 0, 2]), torch.tensor([1.0, 2.0, 3.0])).tolist()
-        [2.0, 0.0, 4.0]
-    """
-    if not cpu_kernels.index_add(out, index, src):
-        out.index_add_(0, index, src)
-    return out
+    out = src.new_zeros((dim_size, *src.shape[1:]))
+    return out.index_add_(0, index, src)
 
 
 def scatter_mean(src: Tensor, index: Tensor, dim_size: int) -> Tensor:

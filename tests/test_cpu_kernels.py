@@ -344,37 +344,3 @@ def test_radius_search_kernel_keeps_pairs_at_the_float32_radius_as_torch_does(bu
     want = torch_ops(lambda: radius_pairs(pos, box, r))
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert (0, 1) in list(zip(got[0].tolist(), got[1].tolist()))  # 0.25 apart: kept
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_add_at_gives_the_bits_of_index_add(built, torch_ops, dtype, index_dtype):
-    # In pair order, as torch adds on the CPU and as a Python loop does; repeats of an index
-    # with values of mixed magnitude, so that another order would change the last bits.
-    g = torch.Generator().manual_seed(3)
-    index = torch.randint(0, 50, (20_000,), generator=g).to(index_dtype)
-    src = (torch.randn(20_000, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-6, 7, (20_000,), generator=g)
-           ).to(dtype)
-    start = torch.randn(50, generator=g, dtype=torch.float64).to(dtype)
-    got = ops.add_at(start.clone(), index, src)
-    want = torch_ops(lambda: ops.add_at(start.clone(), index, src))
-    assert torch.equal(got, want) and torch.equal(got, start.clone().index_add_(0, index, src))
-    loop = start.tolist()
-    for t, v in zip(index.tolist(), src.tolist(), strict=True):
-        loop[t] = float(torch.tensor(loop[t], dtype=dtype) + torch.tensor(v, dtype=dtype))
-    assert got.tolist() == loop
-    assert torch.equal(ops.scatter_sum(src, index, 50), torch.zeros(50, dtype=dtype).index_add_(0, index, src))
-
-
-def test_add_at_refuses_an_index_out_of_range_and_adds_nothing(built):
-    out = torch.zeros(4)
-    with pytest.raises(IndexError, match="index 4 is out of range for 4 targets"):
-        ops.add_at(out, torch.tensor([0, 4, 1]), torch.ones(3))
-    assert torch.equal(out, torch.zeros(4))
-    with pytest.raises(IndexError):
-        ops.add_at(out, torch.tensor([-1], dtype=torch.int32), torch.ones(1))
-    assert cpu_kernels.index_add(torch.zeros(2, 2), torch.tensor([0]), torch.ones(1, 2)) is False  # 2-D: torch
-    assert cpu_kernels.index_add(torch.zeros(2), torch.tensor([0]), torch.ones(1, requires_grad=True)) is False
-    src = torch.ones(2, requires_grad=True)
-    ops.add_at(torch.zeros(2), torch.tensor([1, 1]), src).sum().backward()  # autograd: index_add_
-    assert src.grad.tolist() == [1.0, 1.0]
