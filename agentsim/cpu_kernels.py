@@ -21,6 +21,7 @@ Each function returns None (or False) where it does not apply, and its caller us
 - :func:`squared_norm`: ``sum_j x[:, j]**2`` in float64 per row (``ops.squared_norm``).
 - :func:`periodic_grid_sum`: integer neighborhood sums on a torus (``Grid.neighbor_sum``).
 - :func:`is_iota`: whether an index column is ``0 .. n - 1`` (a gather that can be skipped).
+- :func:`add_columns`: several ``index_add_`` of 1-D columns sharing one index, in one pass.
 - :func:`radius_expand`: a radius search's candidates filtered by distance, with their
   displacements (one pass instead of about twenty over the candidates).
 """
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum", "push_count",
+__all__ = ["add_columns", "add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum", "push_count",
            "radius_expand", "squared_norm"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
@@ -341,6 +342,49 @@ EXPAND(agentsim_expand32_i64, float, int64_t, nearbyintf)
 EXPAND(agentsim_expand64_i32, double, int32_t, nearbyint)
 EXPAND(agentsim_expand64_i64, double, int64_t, nearbyint)
 
+/* Several scatter sums sharing one index: outs[c][index[p]] += srcs[c][p] for p = 0 .. m - 1 in
+   that order, for each column c < k (k <= 8): each column the bits of torch's index_add_ on the
+   CPU. 0, or 1 + the first p whose index is outside [0, n_out) (nothing is added then). A run of
+   equal indices is summed in registers and stored once; the k columns' additions are independent
+   chains, so they overlap (one column alone is a chain of dependent additions). */
+#define ADD_COLUMNS(NAME, F, I)                                                                       \
+static inline __attribute__((always_inline)) void NAME##_k(const int k, F *const *outs,               \
+        const I *index, const F *const *srcs, int64_t m) {                                            \
+    F acc[8];                                                                                         \
+    int64_t cur = (int64_t)index[0];                                                                  \
+    for (int c = 0; c < k; c++) acc[c] = outs[c][cur];                                                \
+    for (int64_t p = 0; p < m; p++) {                                                                 \
+        const int64_t t = (int64_t)index[p];                                                          \
+        if (t != cur) {                                                                               \
+            for (int c = 0; c < k; c++) { outs[c][cur] = acc[c]; acc[c] = outs[c][t]; }               \
+            cur = t;                                                                                  \
+        }                                                                                             \
+        for (int c = 0; c < k; c++) acc[c] += srcs[c][p];                                             \
+    }                                                                                                 \
+    for (int c = 0; c < k; c++) outs[c][cur] = acc[c];                                                \
+}                                                                                                     \
+int64_t NAME(int64_t k, F *const *outs, int64_t n_out, const I *index, const F *const *srcs,           \
+             int64_t m) {                                                                             \
+    for (int64_t p = 0; p < m; p++)                                                                   \
+        if ((uint64_t)(int64_t)index[p] >= (uint64_t)n_out) return p + 1;                             \
+    if (m == 0) return 0;                                                                             \
+    switch (k) {                                                                                      \
+        case 1: NAME##_k(1, outs, index, srcs, m); break;                                             \
+        case 2: NAME##_k(2, outs, index, srcs, m); break;                                             \
+        case 3: NAME##_k(3, outs, index, srcs, m); break;                                             \
+        case 4: NAME##_k(4, outs, index, srcs, m); break;                                             \
+        case 5: NAME##_k(5, outs, index, srcs, m); break;                                             \
+        case 6: NAME##_k(6, outs, index, srcs, m); break;                                             \
+        case 7: NAME##_k(7, outs, index, srcs, m); break;                                             \
+        default: NAME##_k(8, outs, index, srcs, m); break;                                            \
+    }                                                                                                 \
+    return 0;                                                                                         \
+}
+ADD_COLUMNS(agentsim_add_columns32_i32, float, int32_t)
+ADD_COLUMNS(agentsim_add_columns32_i64, float, int64_t)
+ADD_COLUMNS(agentsim_add_columns64_i32, double, int32_t)
+ADD_COLUMNS(agentsim_add_columns64_i64, double, int64_t)
+
 /* memmove within one buffer (the pieces of a threaded search moved together). */
 void agentsim_move_bytes(char *base, int64_t dst, int64_t src, int64_t n) {
     memmove(base + dst, base + src, (size_t)n);
@@ -381,6 +425,12 @@ class _Kernels:
                 fn.argtypes = [i64, p, p, p, p, p, p, p, f64, f64, f64, i64, f64, i64, p, p, i64, i64, i64, i64, i64,
                                i64, p, p, p, i64, p]
                 self.expand[(fdt, idt)] = fn
+        self.add_columns: dict[tuple[torch.dtype, torch.dtype], Any] = {}
+        for fdt, fb in ((torch.float32, 32), (torch.float64, 64)):
+            for idt, ib in ((torch.int32, 32), (torch.int64, 64)):
+                fn = getattr(library, f"agentsim_add_columns{fb}_i{ib}")
+                fn.restype, fn.argtypes = i64, [i64, p, i64, p, p, i64]
+                self.add_columns[(fdt, idt)] = fn
         self.move_bytes = library.agentsim_move_bytes
         self.move_bytes.restype, self.move_bytes.argtypes = None, [p, i64, i64, i64]
 
@@ -464,6 +514,40 @@ def squared_norm(x: Tensor) -> Tensor | None:
     fn, row = k.sq_norm[x.dtype], x.element_size() * width
     native.parallel_for(n, _PARALLEL_MIN, lambda a, b: fn(x.data_ptr() + row * a, b - a, width, out.data_ptr() + 8 * a))
     return out
+
+
+MAX_COLUMNS = 8  # columns of one add_columns call
+
+
+def add_columns(outs: list[Tensor], index: Tensor, srcs: list[Tensor]) -> bool:
+    """``outs[c].index_add_(0, index, srcs[c])`` for every column ``c`` in one pass, in place: each
+    column's pairs added in pair order, the bits of torch's ``index_add_`` on the CPU. The
+    columns' additions overlap (for one column alone torch's loop is as fast: its additions to a
+    target are a chain that waits on itself). False (nothing done) where the kernel does not apply:
+    not 1 to :data:`MAX_COLUMNS` contiguous 1-D CPU float32/float64 columns of one dtype, ``outs``
+    of one length and ``srcs`` of ``index``'s, an int32/int64 ``index``, grad, or no kernel.
+
+    Raises:
+        IndexError: An index outside ``[0, len(outs[0]))`` (naming it; nothing is added).
+    """
+    if not 1 <= len(outs) <= MAX_COLUMNS or len(srcs) != len(outs) or index.dim() != 1:
+        return False
+    fdt, n, m = outs[0].dtype, outs[0].shape[0], index.shape[0]
+    if (fdt not in (torch.float32, torch.float64) or index.dtype not in (torch.int32, torch.int64)
+            or index.device.type != "cpu" or not index.is_contiguous()
+            or any(t.dtype != fdt or t.dim() != 1 or t.device.type != "cpu" or not t.is_contiguous() or t.requires_grad
+                   for t in (*outs, *srcs))
+            or any(t.shape[0] != n for t in outs) or any(t.shape[0] != m for t in srcs)):
+        return False
+    k = _kernels()
+    if k is None:
+        return False
+    out_ptrs = (ctypes.c_void_p * len(outs))(*[t.data_ptr() for t in outs])
+    src_ptrs = (ctypes.c_void_p * len(srcs))(*[t.data_ptr() for t in srcs])
+    bad = k.add_columns[(fdt, index.dtype)](len(outs), out_ptrs, n, index.data_ptr(), src_ptrs, m)
+    if bad:
+        raise IndexError(f"scatter_sum_columns: index {int(index[bad - 1])} is out of range for {n} targets")
+    return True
 
 
 _SEARCH_MIN = 4096  # targets per thread below which one thread filters a search's candidates

@@ -20,8 +20,8 @@ Neighbor sums use pairs in the canonical order of
 then uid), so results do not depend on row order or on how boids are split over ranks.
 They are computed chunk by chunk (:func:`~agentsim.space.continuous.radius_pair_chunks`),
 which keeps the working set in cache and gives the same sums, from the displacements the
-search computed anyway (``with_delta=True``), one dim at a time (``index_add_`` adds the
-pairs of a boid in pair order, as :func:`agentsim.ops.scatter_sum` does).
+search computed anyway (``with_delta=True``), one dim at a time (the sums add the pairs of a boid
+in pair order, as :func:`agentsim.ops.scatter_sum` does: :func:`agentsim.ops.scatter_sum_columns`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 import torch
 
-from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, radius_pair_chunks
+from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, ops, radius_pair_chunks
 
 model = Model(
     "boids",
@@ -74,13 +74,14 @@ def flock_headings(heading: torch.Tensor, i: torch.Tensor, j: torch.Tensor, delt
     denom = count.clamp(min=1).to(heading.dtype)
     close = dist2 < params["separation"] ** 2
     old = heading[:, start:stop]
-    # One dim at a time, on 1D tensors: index_add_ adds the pairs in pair order, as a
-    # reduction over [m, 2] rows would, without its strided temporaries.
+    # Per dim, three sums over 1D columns: each adds the pairs in pair order (index_add_'s bits),
+    # as a reduction over [m, 2] rows would, without its strided temporaries; all six in one pass.
+    dims = range(heading.shape[0])
+    columns = [col for k in dims for col in (delta[k], delta[k] * close, heading[k].index_select(0, j))]
+    sums = ops.scatter_sum_columns(columns, t, n)
     new = []
-    for k in range(heading.shape[0]):
-        sum_delta = delta.new_zeros(n).index_add_(0, t, delta[k])
-        sum_close = delta.new_zeros(n).index_add_(0, t, delta[k] * close)
-        sum_heading = delta.new_zeros(n).index_add_(0, t, heading[k].index_select(0, j))
+    for k in dims:
+        sum_delta, sum_close, sum_heading = sums[3 * k:3 * k + 3]
         steer = (params["cohere"] * sum_delta - params["separate"] * sum_close
                  + params["match"] * sum_heading) / denom
         new.append(old[k] + steer)

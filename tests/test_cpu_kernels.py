@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentsim import cpu_kernels, native, ops
+from agentsim.errors import ConfigError
 from agentsim.space.graph import Graph
 
 
@@ -344,3 +345,50 @@ def test_radius_search_kernel_keeps_pairs_at_the_float32_radius_as_torch_does(bu
     want = torch_ops(lambda: radius_pairs(pos, box, r))
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert (0, 1) in list(zip(got[0].tolist(), got[1].tolist()))  # 0.25 apart: kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("k", [1, 6, 11])  # 11: a call of 8 columns and one of 3
+def test_scatter_sum_columns_gives_the_bits_of_index_add(built, torch_ops, dtype, index_dtype, k):
+    # Each column in pair order, as index_add_ adds on the CPU and as a Python loop does: repeats
+    # of an index, runs and jumps (sorted and shuffled parts), values of mixed magnitude, so that
+    # another order would change the last bits.
+    g = torch.Generator().manual_seed(k)
+    index = torch.cat([torch.sort(torch.randint(0, 60, (3000,), generator=g)).values,
+                       torch.randint(0, 60, (3000,), generator=g)]).to(index_dtype)
+    cols = [(torch.randn(6000, generator=g, dtype=torch.float64)
+             * 10.0 ** torch.randint(-6, 7, (6000,), generator=g)).to(dtype) for _ in range(k)]
+    got = ops.scatter_sum_columns(cols, index, 60)
+    want = torch_ops(lambda: ops.scatter_sum_columns(cols, index, 60))
+    assert len(got) == k and all(g_.dtype == dtype and g_.shape == (60,) for g_ in got)
+    for c, col in enumerate(cols):
+        assert torch.equal(got[c], want[c])
+        assert torch.equal(got[c], torch.zeros(60, dtype=dtype).index_add_(0, index, col))
+    loop = [0.0] * 60
+    for t, v in zip(index.tolist(), cols[-1].tolist(), strict=True):
+        loop[t] = float(torch.tensor(loop[t], dtype=dtype) + torch.tensor(v, dtype=dtype))
+    assert got[-1].tolist() == loop
+    assert [t.tolist() for t in ops.scatter_sum_columns([c[:0] for c in cols], index[:0], 3)] == [[0.0] * 3] * k
+
+
+def test_scatter_sum_columns_refuses_bad_input_and_adds_nothing(built):
+    with pytest.raises(IndexError, match="index 4 is out of range for 4 targets"):
+        ops.scatter_sum_columns([torch.ones(3), torch.ones(3)], torch.tensor([0, 4, 1]), 4)
+    with pytest.raises(IndexError):
+        ops.scatter_sum_columns([torch.ones(1)], torch.tensor([-1], dtype=torch.int32), 4)
+    with pytest.raises(ConfigError, match="expected one or more value columns"):
+        ops.scatter_sum_columns([], torch.tensor([0]), 1)
+    with pytest.raises(ConfigError, match=r"1-D columns of one dtype, each of index's length 2"):
+        ops.scatter_sum_columns([torch.ones(2), torch.ones(2, dtype=torch.float64)], torch.tensor([0, 1]), 2)
+    with pytest.raises(ConfigError, match="index: expected an int32 or int64"):
+        ops.scatter_sum_columns([torch.ones(2)], torch.tensor([0.0, 1.0]), 2)
+    out = torch.zeros(4)
+    with pytest.raises(IndexError):
+        cpu_kernels.add_columns([out], torch.tensor([0, 9]), [torch.ones(2)])
+    assert torch.equal(out, torch.zeros(4))  # checked before anything is added
+    assert cpu_kernels.add_columns([torch.zeros(2, 2)], torch.tensor([0]), [torch.ones(1, 2)]) is False  # 2-D
+    src = torch.ones(3, requires_grad=True)  # autograd: index_add_ per column
+    (a,) = ops.scatter_sum_columns([src * 2.0], torch.tensor([1, 1, 0]), 2)
+    a.sum().backward()
+    assert src.grad.tolist() == [2.0, 2.0, 2.0]
