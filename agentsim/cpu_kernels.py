@@ -22,6 +22,7 @@ Each function returns None (or False) where it does not apply, and its caller us
 - :func:`periodic_grid_sum`: integer neighborhood sums on a torus (``Grid.neighbor_sum``).
 - :func:`is_iota`: whether an index column is ``0 .. n - 1`` (a gather that can be skipped).
 - :func:`add_columns`: several ``index_add_`` of 1-D columns sharing one index, in one pass.
+- :func:`cell_sort`: a radius search's sources sorted by (cell, uid), and its cell table.
 - :func:`radius_expand`: a radius search's candidates filtered by distance, with their
   displacements (one pass instead of about twenty over the candidates).
 """
@@ -38,8 +39,8 @@ from torch import Tensor
 
 from . import native
 
-__all__ = ["add_columns", "add_wrap", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum", "push_count",
-           "radius_expand", "squared_norm"]
+__all__ = ["add_columns", "add_wrap", "cell_sort", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum",
+           "push_count", "radius_expand", "squared_norm"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -385,6 +386,59 @@ ADD_COLUMNS(agentsim_add_columns32_i64, float, int64_t)
 ADD_COLUMNS(agentsim_add_columns64_i32, double, int32_t)
 ADD_COLUMNS(agentsim_add_columns64_i64, double, int64_t)
 
+/* The entries of a radius search sorted by (cell, uid), ties in entry order (a stable sort by
+   that key; without uid, by cell): perm[q] = the entry at sorted place q, and table[c] = the
+   number of entries in cells < c (c = 0 .. n_cells). A counting sort by cell (stable), then each
+   cell's run ordered by (uid, entry): insertion sort for short runs, qsort of (uid, entry) pairs
+   (a total order: the same result) for long ones. 0, or 1 + the first entry whose cell is outside
+   [0, n_cells); -1 where memory for a long run could not be had. */
+typedef struct { int64_t uid, entry; } uid_entry;
+static int by_uid_entry(const void *a, const void *b) {
+    const uid_entry *x = (const uid_entry *)a, *y = (const uid_entry *)b;
+    if (x->uid != y->uid) return x->uid < y->uid ? -1 : 1;
+    return x->entry < y->entry ? -1 : (x->entry > y->entry);
+}
+static int sort_run(int64_t *perm, int64_t len, const int64_t *uid) {
+    if (len <= 32) {
+        for (int64_t a = 1; a < len; a++) {
+            const int64_t e = perm[a], u = uid[e];
+            int64_t b = a;
+            while (b > 0 && (uid[perm[b - 1]] > u || (uid[perm[b - 1]] == u && perm[b - 1] > e))) {
+                perm[b] = perm[b - 1];
+                b--;
+            }
+            perm[b] = e;
+        }
+        return 0;
+    }
+    uid_entry *pairs = (uid_entry *)malloc((size_t)len * sizeof(uid_entry));
+    if (pairs == NULL) return -1;
+    for (int64_t a = 0; a < len; a++) { pairs[a].uid = uid[perm[a]]; pairs[a].entry = perm[a]; }
+    qsort(pairs, (size_t)len, sizeof(uid_entry), by_uid_entry);
+    for (int64_t a = 0; a < len; a++) perm[a] = pairs[a].entry;
+    free(pairs);
+    return 0;
+}
+#define CELL_SORT(NAME, I)                                                                            \
+int64_t NAME(const I *cell, int64_t n, const int64_t *uid, int64_t n_cells, I *table, int64_t *perm) { \
+    for (int64_t e = 0; e < n; e++)                                                                   \
+        if ((uint64_t)(int64_t)cell[e] >= (uint64_t)n_cells) return e + 1;                            \
+    memset(table, 0, (size_t)(n_cells + 1) * sizeof(I));                                              \
+    for (int64_t e = 0; e < n; e++) table[cell[e] + 1]++;                                             \
+    for (int64_t c = 0; c < n_cells; c++) table[c + 1] += table[c];                                   \
+    for (int64_t e = 0; e < n; e++) perm[table[cell[e]]++] = e; /* table[c] ends at c's end */        \
+    for (int64_t c = n_cells; c > 0; c--) table[c] = table[c - 1];                                    \
+    table[0] = 0;                                                                                     \
+    if (uid != NULL)                                                                                  \
+        for (int64_t c = 0; c < n_cells; c++) {                                                       \
+            const int64_t lo = (int64_t)table[c], len = (int64_t)table[c + 1] - lo;                   \
+            if (len > 1 && sort_run(perm + lo, len, uid)) return -1;                                  \
+        }                                                                                             \
+    return 0;                                                                                         \
+}
+CELL_SORT(agentsim_cell_sort_i32, int32_t)
+CELL_SORT(agentsim_cell_sort_i64, int64_t)
+
 /* memmove within one buffer (the pieces of a threaded search moved together). */
 void agentsim_move_bytes(char *base, int64_t dst, int64_t src, int64_t n) {
     memmove(base + dst, base + src, (size_t)n);
@@ -431,6 +485,11 @@ class _Kernels:
                 fn = getattr(library, f"agentsim_add_columns{fb}_i{ib}")
                 fn.restype, fn.argtypes = i64, [i64, p, i64, p, p, i64]
                 self.add_columns[(fdt, idt)] = fn
+        self.cell_sort = {}
+        for idt, ib in ((torch.int32, 32), (torch.int64, 64)):
+            fn = getattr(library, f"agentsim_cell_sort_i{ib}")
+            fn.restype, fn.argtypes = i64, [p, i64, p, i64, p, p]
+            self.cell_sort[idt] = fn
         self.move_bytes = library.agentsim_move_bytes
         self.move_bytes.restype, self.move_bytes.argtypes = None, [p, i64, i64, i64]
 
@@ -548,6 +607,43 @@ def add_columns(outs: list[Tensor], index: Tensor, srcs: list[Tensor]) -> bool:
     if bad:
         raise IndexError(f"scatter_sum_columns: index {int(index[bad - 1])} is out of range for {n} targets")
     return True
+
+
+def cell_sort(cell: Tensor, uid: Tensor | None, n_cells: int) -> tuple[Tensor, Tensor] | None:
+    """Entries sorted by ``(cell, uid)``, ties in entry order (without ``uid``: by cell, stably),
+    and the count of entries before each cell, in one counting sort: the radius search's source
+    order and cell table. None where the kernel does not apply (not contiguous CPU int32/int64
+    cells and an int64 ``uid`` of their length, or no kernel).
+
+    Args:
+        cell: ``[E]`` cell of each entry, in ``[0, n_cells)``.
+        uid: ``[E]`` int64 ids, or None.
+        n_cells: Number of cells.
+
+    Returns:
+        ``(perm, table)``: ``[E]`` int64, the entry at each sorted place; ``[n_cells + 1]`` (the
+        dtype of ``cell``), ``table[c]`` = the entries in cells ``< c``.
+
+    Raises:
+        IndexError: A cell outside ``[0, n_cells)``.
+    """
+    if (cell.device.type != "cpu" or cell.dim() != 1 or cell.dtype not in (torch.int32, torch.int64)
+            or not cell.is_contiguous() or (uid is not None and (
+                uid.device.type != "cpu" or uid.dtype != torch.int64 or uid.shape != cell.shape
+                or not uid.is_contiguous()))):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    perm = torch.empty(cell.shape[0], dtype=torch.int64)
+    table = torch.empty(n_cells + 1, dtype=cell.dtype)
+    bad = k.cell_sort[cell.dtype](cell.data_ptr(), cell.shape[0], None if uid is None else uid.data_ptr(), n_cells,
+                                  table.data_ptr(), perm.data_ptr())
+    if bad == -1:
+        raise MemoryError("cell_sort: no memory to sort a cell's entries")
+    if bad:
+        raise IndexError(f"cell_sort: cell {int(cell[bad - 1])} is out of range for {n_cells} cells")
+    return perm, table
 
 
 _SEARCH_MIN = 4096  # targets per thread below which one thread filters a search's candidates

@@ -392,3 +392,25 @@ def test_scatter_sum_columns_refuses_bad_input_and_adds_nothing(built):
     (a,) = ops.scatter_sum_columns([src * 2.0], torch.tensor([1, 1, 0]), 2)
     a.sum().backward()
     assert src.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("cell_dtype", [torch.int32, torch.int64])
+def test_cell_sort_is_a_stable_sort_by_cell_and_uid(built, cell_dtype):
+    # Against a brute-force sort of (cell, uid, entry): short runs (insertion sort) and long ones
+    # (qsort of pairs), duplicate uids (ties in entry order), empty cells, no uid (by cell only).
+    from agentsim.space.continuous import search as continuous
+
+    g = torch.Generator().manual_seed(4)
+    cell = torch.cat([torch.randint(0, 300, (2000,), generator=g), torch.full((500,), 17),
+                      torch.full((40,), 299)])[torch.randperm(2540, generator=g)].to(cell_dtype)
+    uid = torch.randint(0, 400, (2540,), generator=g)  # many duplicates
+    for ids in (uid, None):
+        perm, table = cpu_kernels.cell_sort(cell, ids, 310)
+        keys = [(c, 0 if ids is None else u, e) for e, (c, u) in enumerate(zip(cell.tolist(), uid.tolist()))]
+        assert perm.tolist() == [e for _, _, e in sorted(keys)]
+        assert table.dtype == cell_dtype
+        assert table.tolist() == [sum(1 for c in cell.tolist() if c < b) for b in range(311)]
+        assert torch.equal(perm, continuous._source_order(cell, ids, 310))
+    with pytest.raises(IndexError, match="cell 310 is out of range for 310 cells"):
+        cpu_kernels.cell_sort(torch.tensor([3, 310], dtype=cell_dtype), None, 310)
+    assert cpu_kernels.cell_sort(cell, uid.to(torch.int32), 310) is None  # ids not int64: torch

@@ -419,8 +419,9 @@ def test_wrap_and_cell_coords_match_the_broadcast_formulas(size, dtype):
     assert torch.equal(grid.cell_id(pos), grid.linear(c))
 
 
-def test_source_order_without_room_for_a_combined_key(monkeypatch):
-    # uids too large for the one-sort key (cell * uid span) fall back to two stable sorts.
+def test_source_order_without_room_for_a_combined_key(monkeypatch, torch_ops):
+    # uids too large for the one-sort key (cell * uid span) fall back to two stable sorts (the
+    # torch path; the CPU kernel's counting sort compares the uids themselves): same pairs.
     from agentsim.space.continuous import search as continuous
 
     sorts = []
@@ -429,11 +430,13 @@ def test_source_order_without_room_for_a_combined_key(monkeypatch):
     box = Box((50.0, 50.0))
     pos = _positions(box, 500, torch.float32, seed=5)
     uid = torch.randperm(500, generator=torch.Generator().manual_seed(0))
-    small = radius_pairs(pos, box, 2.0, uid=uid)
+    small = torch_ops(lambda: radius_pairs(pos, box, 2.0, uid=uid))
     assert len(sorts) == 1
-    huge = radius_pairs(pos, box, 2.0, uid=uid * 2**52)  # same order of uids
+    huge = torch_ops(lambda: radius_pairs(pos, box, 2.0, uid=uid * 2**52))  # same order of uids
     assert len(sorts) == 3
     assert torch.equal(small[0], huge[0]) and torch.equal(small[1], huge[1])
+    for got in (radius_pairs(pos, box, 2.0, uid=uid), radius_pairs(pos, box, 2.0, uid=uid * 2**52)):
+        assert torch.equal(got[0], small[0]) and torch.equal(got[1], small[1])
 
 
 @pytest.mark.parametrize("lookup", ["table", "rows", "search"])

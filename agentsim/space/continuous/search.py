@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -173,15 +174,24 @@ def _iter_pair_chunks(
     entry_row = torch.cat(rows) if len(rows) > 1 else rows[0]  # [n_entries] source row
     entry_cell = torch.cat(pcid) if len(pcid) > 1 else pcid[0]  # [n_entries] padded cell
     entry_uid = None if uid is None else uid.index_select(0, entry_row)
-    # Sources sorted by (padded cell, uid): order[p] is the row of sorted entry p.
-    perm = _source_order(entry_cell, entry_uid, n_pcells)
+    # Sources sorted by (padded cell, uid): order[p] is the row of sorted entry p. On the CPU, with
+    # few cells per entry, one counting sort gives the order and the table of cell starts.
+    counted = None
+    below: Callable[[Tensor], Tensor]
+    if _LOOKUP in (None, "table") and n_pcells <= _table_budget(entry_cell.shape[0]):
+        counted = cpu_kernels.cell_sort(entry_cell, entry_uid, n_pcells)
+    if counted is not None:
+        perm, table = counted
+        below = partial(torch.index_select, table, 0)
+    else:
+        perm = _source_order(entry_cell, entry_uid, n_pcells)
+        below = _cell_counter(entry_cell, perm, n_pcells, width, it)
     order = entry_row.index_select(0, perm)
     # Per-dim contiguous columns: 1D gathers are several times faster than
     # gathering rows of a [n, d] tensor.
     cols = [pos[:, k].contiguous() for k in range(box.ndim)]
     scols = [c.index_select(0, order) for c in cols]  # sorted sources
 
-    below = _cell_counter(entry_cell, perm, n_pcells, width, it)
     lead = _leading_tables(grid, device, it)
     # Padded cell run [lo, hi) of a target's neighbors within a row, by its last coordinate.
     cy_all = torch.arange(n_last, dtype=it, device=device)
@@ -247,6 +257,11 @@ def _iter_pair_chunks(
 _LOOKUP: str | None = None  # tests force "table", "rows" or "search"
 
 
+def _table_budget(n_entries: int) -> int:
+    """The most cells a table over every cell may have for ``n_entries`` entries."""
+    return 8 * n_entries + 4096
+
+
 def _cell_counter(entry_cell: Tensor, perm: Tensor, n_pcells: int, width: int,
                   it: torch.dtype) -> Callable[[Tensor], Tensor]:
     """``below(c)``: the number of entries in padded cells ``< c``, for ``c`` ``[...]`` ``it`` in
@@ -264,7 +279,7 @@ def _cell_counter(entry_cell: Tensor, perm: Tensor, n_pcells: int, width: int,
             sorted by cell.
     """
     device = entry_cell.device
-    budget = 8 * entry_cell.shape[0] + 4096
+    budget = _table_budget(entry_cell.shape[0])
     n_rows = n_pcells // width
     kind = _LOOKUP or ("table" if n_pcells <= budget else "rows" if n_rows < budget else "search")
     if kind == "rows":
