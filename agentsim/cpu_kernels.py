@@ -200,6 +200,48 @@ int64_t NAME(const T *x, int64_t n, double scale) { \
 FIXED_SUM(agentsim_fixed_sum64, double)
 FIXED_SUM(agentsim_fixed_sum32, float)
 
+/* SQ_NORM_FIXED_SUM(NAME, T): FIXED_SUM of the SQ_NORM column of x [n, k] without the column: the
+   wrapping sum of (int64) nearbyint(s[i] * scale), s[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double
+   (each square and each sum rounded, left to right), with the same rounding trick and fallback. */
+#define SQ_NORM_FIXED_SUM(NAME, T) \
+static inline double NAME##_row(const T *x, int64_t i, int64_t k) { \
+    double a = (double)x[i * k]; \
+    double s = a * a; \
+    for (int64_t j = 1; j < k; j++) { double b = (double)x[i * k + j]; s = s + b * b; } \
+    return s; \
+} \
+int64_t NAME(const T *x, int64_t n, int64_t k, double scale) { \
+    uint64_t s = 0; \
+    for (int64_t i0 = 0; i0 < n; i0 += FIXED_BLOCK) { \
+        int64_t m = n - i0 < FIXED_BLOCK ? n - i0 : FIXED_BLOCK; \
+        uint64_t part = 0; \
+        int large = 0; \
+        if (k == 2) { /* the common case, in a loop the compiler vectorizes */ \
+            for (int64_t i = 0; i < m; i++) { \
+                double a = (double)x[2 * (i0 + i)], b = (double)x[2 * (i0 + i) + 1]; \
+                double v = (a * a + b * b) * scale; \
+                large |= !(v < 0x1p51 && v > -0x1p51); \
+                part += as_bits(v + 0x1.8p52) - 0x4338000000000000ULL; \
+            } \
+        } else { \
+            for (int64_t i = 0; i < m; i++) { \
+                double v = NAME##_row(x, i0 + i, k) * scale; \
+                large |= !(v < 0x1p51 && v > -0x1p51); \
+                part += as_bits(v + 0x1.8p52) - 0x4338000000000000ULL; \
+            } \
+        } \
+        if (large) { \
+            part = 0; \
+            for (int64_t i = 0; i < m; i++) part += (uint64_t)(int64_t)nearbyint(NAME##_row(x, i0 + i, k) * scale); \
+        } \
+        s += part; \
+    } \
+    return (int64_t)s; \
+}
+SQ_NORM_FIXED_SUM(agentsim_sq_norm_fixed_sum64, double)
+SQ_NORM_FIXED_SUM(agentsim_sq_norm_fixed_sum32, float)
+
+
 /* The CSR of an undirected graph from pairs given in chunks, without a sorted edge list: count,
    then place, then sort and deduplicate each row in place. Self-loops are skipped.
    1. agentsim_csr_count(u, v, m, counts): counts[u] += 1, counts[v] += 1 per pair.
@@ -470,6 +512,8 @@ class _Kernels:
         self.csr_compact = library.agentsim_csr_compact
         self.csr_compact.restype, self.csr_compact.argtypes = None, [p, i64, p, p]
         self.fixed_sum = _by_dtype(library, "agentsim_fixed_sum", ctypes.c_int64, [p, i64, ctypes.c_double])
+        self.sq_norm_fixed_sum = _by_dtype(library, "agentsim_sq_norm_fixed_sum", ctypes.c_int64,
+                                           [p, i64, i64, ctypes.c_double])
         f64 = ctypes.c_double
         self.expand: dict[tuple[torch.dtype, torch.dtype], Any] = {}
         for fdt, fb in ((torch.float32, 32), (torch.float64, 64)):
@@ -808,7 +852,33 @@ def fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:
         return None
     x = x.contiguous()
     fn, ptr, item, scale = k.fixed_sum[x.dtype], x.data_ptr(), x.element_size(), float(2**frac_bits)
-    parts: list[int] = []  # one wrapping sum per thread's range: integer addition, so any split gives the same bits
+    parts: list[int] = []  # one wrapping sum per thread's range
     native.parallel_for(x.numel(), _PARALLEL_MIN, lambda a, b: parts.append(fn(ptr + item * a, b - a, scale)))
+    return _wrapped_total(parts)
+
+
+def squared_norm_fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:
+    """:func:`fixed_sum` of :func:`squared_norm` ``(x)`` (``sum_i round(|x_i|**2 * 2**frac_bits)``,
+    the row norms in float64) without the ``[n]`` column, in one pass on torch's threads: the same
+    bits. None where the kernel does not apply (not a contiguous 2-D CPU float32/float64 tensor
+    with at least one column, grad, no kernel).
+    """
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.dim() != 2
+            or x.shape[1] < 1 or not x.is_contiguous() or x.requires_grad):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    fn, (n, width), scale = k.sq_norm_fixed_sum[x.dtype], x.shape, float(2**frac_bits)
+    row = x.element_size() * width
+    parts: list[int] = []
+    native.parallel_for(n, _PARALLEL_MIN, lambda a, b: parts.append(fn(x.data_ptr() + row * a, b - a, width, scale)))
+    return _wrapped_total(parts)
+
+
+def _wrapped_total(parts: list[int]) -> Tensor:
+    """The wrapping int64 sum of the threads' wrapping partial sums (integer addition: any split of
+    the terms gives the same bits), as a 0-d int64 tensor.
+    """
     total = sum(parts) & 0xFFFFFFFFFFFFFFFF
     return torch.tensor(total - (1 << 64) if total >= 1 << 63 else total, dtype=torch.int64)

@@ -5,7 +5,9 @@ A :class:`Metric` is a function of the state (a :class:`~agentsim.context.Metric
 that returns per-agent values of any shape. The engine sums them over agents and ranks:
 integers and bools in int64, floats in int64 fixed point with :data:`METRIC_FRAC_BITS`
 fractional bits (integer addition is associative, so the order of agents and ranks does
-not matter). ``reduce="mean"`` divides that sum by the number of values (over all ranks);
+not matter). A metric may instead return this rank's exact sum itself, an :class:`ExactSum`
+(:func:`sum_of_squares` makes one without a per-agent column); calibration, which needs
+per-agent values, cannot use such a metric. ``reduce="mean"`` divides that sum by the number of values (over all ranks);
 return only the agents that count (``values[mask]``) for a mean over a subset. A derived
 metric is a function of the other metrics' global values (a ratio, a norm).
 
@@ -35,7 +37,8 @@ from . import cpu_kernels, ops
 from .context import MetricsContext
 from .errors import ConfigError
 
-__all__ = ["METRIC_FRAC_BITS", "REDUCTIONS", "Derived", "Metric", "MetricSums", "local_sums", "metric_row"]
+__all__ = ["METRIC_FRAC_BITS", "REDUCTIONS", "Derived", "ExactSum", "Metric", "MetricSums", "local_sums", "metric_row",
+           "sum_of_squares"]
 
 METRIC_FRAC_BITS = 24
 REDUCTIONS = ("sum", "mean")
@@ -49,6 +52,43 @@ def check_metric_name(name: object, what: str = "metric") -> str:
     if not isinstance(name, str) or not name or "#" in name or name == "step":
         raise ConfigError(f"{what} name: expected a non-empty str without '#', other than 'step' (got {name!r})")
     return name
+
+
+class ExactSum(NamedTuple):
+    """A metric's value given as this rank's exact sum rather than per-agent values.
+
+    Attributes:
+        total: 0-d int64 tensor, ``sum(round(v * 2**METRIC_FRAC_BITS))`` over this rank's float
+            values ``v`` (round half to even, wrapping int64): what the engine computes from
+            per-agent float values, so the bits are the same on any number of ranks.
+        n_values: How many values (the divisor of ``reduce="mean"``).
+    """
+
+    total: Tensor
+    n_values: int
+
+
+def sum_of_squares(x: Tensor) -> ExactSum:
+    """The metric value of :func:`agentsim.ops.squared_norm` ``(x)`` (each row's squared norm in
+    float64, e.g. a squared displacement), as an :class:`ExactSum`: on the CPU one pass over ``x``
+    (:func:`agentsim.cpu_kernels.squared_norm_fixed_sum`) instead of writing the ``[n]`` float64
+    column and reading it again; the same bits as returning ``ops.squared_norm(x)``.
+
+    Args:
+        x: ``[n, k]`` float per-agent vectors (``k >= 1``).
+
+    Returns:
+        ``ExactSum(total, n)``.
+
+    Examples:
+        >>> s = sum_of_squares(torch.tensor([[3.0, 4.0], [1.0, 0.5]]))
+        >>> int(s.total) * 2.0 ** -METRIC_FRAC_BITS, s.n_values
+        (26.25, 2)
+    """
+    fused = cpu_kernels.squared_norm_fixed_sum(x, METRIC_FRAC_BITS) if isinstance(x, Tensor) else None
+    if fused is None:
+        fused = _exact_sum(ops.squared_norm(x))  # checks x
+    return ExactSum(fused, int(x.shape[0]))
 
 
 class Metric:
@@ -73,15 +113,21 @@ class Metric:
     def __repr__(self) -> str:
         return f"Metric({self.name!r}, reduce={self.reduce!r})"
 
-    def values(self, mc: MetricsContext) -> dict[str, Tensor]:
-        """This rank's values to sum: the metric (and, for a mean, its count)."""
+    def values(self, mc: MetricsContext) -> dict[str, Tensor | ExactSum]:
+        """This rank's values to sum, or their :class:`ExactSum`: the metric (and, for a mean, its
+        count).
+        """
         value = self.fn(mc)
-        if not isinstance(value, Tensor):
-            raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values "
+        if isinstance(value, ExactSum):
+            count = torch.tensor(value.n_values)
+        elif isinstance(value, Tensor):
+            count = torch.tensor(value.numel(), device=value.device)
+        else:
+            raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values or an ExactSum "
                               f"(got {type(value).__name__})")
         if self.reduce == "sum":
             return {self.name: value}
-        return {self.name: value, self.name + _COUNT: torch.tensor(value.numel(), device=value.device)}
+        return {self.name: value, self.name + _COUNT: count}
 
 
 class LegacyMetrics:
@@ -92,7 +138,7 @@ class LegacyMetrics:
         self.reduce = "sum"
         self.name = ""
 
-    def values(self, mc: MetricsContext) -> dict[str, Tensor]:
+    def values(self, mc: MetricsContext) -> dict[str, Tensor | ExactSum]:
         """The function's values, each summed."""
         return dict(self.fn(mc))
 
@@ -125,6 +171,9 @@ def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) ->
     is_float = dict.fromkeys(sums, False)
     for metric in metrics:  # each metric's values summed and freed before the next is computed
         for key, values in metric.values(mc).items():
+            if isinstance(values, ExactSum):
+                is_float[key], sums[key] = True, values.total.to(torch.int64).cpu().reshape(())
+                continue
             is_float[key] = values.is_floating_point()
             sums[key] = _exact_sum(values) if is_float[key] else _integer_sum(values)
     return MetricSums(list(sums), [is_float[k] for k in sums], torch.stack(list(sums.values())))

@@ -17,7 +17,8 @@ import math
 
 import torch
 
-from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, ops
+from agentsim import Box, Context, InitContext, MetricsContext, Model, Param
+from agentsim.metrics import ExactSum, sum_of_squares
 
 model = Model(
     "randomwalk",
@@ -62,9 +63,11 @@ def init(ic: InitContext) -> Box:
 
 
 @model.metric()
-def sum_sq_disp(state: MetricsContext) -> torch.Tensor:
-    """Squared displacement of every walker since step 0 (summed exactly)."""
-    return ops.squared_norm(state["walker"]["disp"])  # x * x + y * y in float64, one pass
+def sum_sq_disp(state: MetricsContext) -> ExactSum:
+    """Squared displacement of every walker since step 0, summed exactly: the sum of
+    ``ops.squared_norm(disp)`` (x * x + y * y in float64) in one pass, without that column.
+    """
+    return sum_of_squares(state["walker"]["disp"])
 
 
 @model.derived

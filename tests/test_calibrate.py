@@ -195,3 +195,12 @@ def test_gradients_through_the_data_partitioner_equal_one_process(relax):
             assert got_loss == pytest.approx(loss, rel=1e-12)
             assert ((grad - one).abs() <= 1e-6 * one.abs()).all(), (world_size, grad, one)
 
+
+
+def test_a_metric_that_returns_an_exact_sum_cannot_be_calibrated_and_says_why():
+    # The random walk's MSD metric is an ExactSum (metrics.sum_of_squares): no per-agent values.
+    walk = asim.get_model("randomwalk")
+    objective = Objective(walk, Series((1.0, 2.0), (2.0, 4.0), "msd", "inline"), ("step_size",), "sum_sq_disp",
+                          agents=100)
+    with pytest.raises(asim.ConfigError, match=r"calibration needs one value per agent .*an ExactSum"):
+        objective.simulate({"step_size": 1.0}, 0)

@@ -414,3 +414,48 @@ def test_cell_sort_is_a_stable_sort_by_cell_and_uid(built, cell_dtype):
     with pytest.raises(IndexError, match="cell 310 is out of range for 310 cells"):
         cpu_kernels.cell_sort(torch.tensor([3, 310], dtype=cell_dtype), None, 310)
     assert cpu_kernels.cell_sort(cell, uid.to(torch.int32), 310) is None  # ids not int64: torch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_sum_of_squares_is_the_exact_sum_of_squared_norm(built, torch_ops, monkeypatch, dtype, k):
+    # One pass gives fixed_sum(squared_norm(x)) bit for bit: near-2**51 blocks (the fallback), a
+    # NaN, any thread count (small pieces), and without the kernel.
+    from agentsim.metrics import METRIC_FRAC_BITS, ExactSum, sum_of_squares
+
+    monkeypatch.setattr(cpu_kernels, "_PARALLEL_MIN", 500)
+    g = torch.Generator().manual_seed(k)
+    x = (torch.randn(9000, k, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-4, 4, (9000, 1), generator=g))
+    x[4000] = 2.0**14  # its square times 2**24 is above 2**51: that block is rounded with nearbyint
+    x = x.to(dtype)
+    want = ops.to_fixed(ops.squared_norm(x), METRIC_FRAC_BITS).sum()
+    for threads in (1, 3):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            got = sum_of_squares(x)
+        finally:
+            torch.set_num_threads(before)
+        assert isinstance(got, ExactSum) and got.n_values == 9000
+        assert got.total.dtype == torch.int64 and int(got.total) == int(want)
+    assert int(torch_ops(lambda: sum_of_squares(x)).total) == int(want)
+    assert int(cpu_kernels.squared_norm_fixed_sum(x[:0], METRIC_FRAC_BITS)) == 0
+    assert cpu_kernels.squared_norm_fixed_sum(x[:, :1].t(), METRIC_FRAC_BITS) is None or k == 1  # not contiguous
+
+
+def test_a_metric_may_return_an_exact_sum():
+    # sum and mean of an ExactSum metric equal those of the per-agent values it sums.
+    from agentsim.context import MetricsContext
+    from agentsim.metrics import Metric, local_sums, metric_row, sum_of_squares
+    from agentsim.state import FieldSpec, Population, State
+
+    disp = torch.tensor([[1.0, 2.0], [-3.0, 0.5], [0.25, 0.0]])
+    walkers = Population("walker", {"disp": FieldSpec(torch.float32, (2,))}, {"uid": torch.arange(3), "disp": disp})
+    mc = MetricsContext(State({"walker": walkers}), {}, None, 0)
+    for reduce in ("sum", "mean"):
+        fused = Metric(lambda s: sum_of_squares(s["walker"]["disp"]), name="sq", reduce=reduce)
+        plain = Metric(lambda s: ops.squared_norm(s["walker"]["disp"]), name="sq", reduce=reduce)
+        rows = [metric_row(0, local_sums([m], mc), [m]) for m in (fused, plain)]
+        assert rows[0] == rows[1] and rows[0]["sq"] == pytest.approx(14.3125 / (3 if reduce == "mean" else 1))
+    with pytest.raises(ConfigError, match="per-agent values or an ExactSum"):
+        local_sums([Metric(lambda s: 3.0, name="bad")], mc)

@@ -35,7 +35,7 @@ from ..context import MetricsContext
 from ..distributed.autograd import sum_over_ranks
 from ..engine import Simulation
 from ..errors import ConfigError
-from ..metrics import Metric
+from ..metrics import ExactSum, Metric
 from ..model import Model
 from .data import Series
 
@@ -159,8 +159,9 @@ class Objective:
         view = sim.view()
         values = self._metric.fn(view)
         if not isinstance(values, Tensor) or values.dim() != 1:
-            raise ConfigError(f"metric '{self.metric}': calibration needs one value per agent ([n]); got "
-                              f"{getattr(values, 'shape', type(values).__name__)}")
+            got = "an ExactSum (a sum, not per-agent values)" if isinstance(values, ExactSum) else \
+                getattr(values, "shape", type(values).__name__)
+            raise ConfigError(f"metric '{self.metric}': calibration needs one value per agent ([n]); got {got}")
         values = values.to(torch.float64)
         if self.replicates is None:
             key = torch.zeros(values.shape[0], dtype=torch.int64, device=values.device)
