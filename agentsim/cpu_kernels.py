@@ -177,32 +177,35 @@ int64_t agentsim_is_iota(const int64_t *x, int64_t n) {
    (to nearest, ties to even: nearbyint's rounding in the default mode) whose bits minus those of
    1.5 * 2**52 are that integer, exactly; other blocks (large values, NaN) call nearbyint. */
 #define FIXED_BLOCK 1024
-#define FIXED_SUM(NAME, T) \
-int64_t NAME(const T *x, int64_t n, double scale) { \
+/* The body of a fixed-point sum over i in [0, n) of the double VALUE (an expression of i), each
+   times scale: per block, the rounding trick (vectorized); a block holding a large or NaN value
+   again with nearbyint. */
+#define FIXED_BLOCKS(VALUE) \
     uint64_t s = 0; \
     for (int64_t i0 = 0; i0 < n; i0 += FIXED_BLOCK) { \
-        int64_t m = n - i0 < FIXED_BLOCK ? n - i0 : FIXED_BLOCK; \
+        const int64_t i1 = n - i0 < FIXED_BLOCK ? n : i0 + FIXED_BLOCK; \
         uint64_t part = 0; \
         int large = 0; \
-        for (int64_t i = 0; i < m; i++) { \
-            double v = (double)x[i0 + i] * scale; \
+        for (int64_t i = i0; i < i1; i++) { \
+            double v = (VALUE) * scale; \
             large |= !(v < 0x1p51 && v > -0x1p51); \
             part += as_bits(v + 0x1.8p52) - 0x4338000000000000ULL; \
         } \
         if (large) { \
             part = 0; \
-            for (int64_t i = 0; i < m; i++) part += (uint64_t)(int64_t)nearbyint((double)x[i0 + i] * scale); \
+            for (int64_t i = i0; i < i1; i++) part += (uint64_t)(int64_t)nearbyint((VALUE) * scale); \
         } \
         s += part; \
     } \
-    return (int64_t)s; \
-}
+    return (int64_t)s;
+#define FIXED_SUM(NAME, T) \
+int64_t NAME(const T *x, int64_t n, double scale) { FIXED_BLOCKS((double)x[i]) }
 FIXED_SUM(agentsim_fixed_sum64, double)
 FIXED_SUM(agentsim_fixed_sum32, float)
 
 /* SQ_NORM_FIXED_SUM(NAME, T): FIXED_SUM of the SQ_NORM column of x [n, k] without the column: the
    wrapping sum of (int64) nearbyint(s[i] * scale), s[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double
-   (each square and each sum rounded, left to right), with the same rounding trick and fallback. */
+   (each square and each sum rounded, left to right). */
 #define SQ_NORM_FIXED_SUM(NAME, T) \
 static inline double NAME##_row(const T *x, int64_t i, int64_t k) { \
     double a = (double)x[i * k]; \
@@ -210,33 +213,14 @@ static inline double NAME##_row(const T *x, int64_t i, int64_t k) { \
     for (int64_t j = 1; j < k; j++) { double b = (double)x[i * k + j]; s = s + b * b; } \
     return s; \
 } \
+static inline double NAME##_row2(const T *x, int64_t i) { \
+    double a = (double)x[2 * i], b = (double)x[2 * i + 1]; \
+    return a * a + b * b; \
+} \
+static int64_t NAME##_2(const T *x, int64_t n, double scale) { FIXED_BLOCKS(NAME##_row2(x, i)) } \
 int64_t NAME(const T *x, int64_t n, int64_t k, double scale) { \
-    uint64_t s = 0; \
-    for (int64_t i0 = 0; i0 < n; i0 += FIXED_BLOCK) { \
-        int64_t m = n - i0 < FIXED_BLOCK ? n - i0 : FIXED_BLOCK; \
-        uint64_t part = 0; \
-        int large = 0; \
-        if (k == 2) { /* the common case, in a loop the compiler vectorizes */ \
-            for (int64_t i = 0; i < m; i++) { \
-                double a = (double)x[2 * (i0 + i)], b = (double)x[2 * (i0 + i) + 1]; \
-                double v = (a * a + b * b) * scale; \
-                large |= !(v < 0x1p51 && v > -0x1p51); \
-                part += as_bits(v + 0x1.8p52) - 0x4338000000000000ULL; \
-            } \
-        } else { \
-            for (int64_t i = 0; i < m; i++) { \
-                double v = NAME##_row(x, i0 + i, k) * scale; \
-                large |= !(v < 0x1p51 && v > -0x1p51); \
-                part += as_bits(v + 0x1.8p52) - 0x4338000000000000ULL; \
-            } \
-        } \
-        if (large) { \
-            part = 0; \
-            for (int64_t i = 0; i < m; i++) part += (uint64_t)(int64_t)nearbyint(NAME##_row(x, i0 + i, k) * scale); \
-        } \
-        s += part; \
-    } \
-    return (int64_t)s; \
+    if (k == 2) return NAME##_2(x, n, scale); /* the common case, in a loop the compiler vectorizes */ \
+    FIXED_BLOCKS(NAME##_row(x, i, k)) \
 }
 SQ_NORM_FIXED_SUM(agentsim_sq_norm_fixed_sum64, double)
 SQ_NORM_FIXED_SUM(agentsim_sq_norm_fixed_sum32, float)
@@ -601,13 +585,20 @@ def add_wrap(pos: Tensor, delta: Tensor, lengths: tuple[float, ...]) -> bool:
     return True
 
 
+def _float_rows(x: Tensor) -> bool:
+    """Whether ``x`` is what the row kernels take: a contiguous 2-D CPU float32/float64 tensor with
+    at least one column, without grad.
+    """
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.dim() == 2
+            and x.shape[1] >= 1 and x.is_contiguous() and not x.requires_grad)
+
+
 def squared_norm(x: Tensor) -> Tensor | None:
     """``[n]`` float64 ``sum_j x[:, j]**2`` (see :func:`agentsim.ops.squared_norm`) in one pass on
     torch's threads, or None where the kernel does not apply (not a contiguous 2-D CPU
     float32/float64 tensor with at least one column, grad, no kernel).
     """
-    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.dim() != 2
-            or x.shape[1] < 1 or not x.is_contiguous() or x.requires_grad):
+    if not _float_rows(x):
         return None
     k = _kernels()
     if k is None:
@@ -863,8 +854,7 @@ def squared_norm_fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:
     bits. None where the kernel does not apply (not a contiguous 2-D CPU float32/float64 tensor
     with at least one column, grad, no kernel).
     """
-    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.dim() != 2
-            or x.shape[1] < 1 or not x.is_contiguous() or x.requires_grad):
+    if not _float_rows(x):
         return None
     k = _kernels()
     if k is None:
