@@ -107,6 +107,21 @@ study.run(sys.argv[1], workers=2, resume=sys.argv[2] == "1")
 
 
 @pytest.mark.timeout(300)
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux's /proc; none elsewhere)."""
+    out = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
 def test_a_study_whose_driver_is_killed_resumes_and_runs_nothing_twice(tmp_path):
     # The runs log their seed at init; a slow step keeps the study going long enough to be killed.
     out, log = tmp_path / "study.h5", tmp_path / "log.txt"
@@ -122,8 +137,13 @@ def test_a_study_whose_driver_is_killed_resumes_and_runs_nothing_twice(tmp_path)
                     break
             except asim.OutputError:  # not created yet, or busy
                 continue
+        workers = _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        gone = time.monotonic() + 15  # the killed driver's pool workers exit too: no orphans
+        while time.monotonic() < gone and any(os.path.exists(f"/proc/{w}") for w in workers):
+            time.sleep(0.2)
+        assert not [w for w in workers if os.path.exists(f"/proc/{w}")]
         data = read_study(out)  # readable after every kill
         assert set(data.runs) >= done_before
         done_before = set(data.runs)

@@ -8,7 +8,8 @@ the same study file.
 
 - :class:`LocalExecutor`: a ``spawn`` process pool of ``workers`` processes with one torch thread
   each. A worker that dies breaks the pool: every run in it at that moment comes back as a system
-  failure (the pool cannot tell which run killed it) and a fresh pool takes the rest.
+  failure (the pool cannot tell which run killed it) and a fresh pool takes the rest. Workers
+  exit within a second or so of their driver's death (a killed driver leaves no orphans).
 - :class:`RayExecutor`: one Ray task per run (``num_cpus``/``num_gpus`` per run, Ray's own
   retries off so that attempts are counted here). Connects to ``address`` (a running cluster) or
   starts a local instance with ``workers`` CPUs; Ray is imported only here. A dying worker fails
@@ -20,6 +21,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -35,8 +38,22 @@ EXECUTORS = ("local", "ray")
 SYSTEM_FAILURE = "the worker process died (killed, out of memory, or a crash)"
 
 
-def _init_worker() -> None:
+_PARENT_POLL_SECONDS = 1.0
+
+
+def _init_worker(driver: int) -> None:
+    """One torch thread; and exit when the driver ``driver`` (a pid) is gone. A pool's workers
+    do not notice a driver killed with SIGKILL (each holds the writing end of the pool's task
+    pipe, so their read never ends): they would sleep on, orphaned.
+    """
     torch.set_num_threads(1)
+
+    def watch() -> None:
+        while os.getppid() == driver:
+            time.sleep(_PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="agentsim-driver-watch", daemon=True).start()
 
 
 class LocalExecutor:
@@ -51,7 +68,8 @@ class LocalExecutor:
         self._broken = False
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx, initializer=_init_worker)
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=self._ctx, initializer=_init_worker,
+                                   initargs=(os.getpid(),))
 
     def submit(self, fn: Callable[..., dict[str, Any]], *args: Any) -> Any:
         """Start ``fn(*args)``; returns a handle."""
