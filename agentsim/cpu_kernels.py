@@ -1,6 +1,7 @@
 """CPU kernels for hot loops that torch runs as several passes (or as slow ones): a push along a
 graph's edges, the exact fixed-point sum of a metric, the lean network build, a move in a periodic
-box, a squared norm per row, integer sums over a torus's neighborhoods.
+box, a squared norm per row, integer sums over a torus's neighborhoods, a radius search's sort and
+filter, several scatter sums at once.
 
 Built on first use by :mod:`agentsim.native`; where no compiler is found the callers use their
 torch ops, which give the same results (integer arithmetic, or the same correctly rounded float
@@ -18,7 +19,9 @@ Each function returns None (or False) where it does not apply, and its caller us
 - :func:`csr_from_pair_chunks`: the CSR of an undirected graph from regenerable pair chunks
   (count, place, sort rows; on torch's threads, in 2 MiB pages): no ``[2, m]`` edge list held.
 - :func:`add_wrap`: ``pos = wrap(pos + delta)`` in a periodic box, in place (``Box.move``).
-- :func:`squared_norm`: ``sum_j x[:, j]**2`` in float64 per row (``ops.squared_norm``).
+- :func:`squared_norm`: ``sum_j x[:, j]**2`` in float64 per row (``ops.squared_norm``);
+  :func:`squared_norm_fixed_sum`: the fixed-point sum of those norms without the column
+  (``metrics.sum_of_squares``).
 - :func:`periodic_grid_sum`: integer neighborhood sums on a torus (``Grid.neighbor_sum``).
 - :func:`is_iota`: whether an index column is ``0 .. n - 1`` (a gather that can be skipped).
 - :func:`add_columns`: several ``index_add_`` of 1-D columns sharing one index, in one pass.
@@ -40,7 +43,7 @@ from torch import Tensor
 from . import native
 
 __all__ = ["add_columns", "add_wrap", "cell_sort", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum",
-           "push_count", "radius_expand", "squared_norm"]
+           "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
