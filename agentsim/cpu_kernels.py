@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from . import native
+from .random import _signed  # the int64 with the low 64 bits of an int
 
 __all__ = ["add_columns", "add_wrap", "cell_sort", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum",
            "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
@@ -502,37 +503,36 @@ class _Kernels:
         self.sq_norm_fixed_sum = _by_dtype(library, "agentsim_sq_norm_fixed_sum", ctypes.c_int64,
                                            [p, i64, i64, ctypes.c_double])
         f64 = ctypes.c_double
-        self.expand: dict[tuple[torch.dtype, torch.dtype], Any] = {}
-        for fdt, fb in ((torch.float32, 32), (torch.float64, 64)):
-            for idt, ib in ((torch.int32, 32), (torch.int64, 64)):
-                fn = getattr(library, f"agentsim_expand{fb}_i{ib}")
-                fn.restype = i64
-                fn.argtypes = [i64, p, p, p, p, p, p, p, f64, f64, f64, i64, f64, i64, p, p, i64, i64, i64, i64, i64,
-                               i64, p, p, p, i64, p]
-                self.expand[(fdt, idt)] = fn
-        self.add_columns: dict[tuple[torch.dtype, torch.dtype], Any] = {}
-        for fdt, fb in ((torch.float32, 32), (torch.float64, 64)):
-            for idt, ib in ((torch.int32, 32), (torch.int64, 64)):
-                fn = getattr(library, f"agentsim_add_columns{fb}_i{ib}")
-                fn.restype, fn.argtypes = i64, [i64, p, i64, p, p, i64]
-                self.add_columns[(fdt, idt)] = fn
-        self.cell_sort = {}
-        for idt, ib in ((torch.int32, 32), (torch.int64, 64)):
-            fn = getattr(library, f"agentsim_cell_sort_i{ib}")
-            fn.restype, fn.argtypes = i64, [p, i64, p, i64, p, p]
-            self.cell_sort[idt] = fn
-        self.move_bytes = library.agentsim_move_bytes
-        self.move_bytes.restype, self.move_bytes.argtypes = None, [p, i64, i64, i64]
+        expand_args: list[type] = [i64, p, p, p, p, p, p, p, f64, f64, f64, i64, f64, i64, p, p, i64, i64, i64, i64,
+                                   i64, i64, p, p, p, i64, p]
+        self.expand = _by_dtypes(library, "agentsim_expand", i64, expand_args)
+        self.add_columns = _by_dtypes(library, "agentsim_add_columns", i64, [i64, p, i64, p, p, i64])
+        self.cell_sort = {idt: _bound(library, f"agentsim_cell_sort_i{ib}", i64, [p, i64, p, i64, p, p])
+                          for idt, ib in _INDEX_BITS}
+        self.move_bytes = _bound(library, "agentsim_move_bytes", None, [p, i64, i64, i64])
+
+
+_FLOAT_BITS = ((torch.float32, 32), (torch.float64, 64))
+_INDEX_BITS = ((torch.int32, 32), (torch.int64, 64))
+
+
+def _bound(library: ctypes.CDLL, name: str, restype: type | None, argtypes: list[type]) -> Any:
+    """The library's function ``name`` with its result and argument types set."""
+    fn = getattr(library, name)
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
 
 
 def _by_dtype(library: ctypes.CDLL, prefix: str, restype: type | None, argtypes: list[type]) -> dict[torch.dtype, Any]:
     """The float32 and float64 variants ``<prefix>32`` and ``<prefix>64`` of a kernel, by dtype."""
-    out = {}
-    for dtype, bits in ((torch.float32, 32), (torch.float64, 64)):
-        fn = getattr(library, f"{prefix}{bits}")
-        fn.restype, fn.argtypes = restype, argtypes
-        out[dtype] = fn
-    return out
+    return {dtype: _bound(library, f"{prefix}{bits}", restype, argtypes) for dtype, bits in _FLOAT_BITS}
+
+
+def _by_dtypes(library: ctypes.CDLL, prefix: str, restype: type | None,
+               argtypes: list[type]) -> dict[tuple[torch.dtype, torch.dtype], Any]:
+    """The variants ``<prefix><32|64>_i<32|64>`` of a kernel, by (float dtype, index dtype)."""
+    return {(fdt, idt): _bound(library, f"{prefix}{fb}_i{ib}", restype, argtypes)
+            for fdt, fb in _FLOAT_BITS for idt, ib in _INDEX_BITS}
 
 
 def _kernels() -> _Kernels | None:
@@ -873,5 +873,4 @@ def _wrapped_total(parts: list[int]) -> Tensor:
     """The wrapping int64 sum of the threads' wrapping partial sums (integer addition: any split of
     the terms gives the same bits), as a 0-d int64 tensor.
     """
-    total = sum(parts) & 0xFFFFFFFFFFFFFFFF
-    return torch.tensor(total - (1 << 64) if total >= 1 << 63 else total, dtype=torch.int64)
+    return torch.tensor(_signed(sum(parts)), dtype=torch.int64)

@@ -7,8 +7,9 @@ integers and bools in int64, floats in int64 fixed point with :data:`METRIC_FRAC
 fractional bits (integer addition is associative, so the order of agents and ranks does
 not matter). A metric may instead return this rank's exact sum itself, an :class:`ExactSum`
 (:func:`sum_of_squares` makes one without a per-agent column); calibration, which needs
-per-agent values, cannot use such a metric. ``reduce="mean"`` divides that sum by the number of values (over all ranks);
-return only the agents that count (``values[mask]``) for a mean over a subset. A derived
+per-agent values, cannot use such a metric. ``reduce="mean"`` divides that sum by the number
+of values (over all ranks); return only the agents that count (``values[mask]``) for a mean
+over a subset. A derived
 metric is a function of the other metrics' global values (a ratio, a norm).
 
 Every run also reports ``n_<population>``, the number of agents of each population.
