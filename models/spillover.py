@@ -133,8 +133,10 @@ def init(ic: InitContext) -> Graph:
     hosts = erdos_renyi(n_host, p["mean_degree"], seed=mix64_int(ic.seed ^ stream_id("network")))
     src, dst = hosts.edges()
     person = n_host + ic.uids("person", n_person)
-    picks = ic.rng.integers(person.repeat_interleave(p["contacts"]), "contacts", n_host)
-    graph = Graph.from_edges(torch.cat([src.to(torch.int64), person.repeat_interleave(p["contacts"])]),
+    # The network is built on the CPU (as erdos_renyi builds it), then moved to the run's device.
+    linked = person.repeat_interleave(p["contacts"])
+    picks = ic.rng.integers(linked, "contacts", n_host).cpu()
+    graph = Graph.from_edges(torch.cat([src.to(torch.int64), linked.cpu()]),
                              torch.cat([dst.to(torch.int64), picks]), n_nodes=n_host + n_person)
     graph = Graph(graph.indptr.to(ic.device), graph.indices.to(ic.device), graph.n_nodes)
     host_uid = ic.uids("host", n_host)

@@ -184,6 +184,24 @@ def test_launch_returns_the_one_process_metrics():
     assert_same_bits(ref, got.metrics, "launch metrics")
 
 
+def sir_without_all_gather_single(comm):
+    """A spatial SIR run on a torch without ``dist.all_gather_single`` (before 2.13)."""
+    import torch.distributed as dist
+
+    del dist.all_gather_single  # this rank's process only
+    sim = Simulation(get_model("sir"), agents=1000, seed=5, comm=comm, partition="spatial")
+    return sim.run(6).metrics
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not hasattr(torch.distributed, "all_gather_single"), reason="this torch has no all_gather_single")
+def test_all_gathers_fall_back_where_torch_has_no_all_gather_single():
+    ref = Simulation(get_model("sir"), agents=1000, seed=5).run(6).metrics
+    got = run_ranks(sir_without_all_gather_single, 2, timeout=45.0)
+    for metrics in got:
+        assert_same_bits(ref, metrics, "metrics without all_gather_single")
+
+
 # --------------------------------------------------------------------------- CLI
 @pytest.mark.timeout(90)
 def test_cli_nprocs_2_writes_the_one_process_file(tmp_path, capsys):

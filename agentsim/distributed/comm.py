@@ -96,6 +96,18 @@ def unpack_rows(packed: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]
 
 
 # --------------------------------------------------------------------------- comm
+
+def all_gather_single(out: Tensor, flat: Tensor, group: Any = None) -> None:
+    """Every rank of ``group``'s 1-D ``flat`` into ``out`` (``[world_size * flat.numel()]``), in rank
+    order: ``dist.all_gather_single`` where torch has it (2.13 and later), else ``dist.all_gather``
+    into views of ``out`` (older torch; gloo and NCCL alike). The same bytes either way.
+    """
+    gather = getattr(dist, "all_gather_single", None)
+    if gather is not None:
+        gather(out, flat, group=group)
+    else:
+        dist.all_gather(list(out.chunk(dist.get_world_size(group))), flat, group=group)
+
 class TorchComm:
     """Collectives of one rank of an initialized ``torch.distributed`` process group.
 
@@ -161,7 +173,7 @@ class TorchComm:
     def _all_gather_counts(self, n: int) -> list[int]:
         mine = torch.tensor([n], dtype=torch.int64, device=self.device)
         out = torch.empty(self.world_size, dtype=torch.int64, device=self.device)
-        self._timed(8, dist.all_gather_single, out, mine)
+        self._timed(8, all_gather_single, out, mine)
         return out.tolist()
 
     def _all_gather_padded(self, rows: Tensor, rows_per_rank: int | None = None) -> tuple[list[Tensor], list[int]]:
@@ -182,7 +194,7 @@ class TorchComm:
         padded[: rows.shape[0]] = rows.to(self.device)
         flat = padded.reshape(-1)
         out = flat.new_empty(self.world_size * flat.numel())
-        self._timed(flat.numel() * flat.element_size(), dist.all_gather_single, out, flat)
+        self._timed(flat.numel() * flat.element_size(), all_gather_single, out, flat)
         blocks = out.view(self.world_size, n_max, *trailing)
         return [blocks[r, :c] for r, c in enumerate(counts)], counts
 

@@ -40,7 +40,8 @@ def exact_sums(comm: Comm, values: Iterable[Tensor], counts: Iterable[int] = ())
     the result has the same bits on any number of ranks), then of each integer in ``counts``.
     """
     values, counts = list(values), list(counts)
-    parts = [ops.to_fixed(v, FRAC_BITS).sum() for v in values] + [torch.tensor(c) for c in counts]
+    # Stacked on the CPU, whatever the values' device (the comm moves the sums to its own).
+    parts = [ops.to_fixed(v, FRAC_BITS).sum().cpu() for v in values] + [torch.tensor(c) for c in counts]
     if not parts:
         return []
     total = comm.sum_int64(torch.stack(parts).to(torch.int64)).tolist()

@@ -164,7 +164,7 @@ class GradientSync:
         _, exponent = torch.frexp(peak)  # peak < 2**exponent
         shift = 62 - exponent.to(torch.int64) - max(int(chunks_bound), 1).bit_length()
         fixed = torch.ldexp(grads.double(), shift).round_().to(torch.int64).sum(0) if grads.shape[0] \
-            else torch.zeros(width, dtype=torch.int64)
+            else torch.zeros(width, dtype=torch.int64, device=grads.device)
         total = self.comm.sum_int64(fixed) if self.comm.world_size > 1 else fixed
         self.seconds += time.perf_counter() - t0
         return torch.ldexp(total.double(), -shift)
@@ -182,6 +182,7 @@ def chunk_bounds(uid: torch.Tensor, tile: int, cap: int = CHUNK) -> list[tuple[i
     m = int(uid.shape[0])
     if m == 0:
         return []
+    uid = uid.cpu()  # bounds are Python ints: work where they end up
     tile_of = torch.div(uid, tile, rounding_mode="floor")
     new_tile = torch.ones(m, dtype=torch.bool)
     new_tile[1:] = tile_of[1:] != tile_of[:-1]

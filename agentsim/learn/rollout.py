@@ -128,7 +128,7 @@ def gae(rollout: Rollout, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
     value = rollout.value.to(torch.float64)
     reward = rollout.reward.to(torch.float64)
     alive = ~rollout.done
-    nxt = torch.arange(1, rollout.n + 1).clamp(max=max(rollout.n - 1, 0))
+    nxt = torch.arange(1, rollout.n + 1, device=value.device).clamp(max=max(rollout.n - 1, 0))
     next_value = torch.where(alive, value.index_select(0, nxt) if rollout.n else value, 0.0)
     delta = reward + gamma * next_value - value
     adv = torch.zeros_like(value)

@@ -224,7 +224,7 @@ class Trainer:
                 figures = self.gradient({k: v.index_select(0, rows) for k, v in batch_all.items()}, int(counts[m]))
                 torch.nn.utils.clip_grad_norm_(self.net.parameters(), config.max_grad_norm)
                 self.optimizer.step()
-                sums += ops.to_fixed(figures, _FIGURE_BITS).sum(0)
+                sums += ops.to_fixed(figures, _FIGURE_BITS).sum(0).cpu()
         return sums
 
     def gradient(self, batch: Mapping[str, Tensor], n_global: int) -> Tensor:
@@ -252,13 +252,13 @@ class Trainer:
             grads.append(torch.cat([g.reshape(-1) for g in parts]))
             rows.append(torch.stack([v.detach().to(torch.float64) for v in figures.values()]))
         width = sum(p.numel() for p in params)
-        stacked = torch.stack(grads) if grads else torch.zeros(0, width, dtype=params[0].dtype)
+        stacked = torch.stack(grads) if grads else torch.zeros(0, width, dtype=params[0].dtype, device=params[0].device)
         total = self.sync.reduce_exact(stacked, n_global)
         offset = 0
         for p in params:
             p.grad = total[offset:offset + p.numel()].view_as(p).to(p.dtype)
             offset += p.numel()
-        return torch.stack(rows) if rows else torch.zeros(0, 5, dtype=torch.float64)
+        return torch.stack(rows) if rows else torch.zeros(0, 5, dtype=torch.float64, device=params[0].device)
 
     # ---------------------------------------------------------------- across ranks
     def _exact_sums(self, values: list[Tensor], counts: list[int] | None = None) -> list[float]:
@@ -367,10 +367,11 @@ class Trainer:
 
     def _empty_step(self) -> Step:
         d = self.spec.observations
-        action = (torch.zeros(0, dtype=torch.int64) if self.spec.discrete
-                  else torch.zeros(0, self.spec.action_dim))
-        empty = torch.zeros(0)
-        return Step(0, torch.zeros(0, dtype=torch.int64), torch.zeros(0, d), action, empty, empty)
+        on = self.device
+        action = (torch.zeros(0, dtype=torch.int64, device=on) if self.spec.discrete
+                  else torch.zeros(0, self.spec.action_dim, device=on))
+        empty = torch.zeros(0, device=on)
+        return Step(0, torch.zeros(0, dtype=torch.int64, device=on), torch.zeros(0, d, device=on), action, empty, empty)
 
 
 def format_update(row: Mapping[str, float], total: int | None = None) -> str:
