@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentsim import Simulation, get_model
+from agentsim.catalog import BUILTIN
 from agentsim.cli import main
 from agentsim.io.hdf5 import read_trajectory
 
@@ -119,7 +120,7 @@ def test_wrong_type_from_argparse_exits_nonzero():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("model", ["sir", "boids", "schelling", "wolfsheep", "randomwalk"])
+@pytest.mark.parametrize("model", list(BUILTIN))
 def test_cuda_run_matches_cpu(model):
     """The same draws and rules on both devices: integer metrics and fields equal, floats within
     rounding (CUDA adds neighbor sums with atomics, in no fixed order)."""
