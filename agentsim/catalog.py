@@ -2,7 +2,7 @@
 
 Examples:
     >>> sorted(BUILTIN)
-    ['boids', 'flu', 'randomwalk', 'schelling', 'sir', 'spillover', 'wolfsheep']
+    ['boids', 'circles', 'flu', 'randomwalk', 'schelling', 'sir', 'spillover', 'wolfsheep']
     >>> get_model("sir").name
     'sir'
 """
@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "randomwalk": "agentsim.models.randomwalk:MODEL",
     "spillover": "agentsim.models.spillover:MODEL",
     "flu": "agentsim.models.flu:MODEL",
+    "circles": "agentsim.models.circles:MODEL",
 }
 
 

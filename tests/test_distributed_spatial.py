@@ -33,6 +33,7 @@ CASES = [
     Case("schelling-r2", "schelling", 1500, {"radius": 2}, {"layout": "rcb"}),
     Case("wolfsheep", "wolfsheep", 300, options={"layout": "strips"}),
     Case("randomwalk", "randomwalk", 1000, options={"layout": "rcb"}),
+    Case("circles", "circles", 800, options={"layout": "blocks"}),  # 3D, bounded
     Case("boids-tiny", "boids", 3, options={"layout": "blocks"}),          # ranks with no agents
     Case("wolfsheep-tiny", "wolfsheep", 12, options={"layout": "rcb"}),
     Case("randomwalk-tiny", "randomwalk", 2, options={"layout": "strips"}),
@@ -74,8 +75,8 @@ def test_spatial_partition_is_bitwise_identical_on_2_3_4_ranks(reference, multi_
             with h5py.File(got["path"], "r") as f:
                 assert f.attrs["world_size"] == w and f.attrs["completed"]
                 assert "agents/imbalance" in f["perf"] and "halo/bytes" in f["perf"]
-        for case in CASES:  # boids exchanges once per step, overlapped with its work
-            assert multi_rank[w][case.key]["overlap"] == (case.model == "boids"), (case.key, w)
+        for case in CASES:  # boids and circles exchange once per step, overlapped with their work
+            assert multi_rank[w][case.key]["overlap"] == (case.model in ("boids", "circles")), (case.key, w)
         for key in MOVING:  # agents crossed region borders
             assert sum(p["migrated"] for p in multi_rank[w][key]["perf"]) > 0, f"{key} W={w}: no migration"
         # Halos hold only agents near borders, not every agent (as the data partitioner's would).

@@ -164,6 +164,52 @@ def test_boids_box_grows_with_agents():
     assert small == pytest.approx(100.0) and large == pytest.approx(1000.0)
 
 
+# ------------------------------------------------------------------ circles
+def brute_force_circles(pos: np.ndarray, radius: float, repulse: float, side: float) -> tuple[np.ndarray, np.ndarray]:
+    """FLAME GPU 2's circles move over all pairs, float64: new positions (clamped) and drift."""
+    delta = pos[None, :, :] - pos[:, None, :]  # [i, j, dim]: j - i
+    sep = np.sqrt((delta ** 2).sum(-1))
+    near = (sep < radius) & (sep > 0)
+    k = np.where(near, np.sin(sep / radius * 3.141 * -2) * repulse / np.where(near, sep, 1.0), 0.0)
+    force = (k[:, :, None] * delta).sum(1) / np.maximum(near.sum(1), 1)[:, None]
+    return np.clip(pos + force, 0.0, side), np.sqrt((force ** 2).sum(1))
+
+
+@pytest.mark.parametrize("dims", [3, 2])
+def test_circles_step_matches_brute_force(dims):
+    sim = Simulation(get_model("circles").configure(params={"dims": dims}), agents=500, seed=3)
+    side = sim.space.size[0]
+    assert side == pytest.approx(500 ** (1 / dims)) and not sim.space.periodic
+
+    def by_uid(field: str) -> np.ndarray:  # the engine may reorder rows (locality sort)
+        p = sim.state["point"]
+        return p[field][torch.argsort(p["uid"])].double().numpy()
+
+    moved = 0.0
+    for _ in range(3):
+        pos = by_uid("pos")
+        expected_pos, expected_drift = brute_force_circles(pos, sim.params["radius"], sim.params["repulse"], side)
+        sim.step()
+        assert np.abs(by_uid("pos") - expected_pos).max() < 1e-5
+        assert np.abs(by_uid("drift") - expected_drift).max() < 1e-6
+        moved = max(moved, float(expected_drift.max()))
+    assert 0 < moved <= sim.params["repulse"] + 1e-6  # forces are felt, and bounded by repulse
+
+
+def test_circles_points_settle():
+    # Sparser than the benchmark's density (about 7 points in range, not 34): settles sooner.
+    m = Simulation(get_model("circles").configure(params={"density": 0.2}), agents=2000, seed=1).run(200).metrics
+    assert m["mean_drift"][1] > 0.01 and m["mean_drift"][-1] < 0.5 * m["mean_drift"][1]
+
+
+def test_circles_lone_point_stays_put():
+    sim = Simulation(get_model("circles").configure(params={"density": 1e-6}), agents=2, seed=0)
+    before = sorted_agents(sim, "point")
+    sim.run(3)
+    after = sorted_agents(sim, "point")
+    assert torch.equal(after["pos"], before["pos"]) and float(after["drift"].abs().sum()) == 0
+
+
 # ------------------------------------------------------------------ schelling
 def test_schelling_segregates_and_keeps_cells_distinct():
     sim = Simulation(get_model("schelling"), agents=5000, seed=2)
