@@ -30,13 +30,17 @@ __all__ = ["NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_p
 # search, and 290 ms against 340 ms on 500k boids -- with a second process
 # running the same search on the other core too, where 2**20 lost more to the
 # shared L3 (medians of interleaved repeats on the 2-core machine).
-# Accelerators want fewer, larger kernels.
+# Accelerators want fewer, larger kernels: each chunk launches some 150 kernels, and with
+# the CPU's block sizes 1M circles (3D) took 69 chunks, 11.7k launches and 148 ms a step
+# on an H100, most of it waiting on launches (43 ms of GPU time). 2**25 candidates is
+# about 1 GB of temporaries.
 _MAX_CANDIDATES = 2**18
-_MAX_CANDIDATES_ACCELERATOR = 2**24
+_MAX_CANDIDATES_ACCELERATOR = 2**25
 # (target, leading offset) segments per block of targets: [segment, target] index
 # tables of at most 1 MB. On 1M boids (one thread) blocks of 2**16 to 2**18 segments
 # were within noise of each other and 2**20 was about 10% slower.
 _MAX_SEGMENTS = 2**17
+_MAX_SEGMENTS_ACCELERATOR = 2**22
 
 
 @dataclass
@@ -202,7 +206,7 @@ def _iter_pair_chunks(
         lo_of = (cy_all + offsets_last[0]).clamp_(min=0) + 1
         hi_of = (cy_all + offsets_last[-1]).clamp_(max=n_last - 1) + 2
     n_seg = math.prod(len(per_offset) for per_offset in lead)  # segments per target
-    block = max(1, _MAX_SEGMENTS // n_seg)
+    block = max(1, (_MAX_SEGMENTS if device.type == "cpu" else _MAX_SEGMENTS_ACCELERATOR) // n_seg)
     r2 = radius * radius
 
     for t0 in range(0, n_query, block):
