@@ -6,6 +6,8 @@
     python benchmarks/bench_peers.py targets            # random walk 10M (AgentTorch vs agentsim), Schelling 1M
     python benchmarks/bench_peers.py sizes              # agent-updates/s at 10k..10M with peak memory
     python benchmarks/bench_peers.py memory --rounds 1  # SIR 100M: init seconds, peak B/agent
+    python benchmarks/bench_peers.py circles            # FLAME GPU 2's circles, 1M points, per step
+    python benchmarks/bench_peers.py targets --device cuda --agentsim-only   # agentsim's side on a GPU
 
 ``install`` makes one virtual environment per peer under ``benchmarks/peers/venvs/`` (ignored by
 git; never the package's environment): Starsim 3.7.2 with this Python, Mesa 3.5.1 with a Python
@@ -14,7 +16,12 @@ torch pinned to the installed version (recorded as not installed if pip fails). 
 per round, every side in a fresh process, in alternating order (peer first in even rounds), and
 writes ``benchmarks/results/peers-<suite>.json`` (every round, medians, versions, machine, date)
 and a Markdown table ``benchmarks/results/peers-<suite>.md``. agentsim runs from this checkout
-with torch's default threads; peak memory is the process's peak RSS (``ru_maxrss``).
+with torch's default threads; peak memory is the process's peak RSS (``ru_maxrss``), and on a GPU
+also the peak of torch's allocator (``torch.cuda.max_memory_allocated``). ``--device cuda`` runs
+agentsim's side on the GPU (the peers run on the CPU: none of them runs these models on a GPU);
+``--agentsim-only`` runs agentsim's side alone (a machine without the peers' venvs, such as a lent GPU
+machine with no network). The circles suite has no peer to run here: FLAME GPU 2 is CUDA C++ and its
+figure (about 2.1 ms per step for 1M points on an H100 PCIe) is the published one, quoted, not measured.
 """
 
 from __future__ import annotations
@@ -46,9 +53,12 @@ AGENTSIM_RUN = r"""
 import json, resource, statistics, sys, time
 import torch
 import agentsim
-model, n, steps, params = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+model, n, steps, params, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+cuda = device.startswith("cuda")
 t0 = time.perf_counter()
-sim = agentsim.Simulation(agentsim.get_model(model), agents=n, seed=1, params=params)
+sim = agentsim.Simulation(agentsim.get_model(model), agents=n, seed=1, params=params, device=device)
+if cuda:
+    torch.cuda.synchronize()
 t1 = time.perf_counter()
 times = []
 if model == "sir":
@@ -66,7 +76,9 @@ else:
     final = {}
 print(json.dumps({"agents": n, "init_seconds": t1 - t0, "run_seconds": run,
                   "seconds_per_step": statistics.median(times) if times else run / steps, "steps": steps,
-                  "final": final, "threads": torch.get_num_threads(),
+                  "final": final, "threads": torch.get_num_threads(), "device": device,
+                  "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+                  "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """
 
@@ -87,11 +99,14 @@ def checkout_env(root: Path = ROOT, *more: Path) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(p for p in path if p)}  # no empty entry (it would mean the cwd)
 
 
+DEVICE = "cpu"  # agentsim's device, set from --device by main()
+
+
 def agentsim_run(model: str, agents: int, steps: int, params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One agentsim run of ``model`` in a fresh process (this checkout first on the path)."""
+    """One agentsim run of ``model`` on :data:`DEVICE` in a fresh process (this checkout first on the path)."""
     env = checkout_env()
     return _json_line([sys.executable, "-W", "ignore", "-c", AGENTSIM_RUN, model, str(agents), str(steps),
-                       json.dumps(params or {})], env=env)
+                       json.dumps(params or {}), DEVICE], env=env)
 
 
 def peer_python(peer: str) -> Path:
@@ -152,6 +167,14 @@ def install(python312: str | None) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- suites
+NOT_RUN = "not run (--agentsim-only)"
+
+
+def _peers(args: argparse.Namespace, sides: dict[str, Any]) -> dict[str, Any]:
+    """The peers' sides of a suite, or none with ``--agentsim-only``."""
+    return {} if args.agentsim_only else sides
+
+
 def _rounds(rounds: int, sides: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
     names = list(sides)
@@ -168,23 +191,31 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
 
 def suite_sir(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
     n = args.agents or 1_000_000
-    got = _rounds(args.rounds, {"starsim": lambda: peer_run("starsim", "starsim_sir.py", n, 1),
+    got = _rounds(args.rounds, {**_peers(args, {"starsim": lambda: peer_run("starsim", "starsim_sir.py", n, 1)}),
                                 "agentsim": lambda: agentsim_run("sir", n, 100)})
-    s_run, a_run = _median(got["starsim"], "run_seconds"), _median(got["agentsim"], "run_seconds")
-    s_mem, a_mem = _median(got["starsim"], "peak_rss_bytes"), _median(got["agentsim"], "peak_rss_bytes")
+    a_run, a_mem = _median(got["agentsim"], "run_seconds"), _median(got["agentsim"], "peak_rss_bytes")
+    a_init = f"{_median(got['agentsim'], 'init_seconds'):.2f} s"
+    if "starsim" not in got:
+        return got, [["SIR, 1M, degree 10, 100 days: run", NOT_RUN, f"{a_run:.2f} s", "", ">= 10x"],
+                     ["SIR init (people + network)", "", a_init, "", ""],
+                     ["SIR peak RSS per agent", "", f"{a_mem / n:.0f} B", "", ""]]
+    s_run, s_mem = _median(got["starsim"], "run_seconds"), _median(got["starsim"], "peak_rss_bytes")
     rows = [["SIR, 1M, degree 10, 100 days: run", f"Starsim {got['starsim'][0]['version']}: {s_run:.2f} s",
              f"{a_run:.2f} s", f"{s_run / a_run:.1f}x", ">= 10x"],
-            ["SIR init (people + network)", f"{_median(got['starsim'], 'init_seconds'):.2f} s",
-             f"{_median(got['agentsim'], 'init_seconds'):.2f} s", "", ""],
+            ["SIR init (people + network)", f"{_median(got['starsim'], 'init_seconds'):.2f} s", a_init, "", ""],
             ["SIR peak RSS per agent", f"{s_mem / n:.0f} B", f"{a_mem / n:.0f} B", f"{s_mem / a_mem:.1f}x less", ""]]
     return got, rows
 
 
 def suite_boids(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
     n = args.agents or 10_000
-    got = _rounds(args.rounds, {"mesa": lambda: peer_run("mesa", "mesa_boids.py", n, 3, 1),
+    got = _rounds(args.rounds, {**_peers(args, {"mesa": lambda: peer_run("mesa", "mesa_boids.py", n, 3, 1)}),
                                 "agentsim": lambda: agentsim_run("boids", n, 20, {"separation": 2.0})})
-    m, a = _median(got["mesa"], "seconds_per_step"), _median(got["agentsim"], "seconds_per_step")
+    a = _median(got["agentsim"], "seconds_per_step")
+    if "mesa" not in got:
+        return got, [[f"boids, {n:,}, Mesa's rules and density: per step", NOT_RUN, f"{a * 1e3:.2f} ms", "",
+                      ">= 1000x"]]
+    m = _median(got["mesa"], "seconds_per_step")
     return got, [[f"boids, {n:,}, Mesa's rules and density: per step", f"Mesa {got['mesa'][0]['version']}: {m:.2f} s",
                   f"{a * 1e3:.2f} ms", f"{m / a:.0f}x", ">= 1000x"]]
 
@@ -192,7 +223,7 @@ def suite_boids(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str
 def suite_targets(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
     work = {"randomwalk_10M": lambda: agentsim_run("randomwalk", 10_000_000, 5),
             "schelling_1M": lambda: agentsim_run("schelling", 1_000_000, 10)}
-    if peer_python("agenttorch").exists():  # optional: "AgentTorch if it installs"
+    if peer_python("agenttorch").exists() and not args.agentsim_only:  # optional: "AgentTorch if it installs"
         work["agenttorch_walk_10M"] = lambda: peer_run("agenttorch", "agenttorch_walk.py", 10_000_000, 5, 1)
     got = _rounds(args.rounds, work)
     w, s = _median(got["randomwalk_10M"], "seconds_per_step"), _median(got["schelling_1M"], "seconds_per_step")
@@ -207,21 +238,41 @@ def suite_targets(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[s
                  ["Schelling, 1M, per step", "", f"{s * 1e3:.1f} ms", "", "<= 50 ms"]]
 
 
+SIZES_MODELS = ("sir", "boids", "schelling", "randomwalk", "wolfsheep", "circles")
+
+
 def suite_sizes(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
     got: dict[str, Any] = {}
     rows = []
-    for model in ("sir", "boids", "schelling", "randomwalk", "wolfsheep"):
+    for model in args.models or SIZES_MODELS:
         for n in (10_000, 100_000, 1_000_000, 10_000_000):
-            if model in ("boids", "wolfsheep") and n > 1_000_000:
-                continue  # minutes per step here
+            if model in ("boids", "wolfsheep", "circles") and n > 1_000_000 and DEVICE == "cpu":
+                continue  # minutes per step on this 2-core host
             steps = 20 if n <= 100_000 else 5 if n <= 1_000_000 else 3
             runs = [agentsim_run(model, n, steps) for _ in range(args.rounds)]
             got[f"{model}_{n}"] = runs
             sec = _median(runs, "seconds_per_step")
+            gpu = _median(runs, "peak_gpu_bytes")
             rows.append([f"{model}, {n:,}", f"{n / sec:.3g} ({sec * 1e3:.1f} ms/step)",
-                         f"{_median(runs, 'peak_rss_bytes') / 2**20:.0f} MiB"])
+                         f"{_median(runs, 'peak_rss_bytes') / 2**20:.0f} MiB"
+                         + (f" (GPU: {gpu / 2**20:.0f} MiB)" if gpu else "")])
             print(rows[-1], flush=True)
     return got, rows
+
+
+FLAME_GPU_2_SECONDS = 2.1e-3
+FLAME_GPU_2_CIRCLES = ("FLAME GPU 2 (published, not run here): about 2.1 ms on an H100 PCIe "
+                       "(1M points, density 1, radius 2)")
+
+
+def suite_circles(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[str]]]:
+    """FLAME GPU 2's 3D circles benchmark (1M points, density 1, radius 2): agentsim's seconds per step."""
+    n = args.agents or 1_000_000
+    got = _rounds(args.rounds, {"agentsim": lambda: agentsim_run("circles", n, 10)})
+    a = _median(got["agentsim"], "seconds_per_step")
+    on = got["agentsim"][0]["device_name"]
+    return got, [[f"circles 3D, {n:,} points, per step ({on})", FLAME_GPU_2_CIRCLES, f"{a * 1e3:.2f} ms",
+                  f"{a / FLAME_GPU_2_SECONDS:.1f}x its time", ""]]
 
 
 BARE_PROCESS = "import resource, torch, agentsim; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
@@ -241,14 +292,16 @@ def suite_memory(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[st
         print(got["sir"][-1], flush=True)
     base = statistics.median(got["bare"])
     peak, init = _median(got["sir"], "peak_rss_bytes"), _median(got["sir"], "init_seconds")
+    gpu = _median(got["sir"], "peak_gpu_bytes")
+    on_gpu = f"; on the GPU, {gpu / n:.0f} B/agent at the allocator's peak" if gpu else ""
     return got, [[f"SIR memory, {n:,} agents (network of mean degree 10 included), peak", "",
                   f"{peak / n:.0f} B/agent whole process; {(peak - base) / n:.0f} B/agent above a bare "
-                  f"torch + agentsim process ({base / 2**20:.0f} MiB)", "", "<= 80 B/agent"],
+                  f"torch + agentsim process ({base / 2**20:.0f} MiB){on_gpu}", "", "<= 80 B/agent"],
                  [f"SIR initialization, {n:,} agents (network build)", "", f"{init:.1f} s", "", "<= 30 s"]]
 
 
 SUITES = {"sir": suite_sir, "boids": suite_boids, "targets": suite_targets, "sizes": suite_sizes,
-          "memory": suite_memory}
+          "memory": suite_memory, "circles": suite_circles}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--agents", type=int, default=None, help="population (default: the suite's)")
     ap.add_argument("--python312", default=None, help="a Python >= 3.12 for Mesa's venv")
+    ap.add_argument("--device", default="cpu", help="agentsim's device: cpu (default) or cuda[:N]")
+    ap.add_argument("--agentsim-only", action="store_true", help="run agentsim's side alone (no peers)")
+    ap.add_argument("--models", nargs="+", choices=SIZES_MODELS, help="the sizes suite's models (default: all)")
+    ap.add_argument("--tag", default="", help="appended to the results' file names (e.g. -cuda)")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     if args.suite == "install":
         for peer, version in install(args.python312).items():
             print(f"{peer}: {version}")
@@ -268,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     got, rows = SUITES[args.suite](args)
     import torch
 
-    meta = {"suite": args.suite, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
+    meta = {"suite": args.suite, "rounds": args.rounds, "device": args.device, "date": time.strftime("%Y-%m-%d"),
             "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
             "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -279,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     table = [*header, *("| " + " | ".join(r) + " |" for r in rows)]
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    (results / f"peers-{args.suite}.json").write_text(json.dumps({**meta, "runs": got, "table": rows}, indent=1) + "\n")
-    (results / f"peers-{args.suite}.md").write_text("\n".join(table) + "\n")
+    stem = f"peers-{args.suite}{args.tag}"
+    (results / f"{stem}.json").write_text(json.dumps({**meta, "runs": got, "table": rows}, indent=1) + "\n")
+    (results / f"{stem}.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
     return 0
 

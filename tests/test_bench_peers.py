@@ -35,6 +35,18 @@ def test_bad_rounds_is_refused():
     assert done.returncode == 2 and "--rounds >= 1" in done.stderr
 
 
+@pytest.mark.timeout(120)
+def test_agentsim_only_runs_no_peer_and_writes_its_table(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_peers, "VENVS", tmp_path)  # no peer installed: none may be asked for
+    monkeypatch.setattr(bench_peers, "ROOT", tmp_path)  # results under tmp_path/benchmarks/results
+    assert bench_peers.main(["boids", "--agentsim-only", "--agents", "300", "--rounds", "1", "--tag=-t"]) == 0
+    table = (tmp_path / "benchmarks" / "results" / "peers-boids-t.md").read_text()
+    assert "not run (--agentsim-only)" in table and ">= 1000x" in table
+    assert bench_peers.main(["circles", "--agents", "400", "--rounds", "1", "--tag=-t"]) == 0
+    table = (tmp_path / "benchmarks" / "results" / "peers-circles-t.md").read_text()
+    assert "FLAME GPU 2 (published, not run here)" in table and "x its time" in table
+
+
 def test_bandwidth_is_measured_in_bytes_per_second():
     bw = bench_roofline.bandwidth(1, repeats=1, n=1 << 22)
     assert 1e8 < bw["copy"] < 1e12 and 1e8 < bw["triad"] < 1e12

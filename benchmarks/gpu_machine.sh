@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The issue-16 measurements on a machine with a CUDA GPU and many cores, from the repository root:
+#
+#   bash benchmarks/gpu_machine.sh cuda      # CUDA tests; boids, targets, SIR and circles suites on the GPU
+#   bash benchmarks/gpu_machine.sh profile   # torch's profiler over boids 10k and circles 1M steps on the GPU
+#   bash benchmarks/gpu_machine.sh sizes     # agent-updates/s at 10k..10M and SIR 100M memory, on the GPU
+#   bash benchmarks/gpu_machine.sh scaling 1000000    # CPU strong scaling, boids and SIR (or $MODELS), W = 2, 4, 8
+#   bash benchmarks/gpu_machine.sh scaling 10000000   # the same at 10M agents
+#
+# Results go to benchmarks/results/ (peers-*-cuda.json/md, scaling-*.json) and, where $OUT is set
+# (the device tool's output folder), into one tar file there too. The peers run on the CPU only and are not installed on such a machine:
+# the suites run agentsim's side alone (--agentsim-only); their figures are set beside the peers'
+# measured on the 2-core host in benchmarks/README.md.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+RESULTS=benchmarks/results
+mkdir -p "$RESULTS"
+save() { if [ -n "${OUT:-}" ]; then tar -cf "$OUT/$1.tar" "${@:2}"; fi; }
+
+facts() {
+    $PY -c "import agentsim.models" 2>/dev/null || $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    $PY -c "import os, torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cores', os.cpu_count())"
+}
+
+case "${1:-}" in
+cuda)
+    facts
+    $PY -m pytest -q -p no:cacheprovider -o addopts="" -m cuda tests/ 2>&1 | tail -15
+    for suite in boids targets sir circles; do
+        $PY benchmarks/bench_peers.py "$suite" --device cuda --agentsim-only --rounds 3 --tag=-cuda | tail -4
+    done
+    save cuda "$RESULTS"/peers-*-cuda.*
+    ;;
+profile)
+    facts
+    $PY benchmarks/profile_step.py boids --agents 10000 --steps 20 --device cuda --rows 12 2>&1 | grep -v USDT
+    $PY benchmarks/profile_step.py circles --agents 1000000 --steps 3 --device cuda --rows 12 2>&1 | grep -v USDT
+    $PY benchmarks/bench_peers.py circles --device cuda --agentsim-only --rounds 3 --tag=-cuda | tail -3
+    save profile "$RESULTS"/peers-circles-cuda.*
+    ;;
+sizes)
+    facts
+    $PY benchmarks/bench_peers.py sizes --device cuda --agentsim-only --rounds 1 --tag=-cuda | tail -24
+    $PY benchmarks/bench_peers.py memory --device cuda --agentsim-only --rounds 1 --tag=-cuda | tail -4
+    save sizes "$RESULTS"/peers-sizes-cuda.* "$RESULTS"/peers-memory-cuda.*
+    ;;
+scaling)
+    facts
+    # One torch thread per rank; W=1 and the ceilings (W independent processes, free and in
+    # lockstep) are measured in the same rounds (agentsim.distributed.bench).
+    agents=${2:-1000000}
+    steps=$([ "$agents" -gt 1000000 ] && echo 2 || echo 5)
+    for model in ${MODELS:-boids sir}; do
+        for w in 2 4 8; do
+            $PY benchmarks/bench_scaling.py $model --agents "$agents" --steps "$steps" --warmup 1 --nprocs "$w" \
+                --repeats 1 --out "$RESULTS/scaling-$model-$agents-w$w.json" | head -6
+            # appended one by one: a run cut off at its time limit keeps what was measured
+            if [ -n "${OUT:-}" ]; then tar -rf "$OUT/scaling.tar" "$RESULTS/scaling-$model-$agents-w$w.json"; fi
+        done
+    done
+    ;;
+*)
+    echo "usage: bash benchmarks/gpu_machine.sh cuda | profile | sizes | scaling [AGENTS]" >&2
+    exit 2
+    ;;
+esac
