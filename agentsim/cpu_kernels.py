@@ -329,25 +329,18 @@ void agentsim_csr_compact(int64_t *rows, int64_t n, int32_t *indices, const int3
    |v| < L / 4, q is +-0, and v - q is v + 0: the division skipped); d2 = the squares added in
    dim order; kept where d2 <= (F) r2 (a NaN is never kept) and, without
    include_self, source != target. Returns how many were written. */
-#define EXPAND(NAME, F, I, ROUND)                                                                     \
-int64_t NAME(int64_t d, const F *c0, const F *c1, const F *c2, const F *s0, const F *s1, const F *s2,  \
-             const I *order, double l0, double l1, double l2, int64_t periodic, double r2d,            \
-             int64_t include_self, const I *start, const I *cnt, int64_t n_seg, int64_t n_targets,     \
-             int64_t t0, int64_t a, int64_t b, int64_t at, I *out_i, I *out_j, F *delta, int64_t cap,  \
-             F *dist2) {                                                                               \
-    const F *col[3] = {c0, c1, c2}, *scol[3] = {s0, s1, s2};                                          \
-    const F len[3] = {(F)l0, (F)l1, (F)l2}, r2 = (F)r2d;                                              \
-    const F near[3] = {(F)(l0 / 4), (F)(l1 / 4), (F)(l2 / 4)};                                         \
-    int64_t w = at;                                                                                   \
+/* The loop over a piece's targets, with D (the number of dims) a constant where the caller
+   names one: the loops over dims unroll (2D and 3D searches), the same operations in the same order. */
+#define EXPAND_LOOP(F, I, ROUND, D)                                                                   \
     for (int64_t t = a; t < b; t++) {                                                                 \
         const int64_t row = t0 + t;                                                                   \
         F x[3] = {0, 0, 0};                                                                           \
-        for (int64_t k = 0; k < d; k++) x[k] = col[k][row];                                           \
+        for (int64_t k = 0; k < (D); k++) x[k] = col[k][row];                                         \
         for (int64_t r = 0; r < n_seg; r++) {                                                         \
             const int64_t lo = (int64_t)start[r * n_targets + t], hi = lo + (int64_t)cnt[r * n_targets + t]; \
             for (int64_t s = lo; s < hi; s++) {                                                       \
                 F v[3] = {0, 0, 0}, d2 = 0;                                                           \
-                for (int64_t k = 0; k < d; k++) {                                                     \
+                for (int64_t k = 0; k < (D); k++) {                                                   \
                     F u = scol[k][s] - x[k];                                                          \
                     if (periodic) {                                                                   \
                         if (u < near[k] && u > -near[k]) u = u + (F)0; /* -0 + 0 = +0, as -0 - -0 */   \
@@ -361,11 +354,25 @@ int64_t NAME(int64_t d, const F *c0, const F *c1, const F *c2, const F *s0, cons
                    (a division's latency) and is hard to predict; w never passes this candidate's     \
                    own slot, inside this piece's candidates */                                        \
                 out_i[w] = (I)row; out_j[w] = (I)src; dist2[w] = d2;                                  \
-                for (int64_t k = 0; k < d; k++) delta[k * cap + w] = v[k];                            \
+                for (int64_t k = 0; k < (D); k++) delta[k * cap + w] = v[k];                          \
                 w += (d2 <= r2) & (include_self | (src != row));                                      \
             }                                                                                         \
         }                                                                                             \
-    }                                                                                                 \
+    }
+
+#define EXPAND(NAME, F, I, ROUND)                                                                     \
+int64_t NAME(int64_t d, const F *c0, const F *c1, const F *c2, const F *s0, const F *s1, const F *s2,  \
+             const I *order, double l0, double l1, double l2, int64_t periodic, double r2d,            \
+             int64_t include_self, const I *start, const I *cnt, int64_t n_seg, int64_t n_targets,     \
+             int64_t t0, int64_t a, int64_t b, int64_t at, I *out_i, I *out_j, F *delta, int64_t cap,  \
+             F *dist2) {                                                                               \
+    const F *col[3] = {c0, c1, c2}, *scol[3] = {s0, s1, s2};                                          \
+    const F len[3] = {(F)l0, (F)l1, (F)l2}, r2 = (F)r2d;                                              \
+    const F near[3] = {(F)(l0 / 4), (F)(l1 / 4), (F)(l2 / 4)};                                         \
+    int64_t w = at;                                                                                   \
+    if (d == 2) { EXPAND_LOOP(F, I, ROUND, 2) }                                                       \
+    else if (d == 3) { EXPAND_LOOP(F, I, ROUND, 3) }                                                  \
+    else { EXPAND_LOOP(F, I, ROUND, d) }                                                              \
     return w - at;                                                                                    \
 }
 EXPAND(agentsim_expand32_i32, float, int32_t, nearbyintf)

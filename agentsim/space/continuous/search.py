@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator
@@ -196,15 +197,7 @@ def _iter_pair_chunks(
     cols = [pos[:, k].contiguous() for k in range(box.ndim)]
     scols = [c.index_select(0, order) for c in cols]  # sorted sources
 
-    lead = _leading_tables(grid, device, it)
-    # Padded cell run [lo, hi) of a target's neighbors within a row, by its last coordinate.
-    cy_all = torch.arange(n_last, dtype=it, device=device)
-    if box.periodic:
-        lo_of = cy_all + (1 + offsets_last[0])
-        hi_of = cy_all + (2 + offsets_last[-1])
-    else:
-        lo_of = (cy_all + offsets_last[0]).clamp_(min=0) + 1
-        hi_of = (cy_all + offsets_last[-1]).clamp_(max=n_last - 1) + 2
+    lead, lo_of, hi_of = _grid_tables(grid.shape, tuple(grid.dim_offsets()), box.periodic, device, it)
     n_seg = math.prod(len(per_offset) for per_offset in lead)  # segments per target
     block = max(1, (_MAX_SEGMENTS if device.type == "cpu" else _MAX_SEGMENTS_ACCELERATOR) // n_seg)
     r2 = radius * radius
@@ -340,24 +333,40 @@ def _source_order(cid: Tensor, uid: Tensor | None, n_cells: int) -> Tensor:
     return by_uid.index_select(0, _stable_argsort(cid.index_select(0, by_uid)))
 
 
-def _leading_tables(grid: CellGrid, device: torch.device,
-                    dtype: torch.dtype) -> list[list[tuple[Tensor, Tensor | None]]]:
-    """Per leading dim ``k`` and per offset ``o`` of it (in offset order): ``[shape_k]``
-    ``dtype``, the neighbor coordinate ``c + o`` of each coordinate ``c`` (wrapped when
-    periodic), and, for a bounded box, ``[shape_k]`` bool, whether ``c + o`` is in the box
-    (None when periodic).
+@functools.lru_cache(maxsize=32)
+def _grid_tables(shape: tuple[int, ...], dim_offsets: tuple[tuple[int, ...], ...], periodic: bool,
+                 device: torch.device, dtype: torch.dtype,
+                 ) -> tuple[list[list[tuple[Tensor, Tensor | None]]], Tensor, Tensor]:
+    """The tables of a cell grid that every search on it uses, made once per grid.
+
+    They depend on its shape alone, and a model searches the same grid every step (read only,
+    never written):
+
+    - per leading dim ``k`` and per offset ``o`` of it (in offset order): ``[shape_k]`` ``dtype``,
+      the neighbor coordinate ``c + o`` of each coordinate ``c`` (wrapped when periodic), and, for
+      a bounded box, ``[shape_k]`` bool, whether ``c + o`` is in the box (None when periodic);
+    - ``lo_of``, ``hi_of`` ``[shape_last]``: the padded cell run ``[lo, hi)`` of a target's
+      neighbors within a row, by its last coordinate.
     """
     tables = []
-    for n_k, offsets in zip(grid.shape[:-1], grid.dim_offsets()[:-1], strict=True):
+    for n_k, offsets in zip(shape[:-1], dim_offsets[:-1], strict=True):
         c = torch.arange(n_k, dtype=dtype, device=device)
         per_offset: list[tuple[Tensor, Tensor | None]] = []
         for o in offsets:
-            if grid.box.periodic:
+            if periodic:
                 per_offset.append((torch.remainder(c + o, n_k), None))
             else:
                 per_offset.append(((c + o).clamp(min=0, max=n_k - 1), (c + o >= 0) & (c + o < n_k)))
         tables.append(per_offset)
-    return tables
+    n_last, offsets_last = shape[-1], dim_offsets[-1]
+    cy_all = torch.arange(n_last, dtype=dtype, device=device)
+    if periodic:
+        lo_of = cy_all + (1 + offsets_last[0])
+        hi_of = cy_all + (2 + offsets_last[-1])
+    else:
+        lo_of = (cy_all + offsets_last[0]).clamp_(min=0) + 1
+        hi_of = (cy_all + offsets_last[-1]).clamp_(max=n_last - 1) + 2
+    return tables, lo_of, hi_of
 
 
 def _expand(
