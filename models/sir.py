@@ -147,9 +147,7 @@ def init(ic: InitContext) -> Graph:
     ic.add("person", uid=uid, status=status, infected_day=infected_day)
     del seeded
     # The network last: the seeds' keys and their selection are freed before it is built.
-    graph = build_network(ic.params, n, ic.seed)
-    return Graph(graph.indptr.to(ic.device), graph.indices.to(ic.device), graph.n_nodes,
-                 None if graph.layer is None else graph.layer.to(ic.device), graph.layer_names)
+    return build_network(ic.params, n, ic.seed).to(ic.device)
 
 
 @model.metric(name="S")

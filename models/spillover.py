@@ -137,8 +137,7 @@ def init(ic: InitContext) -> Graph:
     linked = person.repeat_interleave(p["contacts"])
     picks = ic.rng.integers(linked, "contacts", n_host).cpu()
     graph = Graph.from_edges(torch.cat([src.to(torch.int64), linked.cpu()]),
-                             torch.cat([dst.to(torch.int64), picks]), n_nodes=n_host + n_person)
-    graph = Graph(graph.indptr.to(ic.device), graph.indices.to(ic.device), graph.n_nodes)
+                             torch.cat([dst.to(torch.int64), picks]), n_nodes=n_host + n_person).to(ic.device)
     host_uid = ic.uids("host", n_host)
     n_seed = min(n_host, max(1, round(p["initial_prevalence"] * n_host))) if p["initial_prevalence"] > 0 else 0
     seeded = torch.zeros(n_host, dtype=torch.bool, device=ic.device)
