@@ -33,7 +33,9 @@ KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "rec
         # multi-rank options (checked where they are used, as the command-line flags are)
         "nprocs", "partition", "layout", "balance_every", "balance_threshold", "sync_every", "timeout",
         # checkpoints (as --checkpoint-every, --checkpoint-dir, --keep, --checkpoint-async, --max-restarts)
-        "checkpoint_every", "checkpoint_dir", "keep", "checkpoint_async", "max_restarts")
+        "checkpoint_every", "checkpoint_dir", "keep", "checkpoint_async", "max_restarts",
+        # the check mode (as --check)
+        "check")
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:

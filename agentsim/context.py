@@ -40,7 +40,7 @@ from torch import Tensor
 from .errors import ConfigError, FieldAccessError, did_you_mean
 from .params import Params
 from .random import StepRNG
-from .state import UID, FieldSpec, Population, State
+from .state import UID, FieldSpec, Population, State, converted
 from .substep import ENV, Substep
 
 __all__ = ["Birth", "Context", "Death", "Effects", "EnvView", "Flag", "InitContext", "MetricsContext",
@@ -144,9 +144,11 @@ class EnvView:
                 f"(declared writes: {sorted(self._writable) or 'none'})"
             )
         old = self._env[key]
+        if not isinstance(value, Tensor):
+            raise FieldAccessError(f"env.{key}: expected a tensor (got {type(value).__name__})")
         if tuple(value.shape) != tuple(old.shape):
             raise FieldAccessError(f"env.{key}: expected shape {list(old.shape)} (got {list(value.shape)})")
-        self._env[key] = value.to(old.dtype)
+        self._env[key] = converted(f"env.{key}", value, old.dtype)
 
 
 class NeighborView:
@@ -377,6 +379,13 @@ class InitContext:
         for key, value in fields.items():
             if not isinstance(value, Tensor):
                 raise ConfigError(f"add({population!r}): field '{key}' must be a tensor (got {type(value).__name__})")
+        if uid.numel() > 1:
+            ordered = torch.sort(uid.to(torch.int64)).values
+            repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+            if repeated.numel():
+                raise ConfigError(f"add({population!r}): uid {int(repeated[0])} appears more than once (uids identify "
+                                  f"agents for the whole run and must be distinct; take them from "
+                                  f"ic.uids({population!r}, n))")
         specs = {UID: FieldSpec(torch.int64), **{k: FieldSpec(v.dtype, tuple(v.shape[1:])) for k, v in fields.items()}}
         reserved = self._next_uid.get(population, 0)
         top = int(uid.max()) + 1 if uid.numel() else 0

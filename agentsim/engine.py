@@ -38,6 +38,7 @@ from torch import Tensor
 from . import native, ops
 from .comm import Comm, CommStats, LocalComm
 from .context import Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
+from .contract import ContractChecks, checked_env, plain
 from .errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from .io.recording import Recorder, check_every, recording
 from .locality import LocalityOrder
@@ -49,6 +50,7 @@ from .progress import progress_bar
 from .random import CounterRNG
 from .snapshot import NeighborSnapshots
 from .space.base import check_reaches
+from .space.grid import Grid
 from .state import UID, State
 from .substep import ENV, Substep
 
@@ -75,6 +77,19 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"unsupported device {device!r} (valid: cpu, cuda, cuda:N)")
     return dev
+
+
+def check_positions(state: State, space: Any) -> None:
+    """Refuse initial agents placed outside the space (a grid's cells are 0 to n_cells - 1)."""
+    if not isinstance(space, Grid):
+        return
+    for name, pop in state.populations.items():
+        if Grid.position_field in pop and pop.n:
+            cells = pop[Grid.position_field]
+            bad = cells[(cells < 0) | (cells >= space.n_cells)]
+            if bad.numel():
+                raise ConfigError(f"init: population '{name}' has agents on cell {int(bad[0])}, outside the "
+                                  f"{space.height} x {space.width} grid (valid cells: 0 to {space.n_cells - 1})")
 
 
 def check_agents(agents: Any) -> int:
@@ -105,7 +120,8 @@ class RunResult:
     """What :meth:`Simulation.run` (and :func:`agentsim.run`, :func:`agentsim.launch`) return.
 
     Attributes:
-        metrics: Name to numpy array ``[steps + 1]`` (index = step), including ``"step"``.
+        metrics: Name to numpy array ``[steps + 1]`` (index = step), including ``"step"``; ``[steps + 1, K]``
+            for a vector or histogram metric.
         state: This rank's final state (None from :func:`agentsim.launch`: it stays on the ranks).
         timings: Substep name to mean seconds per step of this run (this rank's; rank 0's from
             :func:`agentsim.launch`).
@@ -186,6 +202,11 @@ class Simulation:
         check_nan: Flag NaN in written floating-point fields at every step (the error names the
             step, the substep and the field).
         check_inf: Flag inf in them too (turn off for a model whose fields hold inf on purpose).
+        check: The check mode (:mod:`agentsim.contract`): every substep call is checked against the
+            contract that makes results the same on any number of processes (row order, reach,
+            sums over this process's agents, env combines, env indices, uids); a violation raises a
+            :class:`~agentsim.errors.ContractError` naming the step, substep, field and agents.
+            Several times slower: for writing a model (``agentsim check``), not for production.
         shuffle_rows: Debug aid: permute every population's rows before each step. Results
             must not change (they never depend on row order); the tests use this.
         sort_every: Sort the rows of populations read through ``neighbors`` by cell every
@@ -235,7 +256,7 @@ class Simulation:
                  check_inf: bool = True, shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY,
                  sync_every: int = 1,
                  policies: Mapping[str, Any] | None = None, grad: bool | Iterable[str] = False,
-                 resume: str | os.PathLike[str] | None = None, **partition_options: Any) -> None:
+                 resume: str | os.PathLike[str] | None = None, check: bool = False, **partition_options: Any) -> None:
         if not isinstance(model, Model):
             raise ConfigError(f"model: expected an agentsim.Model (got {type(model).__name__}); "
                               "agentsim.get_model(name) loads one by name")
@@ -245,11 +266,18 @@ class Simulation:
         self.device = resolve_device(device)
         self.comm: Comm = comm if comm is not None else LocalComm()
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
+        if not isinstance(check, bool):
+            raise ConfigError(f"check: expected True or False (got {check!r})")
+        if check and hasattr(self.partition, "allow_overlap"):
+            self.partition.allow_overlap = False  # every substep call is checked, none runs around an exchange
         self.sync_every = check_sync_every_for(self.partition, sync_every)
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan, self.check_inf = check_nan, check_inf
         self.shuffle_rows = shuffle_rows
         self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad)
+        if check and self.grad_params:
+            raise ConfigError("check=True runs every substep several times and compares the results: not in a "
+                              "differentiable run (grad=); check the model without grad first")
         self.params: Params = Params({**self.model.params, **self.grad_params}, self.model.name) \
             if self.grad_params else self.model.params
         self.rng = CounterRNG(self.seed)
@@ -259,6 +287,7 @@ class Simulation:
             state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
         state = state.to(self.device)
         self.model.validate_state(state)
+        check_positions(state, space)
         self.resumed_from: str | None = None
         if resume is not None:  # the saved agents replace init's, before the partitioner places them
             from .checkpoint import read_checkpoint
@@ -271,6 +300,10 @@ class Simulation:
         check_reaches(self.model.substeps, self.params, space)
         self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm)
         self.locality = LocalityOrder(space, self.model.substeps, self.params, sort_every)
+        # Called after every substep with (simulation, substep) on every rank (agentsim.invariance).
+        self.trace: Callable[[Simulation, Substep], None] | None = None
+        self.checks = ContractChecks(self._call, space, self.params, self.comm, self.partition.name,
+                                     set(self.model.policies)) if check else None
         self.perf_steps: list[dict[str, float]] = []
         self.comm_steps: list[CommStats] = []
         self.step_seconds: list[float] = []
@@ -404,6 +437,8 @@ class Simulation:
         for s in self.model.substeps:
             t0 = time.perf_counter()
             flags += self._run_substep(s)
+            if self.trace is not None:
+                self.trace(self, s)
             if sync:
                 torch.cuda.synchronize(self.device)
             seconds[s.name] = time.perf_counter() - t0
@@ -434,15 +469,31 @@ class Simulation:
         state, part = self.state, self.partition
         split = part.split_run(s)
         if split is not None:  # the step's exchange is in flight: the partitioner runs s around it
-            return split(state, partial(self._call, s, per_agent_flags=True), self.comm) + self._nan_flags(s)
+            return (split(state, partial(self._call, s, per_agent_flags=True), self.comm) + self._nan_flags(s)
+                    + self._position_flags(s))
         fresh = self.snapshots is None or not s.neighbors or self.snapshots.due(s, state.step + 1)
         halos = part.halos(state, s, self.comm) if fresh and s.neighbors else {}
         if self.snapshots is not None and s.neighbors and fresh:
             self._store_snapshot(s, halos)
+        before = self._env_before(s)
+        checking = self.checks is not None and fresh
+        start = state.clone() if checking else None
         effects = self._call(s, state, halos, fresh=fresh)
-        flags = self._apply(s, effects)
+        if self.checks is not None and start is not None:
+            self.checks.check(s, start, halos, state, effects, state.step + 1)
+        flags = part.merge_env(state, s, before, self.comm) + self._apply(s, effects)
+        if self.checks is not None and s.births:
+            self.checks.check_uids(state, state.step + 1, s)
         part.migrate(state, s, self.comm)
         return flags
+
+    def _env_before(self, s: Substep) -> dict[str, Tensor]:
+        """On several ranks, a copy of the env layers ``s`` writes when it runs on agents (each rank
+        then changed its own part, merged by :meth:`Partitioner.merge_env`); else nothing.
+        """
+        if self.comm.world_size == 1 or not s.touches_agents():
+            return {}
+        return {key: self.state.env[key].clone() for key in sorted(s.writable(ENV))}  # the same order on every rank
 
     def _call(self, s: Substep, state: State, halos: Halos, *, per_agent_flags: bool = False,
               fresh: bool = True) -> Effects:
@@ -463,13 +514,19 @@ class Simulation:
         ctx = Context(s, state, step=step, params=self.params, rng=self.rng.at(step, s.name), space=self.space,
                       device=self.device, neighbors=neighbors if s.neighbors else None,
                       per_agent_flags=per_agent_flags, policies=self.actors)
+        if self.checks is not None:  # env layers that refuse negative indices, for this call
+            state.env.update(checked_env(state.env, s))
         versions = _read_only_versions(s, state)
-        s(ctx)
-        for (pop, key), (tensor_id, version) in versions.items():
-            t = state.env[key] if pop == ENV else state.populations[pop][key]
-            if id(t) == tensor_id and ops.tensor_version(t) != version:
-                raise FieldAccessError(
-                    f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes=")
+        try:
+            s(ctx)
+            for (pop, key), (tensor_id, version) in versions.items():
+                t = state.env[key] if pop == ENV else state.populations[pop][key]
+                if id(t) == tensor_id and ops.tensor_version(t) != version:
+                    raise FieldAccessError(
+                        f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes=")
+        finally:
+            if self.checks is not None:
+                _plain_state(state, ctx.effects)
         return ctx.effects
 
     def _apply(self, s: Substep, effects: Effects) -> list[Flag]:
@@ -485,7 +542,26 @@ class Simulation:
                 m = birth.parent_uid.shape[0]
                 born = {k: population[k][population.n - m:] for k in stored}
                 self.snapshots.add_births(birth.population, self.comm.all_gather_rows(born))
-        return effects.flags + self._nan_flags(s)
+        return effects.flags + self._nan_flags(s) + self._position_flags(s)
+
+    def _position_flags(self, s: Substep) -> list[Flag]:
+        """On a grid: a flag per cell field ``s`` writes, set if it holds a cell outside the grid."""
+        if not isinstance(self.space, Grid):
+            return []
+        flags = []
+        for ref in s.writes:
+            pop, key = ref.split(".")
+            if pop != ENV and key == Grid.position_field:
+                cells = self.state.populations[pop][key]
+                if cells.numel():
+                    low, high = torch.aminmax(cells)  # one pass
+                    bad = (low < 0) | (high >= self.space.n_cells)
+                else:
+                    bad = torch.tensor(False)
+                flags.append(Flag(f"{s.name}: {ref} holds a cell outside the {self.space.height} x "
+                                  f"{self.space.width} grid (valid: 0 to {self.space.n_cells - 1}; on a bounded "
+                                  "grid neighbor_cells gives -1 for cells beyond the border)", bad))
+        return flags
 
     def _nan_flags(self, s: Substep) -> list[Flag]:
         """With ``check_nan`` (``check_inf``): a flag per floating-point field ``s`` writes, set if
@@ -663,6 +739,19 @@ class Simulation:
         comm = self.comm_steps[first_comm:]
         return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
                          self.perf_steps[first_perf:], [c.seconds for c in comm], [c.bytes_sent for c in comm])
+
+
+def _plain_state(state: State, effects: Effects) -> None:
+    """Plain tensors again where a check-mode call left checked env layers (or values made from them)."""
+    for key, value in state.env.items():
+        state.env[key] = plain(value)
+    for pop in state.populations.values():
+        for key in pop.keys():
+            value = pop[key]
+            if key != UID and type(value) is not Tensor:
+                pop[key] = plain(value)
+    effects.births[:] = [b._replace(fields={k: plain(v) for k, v in b.fields.items()}) for b in effects.births]
+    effects.flags[:] = [f._replace(condition=plain(f.condition)) for f in effects.flags]
 
 
 def _read_only_versions(s: Substep, state: State) -> dict[tuple[str, str], tuple[int, int]]:

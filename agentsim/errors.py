@@ -28,6 +28,12 @@ class SimulationError(AgentsimError, RuntimeError):
     """An error flag was raised inside vectorized code (NaN, overflow, ...)."""
 
 
+class ContractError(SimulationError):
+    """A model broke the contract that makes results the same on any number of processes, found by
+    the check mode (:mod:`agentsim.contract`): the message names the step, substep, field and agents.
+    """
+
+
 class CollectiveError(AgentsimError, RuntimeError):
     """A collective failed (timed out, or a peer went away); the message names the ranks that
     never arrived (stuck outside collectives, or dead).

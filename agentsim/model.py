@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from .context import InitContext, MetricsContext
+from .env import check_combine_dtype
 from .errors import ConfigError, did_you_mean
 from .metrics import Derived, LegacyMetrics, Metric, MetricSums, check_metric_name, local_sums, metric_row
 from .params import Param, Params, ParamTable
@@ -179,7 +180,7 @@ class Model:
         return fn
 
     def add_metric(self, metric: Metric) -> Metric:
-        """Append a metric."""
+        """Append a metric (scalar, vector or histogram: :class:`~agentsim.metrics.Metric`)."""
         if not isinstance(metric, Metric):
             raise ConfigError(f"model '{self.name}': metrics must be agentsim.Metric objects (got {metric!r})")
         if metric.name in self.metric_names():
@@ -188,16 +189,22 @@ class Model:
         self.definition = object()
         return metric
 
-    def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum") -> Any:
+    def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum",
+               hist: Iterable[float] | None = None) -> Any:
         """Decorator: ``fn(state) -> per-agent values`` is a metric, summed exactly over agents and
-        ranks (``reduce="sum"``) or averaged (``reduce="mean"``); see :mod:`agentsim.metrics`.
+        ranks (``reduce="sum"``) or averaged (``reduce="mean"``); ``[n, K]`` values make a vector
+        metric of K entries (each column summed); with ``hist=edges`` the metric counts the
+        ``[n]`` values per bin (see :mod:`agentsim.metrics`).
+
+        Raises:
+            ConfigError: A bad name, reduction or edges (when the function is declared).
         """
         if callable(name):  # bare @model.metric
             self.add_metric(Metric(name))
             return name
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add_metric(Metric(fn, name=name, reduce=reduce))
+            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist))
             return fn
 
         return register
@@ -285,6 +292,15 @@ class Model:
     def rewards(self) -> dict[str, Callable[[MetricsContext], Any]]:
         """Population to its reward function."""
         return dict(self._rewards)
+
+    def functions(self) -> list[Callable[..., Any]]:
+        """The model's own functions: init, substeps, metrics, derived metrics, rewards and policy
+        observations (where a model is defined: :func:`~agentsim.distributed.launch.model_ref`).
+        """
+        return [fn for fn in [self.init_fn, *(s.fn for s in self.substeps),
+                              *(getattr(m, "fn", None) for m in self._metrics), *(d.fn for d in self._derived),
+                              *self._rewards.values(), *(p.observe for p in self._policies.values())]
+                if fn is not None]
 
     def metric_names(self) -> list[str]:
         """The names of the declared metrics and derived metrics (not ``n_<population>``)."""
@@ -379,6 +395,10 @@ class Model:
 
     def validate_state(self, state: State) -> None:
         """Check that every declared field reference exists in ``state`` (run start)."""
+        for name in self.metric_names():
+            if name.startswith("n_") and name[2:] in state.populations:
+                raise ConfigError(f"model '{self.name}': metric '{name}' has the name of the built-in count of "
+                                  f"population '{name[2:]}' (every run reports n_<population>); rename it")
         for s in self.substeps:
             refs = [*s.reads, *s.writes] + [f"{p}.{f}" for p, fs in s.neighbors.items() for f in fs]
             for ref in refs:
@@ -394,6 +414,8 @@ class Model:
                                       f"{sorted(p.specs)}." + did_you_mean(field, p.specs))
             for pop in (*s.births, *s.deaths):
                 state[pop]
+            for layer in s.writable(ENV):
+                check_combine_dtype(s.name, layer, s.env_combine(layer), state.env[layer].dtype)
         for spec in self._policies.values():
             declared = state[spec.population].specs.get(spec.action)
             want = (torch.int64, ()) if spec.discrete else (torch.float32, (spec.action_dim,))

@@ -8,6 +8,7 @@ The data flow of a run::
     every step, for each substep s (Simulation.step):
         halos = Partitioner.halos(state, s)             rows of other ranks' agents s may read
         effects = s(Context(state, neighbors=halos...)) writes, births, deaths, flags
+        Partitioner.merge_env(state, s, before)         every rank's env changes, combined (agentsim.env)
         engine applies births / deaths (uids from comm.birth_offset)
         Partitioner.migrate(state, s)                   agents whose owner changed move
     Partitioner.end_step(report)                        flags, metric sums, figures to every rank
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from .comm import Comm, row_counts
 from .context import Effects, Flag, Halos
+from .env import changed_cells, merge_layer, raised_cells
 from .errors import ConfigError, did_you_mean
 from .metrics import MetricSums
 from .params import Params
@@ -148,6 +150,13 @@ class Partitioner(Protocol):
         """After ``substep``: move the agents whose owner changed (with all their fields)."""
         ...
 
+    def merge_env(self, state: State, substep: Substep, before: Mapping[str, Tensor], comm: Comm) -> list[Flag]:
+        """After ``substep``, which wrote the env layers of ``before`` (their values before it):
+        apply every rank's changes on every rank with the declared combine (:mod:`agentsim.env`),
+        so that every rank's copy is whole and the same; the flags of broken combines.
+        """
+        ...
+
     def split_run(self, substep: Substep) -> SplitRun | None:
         """A run of ``substep`` that overlaps the step's exchange, when one is in flight; else None."""
         ...
@@ -229,6 +238,44 @@ class IdentityPartition:
     def migrate(self, state: State, substep: Substep, comm: Comm) -> None:
         """Nothing moves."""
 
+    def merge_env(self, state: State, substep: Substep, before: Mapping[str, Tensor], comm: Comm) -> list[Flag]:
+        """Every rank's changes to the env layers ``substep`` wrote, applied on every rank with the
+        layer's combine (:mod:`agentsim.env`): one all_gather of (cell, value) rows per layer. On
+        one rank the writes are the result.
+        """
+        if comm.world_size == 1 or not before:
+            return []
+        from .distributed.autograd import gather_with_grad
+
+        flags = []
+        for name, old in before.items():
+            new, mode = state.env[name], substep.env_combine(name)
+            cells = changed_cells(old, new)
+            raised = torch.zeros(cells.shape, dtype=torch.bool, device=cells.device)
+            raised[torch.isin(cells, raised_cells(old, new, cells, mode))] = True
+            mine = {"cell": cells, "value": new.reshape(-1)[cells], "raised": raised}
+            got = gather_with_grad(comm, mine, self.grad_links)  # the other ranks' rows
+            every = {k: torch.cat([mine[k], got[k].to(mine[k].device)]) for k in mine}
+            merged, conflict = merge_layer(old, every["cell"], every["value"], mode)
+            state.env[name] = merged
+            where = f"env.{name}"
+            if mode == "set":
+                flags.append(Flag(
+                    f"{substep.name}: {where}: {_cell_text(conflict, old.shape)} was set to different values on "
+                    f"different processes: agents on several processes change the same cell. Declare how the "
+                    f"writes combine (combine={{'{where}': 'add'|'min'|'max'}}), or compute the cell's new value "
+                    f"from ctx.neighbors so that every process computes the same",
+                    torch.tensor(conflict is not None)))
+            elif mode in ("min", "max"):
+                bad = every["cell"][every["raised"]]
+                first = int(bad.min()) if bad.numel() else None
+                flags.append(Flag(
+                    f"{substep.name}: {where} combines by '{mode}' but {_cell_text(first, old.shape)} was "
+                    f"{'raised' if mode == 'min' else 'lowered'} (from {_value_at(old, first)}); with '{mode}' a "
+                    f"substep may only {'lower' if mode == 'min' else 'raise'} cells (declare 'set' or 'add')",
+                    torch.tensor(first is not None)))
+        return flags
+
     def split_run(self, substep: Substep) -> SplitRun | None:
         """No exchange to overlap."""
         return None
@@ -294,6 +341,19 @@ class IdentityPartition:
         """Every cell on rank 0, none elsewhere (env replicated)."""
         flat = state.env[name].reshape(-1)
         return flat if comm.rank == 0 else flat[:0]
+
+
+def _cell_text(cell: int | None, shape: torch.Size) -> str:
+    """``cell 37 (row 0, column 37)`` for a flat index of a 2D layer; ``cell 37`` otherwise."""
+    if cell is None:
+        return "a cell"
+    if len(shape) == 2:
+        return f"cell {cell} (row {cell // shape[1]}, column {cell % shape[1]})"
+    return f"element {cell} (flat index)"
+
+
+def _value_at(layer: Tensor, cell: int | None) -> str:
+    return "?" if cell is None else str(layer.reshape(-1)[cell].item())
 
 
 def check_partition(name: object) -> str:

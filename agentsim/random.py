@@ -217,6 +217,17 @@ class CounterRNG:
         if dtype not in (torch.float64, torch.float32):
             raise TypeError(f"dtype must be torch.float32 or torch.float64 (got {dtype})")
         n = 1 if draws is None else draws
+        means = list(mean) if isinstance(mean, Sequence) else [mean]
+        if any(isinstance(v, Tensor) and v.requires_grad for v in [*means, std]):
+            # A differentiable run: the same ops as below on the standard normals, with autograd.
+            z = self.normal(ids, step, stream, draw, draws, dtype, paired=paired)
+            z = z if draws is not None else z.unsqueeze(-1)
+            shifts = [torch.as_tensor(0.0 if m is None else m, dtype=dtype, device=z.device)
+                      for m in (means if isinstance(mean, Sequence) else means * n)]
+            if len(shifts) != n:
+                raise ValueError(f"normal: mean has {len(shifts)} values, expected one per draw ({n})")
+            out = z * torch.as_tensor(1.0 if std is None else std, dtype=dtype, device=z.device) + torch.stack(shifts)
+            return out.squeeze(-1) if draws is None else out
         affine = mean is not None or std is not None
         shift = [float(m) for m in mean] if isinstance(mean, Sequence) else [float(mean or 0.0)] * n
         if len(shift) != n:

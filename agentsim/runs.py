@@ -17,7 +17,7 @@ __all__ = ["run"]
 def run(model: Model | str, agents: int | None = None, steps: int = 100, seed: int = 0, *,
         params: Mapping[str, Any] | None = None, out: str | os.PathLike[str] | None = None,
         record: Iterable[str] | None = None, every: int | None = None, device: str = "cpu",
-        nprocs: int = 1, partition: str | None = None, progress: bool = False,
+        nprocs: int = 1, partition: str | None = None, progress: bool = False, check: bool = False,
         **partition_options: Any) -> RunResult:
     """Run ``model`` for ``steps`` steps and return its :class:`~agentsim.engine.RunResult`.
 
@@ -32,6 +32,8 @@ def run(model: Model | str, agents: int | None = None, steps: int = 100, seed: i
         nprocs: Local processes (> 1: :func:`agentsim.launch`; the result is bitwise the same).
         partition: With ``nprocs > 1``: ``"data"`` (default) or ``"spatial"``.
         progress: Show a progress bar (one process, on a terminal).
+        check: The check mode (:mod:`agentsim.contract`): every substep call checked against the contract
+            that makes results the same on any number of processes; several times slower.
         partition_options: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``, ``overlap``
             (``"spatial"``).
 
@@ -49,8 +51,8 @@ def run(model: Model | str, agents: int | None = None, steps: int = 100, seed: i
         from .distributed.launch import launch
 
         return launch(resolved, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
-                      every=every, partition=partition or "data", device=device, **partition_options)
+                      every=every, partition=partition or "data", device=device, check=check, **partition_options)
     if partition is not None or partition_options:
         raise ConfigError("partition and its options need nprocs > 1 (one process keeps every agent)")
-    sim = Simulation(resolved, agents=agents, seed=seed, device=device)
+    sim = Simulation(resolved, agents=agents, seed=seed, device=device, check=check)
     return sim.run(steps, out=out, record=record, every=every, progress=progress)

@@ -34,6 +34,27 @@ class FieldSpec:
     shape: tuple[int, ...] = ()
 
 
+def converted(what: str, value: Tensor, dtype: torch.dtype) -> Tensor:
+    """``value`` in the field's ``dtype``, where that loses nothing a model would not expect: from
+    bool, from a narrower type of the same kind, from an integer into a float. A float into an
+    integer field, or a wider float or integer into a narrower one (float64 into float32: the
+    value would be rounded without a word), raises a FieldAccessError that says how to convert.
+    """
+    if value.dtype == dtype:
+        return value
+    got, want = value.dtype, dtype
+    if got.is_floating_point and not want.is_floating_point:
+        raise FieldAccessError(f"{what}: expected dtype {want} (got {got}); convert explicitly "
+                               "(e.g. with .round().to(...))")
+    if torch.bool not in (got, want) and got.is_floating_point == want.is_floating_point:
+        bits = (lambda t: torch.finfo(t).bits) if got.is_floating_point else (lambda t: torch.iinfo(t).bits)
+        if bits(got) > bits(want):
+            raise FieldAccessError(
+                f"{what}: expected dtype {want} (got {got}); writing it would round or wrap the values without a "
+                f"word. Convert explicitly (.to({want})) or give the field the wider dtype in init")
+    return value.to(dtype)
+
+
 class Population:
     """Agents of one type: a struct of tensors ``[n, *spec.shape]`` keyed by field.
 
@@ -79,14 +100,7 @@ class Population:
             raise FieldAccessError(
                 f"{self.name}.{key}: expected shape {list(expected)} (got {list(value.shape)})"
             )
-        if value.dtype != spec.dtype:
-            if value.is_floating_point() and not spec.dtype.is_floating_point:
-                raise FieldAccessError(
-                    f"{self.name}.{key}: expected dtype {spec.dtype} (got {value.dtype}); "
-                    "convert explicitly (e.g. with .round().to(...))"
-                )
-            value = value.to(spec.dtype)
-        return value
+        return converted(f"{self.name}.{key}", value, spec.dtype)
 
     @property
     def n(self) -> int:

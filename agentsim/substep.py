@@ -8,11 +8,16 @@ It declares, when registered:
 - ``neighbors``: the fields it reads from *other* agents (``{"boid": ["pos", "vel"]}``);
   on several ranks these, and only these, travel in halo exchanges;
 - ``reach``: how far those other agents can be: a length or the name of a length
-  parameter (continuous space, e.g. ``"vision"``), ``"cell"`` (same grid cell),
-  ``"moore:radius"`` (grid cells within a Moore radius given by a parameter or an int),
+  parameter (continuous space, e.g. ``"vision"``, or ``"2*vision"``), ``"cell"`` (same grid
+  cell), ``"moore:radius"`` (grid cells within a Moore radius given by an int, a parameter
+  or an int times a parameter: ``"moore:2*vision_max"``),
   ``"graph"`` (contacts in the model's graph) or ``"global"`` (any agent; the
   default). A spatial partitioner sizes halos from it; one process ignores it;
 - ``births`` / ``deaths``: populations it may add agents to or remove agents from;
+- ``combine``: for env layers it writes, how the writes of several processes combine
+  (``{"env.pheromone": "add"}``; ``"set"``, the default, ``"add"``, ``"min"``, ``"max"``: see
+  :mod:`agentsim.env`). Every process holds every env layer whole and up to date, so a
+  substep may read env anywhere;
 - ``agentwise``: a promise that each agent's written values depend only on its own
   fields and on its neighbors' declared fields within ``reach`` (random draws keyed by
   uid, no sums over all agents, no dependence on row order), so the engine may run the
@@ -96,28 +101,66 @@ def resolve_reach(substep: Substep, params: Mapping[str, Any]) -> tuple[str, flo
         ('length', 10.0)
         >>> resolve_reach(Substep(look, reach="moore:2"), {})
         ('moore', 2.0)
+        >>> resolve_reach(Substep(look, reach="moore:2*vision"), {"vision": 6})
+        ('moore', 12.0)
     """
     reach = substep.reach
     if reach in ("global", "cell", "graph"):
         return str(reach), 0.0
     if isinstance(reach, str) and reach.startswith("moore:"):
         radius = reach.split(":", 1)[1]
-        if radius in params:
-            return "moore", float(params[radius])
         try:
             return "moore", float(int(radius))
         except ValueError:
+            pass
+        factor, name = _scaled(radius)
+        if name not in params:
             raise ConfigError(f"substep '{substep.name}': reach {reach!r} names no parameter and no int "
-                              f"(parameters: {', '.join(params)})." + did_you_mean(radius, params)) from None
+                              f"(parameters: {', '.join(params)})." + did_you_mean(name, params))
+        return "moore", factor * float(params[name])
     if isinstance(reach, str):
-        if reach not in params:
+        factor, name = _scaled(reach)
+        if name not in params:
             raise ConfigError(f"substep '{substep.name}': reach {reach!r} is not a parameter "
-                              f"(valid: {', '.join(params)})." + did_you_mean(reach, params))
-        return "length", float(params[reach])
+                              f"(valid: {', '.join(params)})." + did_you_mean(name, params))
+        return "length", factor * float(params[name])
     return "length", float(reach)
 
 
+def _scaled(text: str) -> tuple[float, str]:
+    """``"2*vision"`` -> ``(2.0, "vision")``; ``"vision"`` -> ``(1.0, "vision")``."""
+    factor, star, name = text.partition("*")
+    if not star:
+        return 1.0, text
+    try:
+        return float(int(factor.strip())), name.strip()
+    except ValueError:
+        return 1.0, text
+
+
 _LEGACY_FIELDS = ("reads", "writes", "neighbors", "births", "deaths", "doc", "reach", "agentwise")
+COMBINES = ("set", "add", "min", "max")  # how env writes of several processes combine (agentsim.env)
+
+
+def _combines(name: str, combine: Mapping[str, str] | None, writes: tuple[str, ...]) -> dict[str, str]:
+    """``{"env.layer": mode}`` checked against ``writes``: env layer name to mode."""
+    if combine is None:
+        return {}
+    if not isinstance(combine, Mapping):
+        raise ConfigError(f"substep '{name}': combine: expected {{'env.layer': 'set'|'add'|'min'|'max'}} "
+                          f"(got {combine!r})")
+    env_writes = [r for r in writes if split_ref(r)[0] == ENV]
+    out = {}
+    for ref, mode in combine.items():
+        if ref not in env_writes:
+            raise ConfigError(f"substep '{name}': combine names {ref!r}, which is not an env layer it writes "
+                              f"(env writes: {env_writes or 'none'}; declare it in writes= as 'env.<layer>')."
+                              + did_you_mean(str(ref), env_writes))
+        if mode not in COMBINES:
+            raise ConfigError(f"substep '{name}': combine for {ref}: expected one of {', '.join(COMBINES)} "
+                              f"(got {mode!r})." + did_you_mean(str(mode), COMBINES))
+        out[split_ref(ref)[1]] = mode
+    return out
 
 
 def _refs(what: str, name: str, refs: Iterable[str]) -> tuple[str, ...]:
@@ -147,6 +190,8 @@ class Substep:
         births, deaths: Populations it may add agents to (``ctx.spawn``) or remove from (``ctx.kill``).
         reach: How far the neighbors it reads can be (see the module docstring).
         agentwise: The promise described in the module docstring.
+        combine: ``{"env.layer": mode}``: how the env writes of several processes combine
+            (``"set"`` by default; see :mod:`agentsim.env`).
 
     ``Substep(name, fn, reads, writes, ...)``, the positional form of earlier releases, still works.
     """
@@ -161,11 +206,13 @@ class Substep:
     doc: str
     reach: str | float
     agentwise: bool
+    combine: Mapping[str, str]
 
     def __init__(self, fn: SubstepFn | str, *args: Any, name: str | None = None, reads: Iterable[str] = (),
                  writes: Iterable[str] = (), neighbors: Mapping[str, Iterable[str]] | None = None,
                  births: Iterable[str] = (), deaths: Iterable[str] = (), reach: str | float = "global",
-                 agentwise: bool = False, doc: str | None = None) -> None:
+                 agentwise: bool = False, doc: str | None = None,
+                 combine: Mapping[str, str] | None = None) -> None:
         if isinstance(fn, str):  # Substep(name, fn, reads, writes, ...) of earlier releases
             if not args:
                 raise ConfigError(f"Substep({fn!r}, ...): expected the function after the name")
@@ -191,9 +238,11 @@ class Substep:
         if not isinstance(agentwise, bool):
             raise ConfigError(f"substep '{key}': agentwise: expected True or False (got {agentwise!r})")
         text = (fn.__doc__ or "").strip().split("\n")[0] if doc is None else doc
-        values = {"name": key, "fn": fn, "reads": _refs("reads", key, reads), "writes": _refs("writes", key, writes),
+        write_refs = _refs("writes", key, writes)
+        values = {"name": key, "fn": fn, "reads": _refs("reads", key, reads), "writes": write_refs,
                   "neighbors": nb, "births": _names("births", key, births), "deaths": _names("deaths", key, deaths),
-                  "doc": text, "reach": reach, "agentwise": agentwise}
+                  "doc": text, "reach": reach, "agentwise": agentwise,
+                  "combine": _combines(key, combine, write_refs)}
         for field_name, value in values.items():
             object.__setattr__(self, field_name, value)
         if agentwise:
@@ -221,6 +270,18 @@ class Substep:
     def writable(self, population: str) -> set[str]:
         """Fields of ``population`` (or ``ENV``) this substep may write."""
         return {split_ref(r)[1] for r in self.writes if split_ref(r)[0] == population}
+
+    def env_combine(self, layer: str) -> str:
+        """How this substep's writes to env ``layer`` combine over processes (``"set"`` unless declared)."""
+        return self.combine.get(layer, "set")
+
+    def touches_agents(self) -> bool:
+        """Whether it declares anything of some population (else it reads and writes env only, and
+        every process computes the same thing from its whole copy of the env).
+        """
+        refs = (*self.reads, *self.writes)
+        return (any(split_ref(r)[0] != ENV for r in refs) or bool(self.neighbors) or bool(self.births)
+                or bool(self.deaths))
 
     def written_populations(self) -> set[str]:
         """The populations (or ``ENV``) whose fields this substep writes."""

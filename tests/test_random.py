@@ -224,3 +224,19 @@ def test_kernel_threads_work_in_a_forked_child(built_kernel):
     with mp.get_context("fork").Pool(1) as pool:
         got = pool.apply_async(_digest_of_draws, (200_000,)).get(timeout=60)
     assert got == hashlib.sha256(want.numpy().tobytes()).hexdigest()
+
+
+def test_normal_passes_gradients_to_a_mean_and_std_that_require_them():
+    # A differentiable run hands rng.normal its parameters as tensors: mean and std must keep their
+    # gradients (they were once turned into Python floats), with the values of a run without them.
+    rng = CounterRNG(3)
+    ids = torch.arange(50)
+    mean = (torch.tensor(0.5, dtype=torch.float64, requires_grad=True), torch.tensor(-1.0, dtype=torch.float64))
+    std = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    z = rng.normal(ids, 1, "walk", draws=2, dtype=torch.float32, mean=mean, std=std, paired=True)
+    plain = rng.normal(ids, 1, "walk", draws=2, dtype=torch.float32, mean=(0.5, -1.0), std=2.0, paired=True)
+    assert torch.equal(z.detach(), plain)
+    z[:, 0].sum().backward()
+    standard = rng.normal(ids, 1, "walk", draws=2, dtype=torch.float32, paired=True)
+    assert float(mean[0].grad) == 50.0
+    assert abs(float(std.grad) - float(standard[:, 0].double().sum())) < 1e-4

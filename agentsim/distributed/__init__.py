@@ -49,8 +49,7 @@ Partitioners
   ghost nodes for ``graph``; everyone for ``global``), sent point to point with
   ``all_to_all_single``. Agents that leave a region migrate, with all their fields,
   after each substep that writes their position (``pos`` / ``cell``) or adds agents.
-  Grid env layers are authoritative on the owner of each cell (metrics count owned
-  cells; trajectory frames gather the owners' values). ``balance_every=K`` moves the
+  Env layers are whole on every rank (see the contract below). ``balance_every=K`` moves the
   borders (from a global position histogram) when max/mean agents per rank exceeds
   ``balance_threshold`` (default 1.1). For a model whose first substep is declared
   ``agentwise=True`` and reads neighbors within a length (boids), migration, the next
@@ -75,23 +74,22 @@ assigned from the global ranking of the parents' uids, and metric sums are exact
 (fixed point for floats). ``/perf`` (timings, bytes, agents per rank) and the
 ``world_size`` attribute differ, by design.
 
-Contract for model authors (true of the built-in models): read other agents only
-through ``ctx.neighbors``, and declare a ``reach`` that covers every such read;
+Contract for model authors (true of the built-in models; :mod:`agentsim.contract` checks it
+with ``check=True``, and ``agentsim check`` compares runs on 1, 2 and 3 processes): read other
+agents only through ``ctx.neighbors``, and declare a ``reach`` that covers every such read;
 call ``ctx.spawn`` / ``ctx.kill`` / ``ctx.flag`` unconditionally (with empty inputs when
-nothing happens), since each is a collective step on some rank; within a substep,
-read neighbor fields before writing the same field (halo rows hold the values from
-the start of the substep). For the spatial partitioner also: an agent's position is
-the field ``pos`` (Box) or ``cell`` (Grid), or its uid is its node (Graph); a substep
-writes env grid layers only at cells of its own agents (or elementwise from the same
-cell), and reads them only at its own agents' cells -- wolfsheep's ``sheep_eat`` and
-``grass_regrow`` do, so no model needed a change. A stale copy of another rank's cells
-is then never read; :meth:`SpatialPartition.sync_env` rebuilds whole layers when a
-frame is written or borders move. On one process all of this is the identity.
+nothing happens), since each is a collective step on some rank; within a substep, read
+neighbor fields before writing the same field (halo rows hold the values from the start of
+the substep). Env layers are whole on every rank with either partitioner: after a substep
+that writes them and runs on agents, every rank's changes are applied on every rank with the
+layer's declared combine (``"set"``, ``"add"``, ``"min"``, ``"max"``; :mod:`agentsim.env`), so
+a substep reads env at any cell, whatever its reach; ranks that ``"set"`` one cell to different
+values stop the step with an error that says what to declare. For the spatial partitioner
+also: an agent's position is the field ``pos`` (Box) or ``cell`` (Grid), or its uid is its node
+(Graph). On one process all of this is the identity.
 
 Not exact / not covered
 -----------------------
-- The final in-memory ``state.env`` of a spatial run is whole only after
-  :meth:`SpatialPartition.sync_env` (frames call it; the last frame of a run does).
 - A 3D Box is split in x and y only (halos are still exact, just wider than needed).
 - Graph models: a population's uid must be its node id; nodes never move (no rebalancing).
 - ``sync_every`` > 1 with the spatial partitioner (refused with a ConfigError: its halos

@@ -12,10 +12,10 @@
   agent's owner is the region that contains its ``pos``;
 - a :class:`~agentsim.space.grid.Grid` (a discrete space): the same rectangles in (row,
   column) cell coordinates with integer borders (strips are blocks of rows); an agent's
-  owner is the owner of its ``cell``. Env layers of the grid's shape are authoritative
-  only on the owner of each cell: :meth:`SpatialPartition.owned_env` is the rank's own
-  cells, :meth:`SpatialPartition.sync_env` rebuilds the whole layers from the owners
-  (before a trajectory frame and before borders move);
+  owner is the owner of its ``cell``. Env layers are whole on every rank, as on the data
+  partitioner: after a substep that writes them, every rank's changes are applied on every
+  rank with the layer's declared combine (:mod:`agentsim.env`), so a substep may read env
+  cells anywhere, whatever its reach;
 - a :class:`~agentsim.space.graph.Graph` (agents placed by ``uid``: nodes that never move):
   contiguous uid blocks; the nodes adjacent to a rank's nodes are its ghosts.
 
@@ -55,7 +55,6 @@ migrate. Results do not change: they never depend on which rank holds an agent.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,9 +136,9 @@ class SpatialPartition(IdentityPartition):
         self.bounds: Tensor | None = None  # [W + 1] int64 node-id borders (graph)
         self.position: dict[str, str] = {}
         self.overlap: OverlapExchange | None = None
-        self._owned_cells: Tensor | None = None
         self._send_dest = self._send_uid = torch.zeros(0, dtype=torch.int64)
-        self._ghost_cache: tuple[Tensor, Tensor] | None = None  # (uid column, its rows of the send list)
+        # population -> (uid column, its rows in the send lists, their destinations)
+        self._ghost_cache: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
 
     def __repr__(self) -> str:
         return (f"SpatialPartition(layout={self.layout!r}, balance_every={self.balance_every}, "
@@ -190,7 +189,6 @@ class SpatialPartition(IdentityPartition):
             else:
                 self.regions = geo.uniform(self.space.region_extent, W, self.layout, self.discrete,
                                            self.space.periodic)
-            self._update_owned_cells(comm)
         for name, pop in state.populations.items():
             pop.keep(self.owner(name, pop) == comm.rank)
         # A differentiable run (grad parameters among params) exchanges step by step, without the overlap.
@@ -268,41 +266,6 @@ class SpatialPartition(IdentityPartition):
             ex = geo.bin_edges(extent[0], self.bins, self.discrete)
             hist = self._histogram(state, ex, torch.tensor([0.0, extent[1]], dtype=torch.float64), comm)
         return geo.balanced(hist, ex, ey, W, self.layout, extent, periodic)
-
-    # ------------------------------------------------------------------ env (per-cell layers)
-    def _is_layer(self, t: Tensor) -> bool:
-        shape = self.space.layer_shape
-        return shape is not None and tuple(t.shape) == tuple(shape)
-
-    def _update_owned_cells(self, comm: Comm) -> None:
-        shape = self.space.layer_shape
-        if shape is None:
-            self._owned_cells = None
-            return
-        cells = torch.arange(math.prod(shape))
-        self._owned_cells = flatnonzero(self.owner_of(self.space.region_coords(cells)) == comm.rank)
-
-    def owned_env(self, state: State, name: str, comm: Comm) -> Tensor:
-        """The cells of env layer ``name`` this rank owns (per-cell layers), or all on rank 0 (others)."""
-        t = state.env[name]
-        if self._is_layer(t) and self._owned_cells is not None:
-            return t.reshape(-1)[self._owned_cells.to(t.device)]
-        return super().owned_env(state, name, comm)
-
-    def sync_env(self, state: State, comm: Comm) -> None:
-        """Make every per-cell env layer whole on every rank: each cell's value from its owner."""
-        if comm.world_size == 1 or self._owned_cells is None:
-            return
-        names = [k for k, v in state.env.items() if self._is_layer(v)]
-        if not names:
-            return
-        idx = self._owned_cells.to(state.env[names[0]].device)
-        send = {"cell": idx, **{k: state.env[k].reshape(-1)[idx] for k in names}}
-        got = gather_with_grad(comm, send, self.grad_links)
-        for k in names:
-            flat = state.env[k].reshape(-1).clone()
-            flat[got["cell"]] = got[k]
-            state.env[k] = flat.reshape(state.env[k].shape)
 
     # ------------------------------------------------------------------ halos
 
@@ -390,16 +353,24 @@ class SpatialPartition(IdentityPartition):
         self._send_dest = torch.div(key, n, rounding_mode="floor")
         self._send_uid = key % n
 
-    def _ghost_rows(self, pop: Population) -> Tensor:
-        """Local rows of the nodes in the send lists; cached while the uid column is the same
-        tensor (any change of rows -- births, deaths, permutation -- replaces it).
+    def _ghost_rows(self, pop: Population) -> tuple[Tensor, Tensor]:
+        """``(local rows, destination ranks)`` of this population's nodes in the send lists (the nodes
+        of a graph may belong to several populations: each sends its own); cached per population
+        while its uid column is the same tensor (any change of rows -- births, deaths, permutation --
+        replaces it).
         """
         uid_t = pop[UID]
-        if self._ghost_cache is None or self._ghost_cache[0] is not uid_t:
+        cached = self._ghost_cache.get(pop.name)
+        if cached is None or cached[0] is not uid_t:
             uid = uid_t.cpu()
             order = torch.argsort(uid)
-            self._ghost_cache = (uid_t, order[torch.searchsorted(uid[order], self._send_uid)])
-        return self._ghost_cache[1]
+            ordered = uid[order]
+            at = torch.searchsorted(ordered, self._send_uid)
+            held = at < ordered.numel()
+            held[held.clone()] = ordered[at[held]] == self._send_uid[held]
+            cached = (uid_t, order[at[held]], self._send_dest[held])
+            self._ghost_cache[pop.name] = cached
+        return cached[1], cached[2]
 
     def halos(self, state: State, substep: Substep, comm: Comm) -> Halos:
         """The rows of other ranks' agents ``substep`` may read, per its reach (module docstring)."""
@@ -419,7 +390,8 @@ class SpatialPartition(IdentityPartition):
             if kind == "global":
                 got = gather_with_grad(comm, send, self.grad_links)
             elif kind == "graph":
-                got = exchange_with_grad(comm, send, self._send_dest, self._ghost_rows(pop), self.grad_links)
+                rows, dest = self._ghost_rows(pop)
+                got = exchange_with_grad(comm, send, dest, rows, self.grad_links)
             else:
                 near = self.border_candidates(name, pop, kind, reach, comm.rank)
                 row, dest = self.halo_destinations(self.coords(name, pop, near), kind, reach, comm.rank)
@@ -503,9 +475,7 @@ class SpatialPartition(IdentityPartition):
         mean = sum(counts) / len(counts)
         if mean == 0 or max(counts) / mean <= self.balance_threshold:
             return None
-        self.sync_env(state, comm)
         self.regions = self._balanced_regions(state, comm)
-        self._update_owned_cells(comm)
         for name in state.populations:
             self.move_agents(state, name, comm)
         if self.overlap is not None:
