@@ -1,14 +1,21 @@
-"""Figures of trajectory and study files: ``agentsim plot FILE.h5 [--out FILE.png]``.
+"""Figures of trajectory and study files: ``agentsim plot FILE.h5 [--out FILE.png] [--metrics A,B]``.
 
 :func:`plot_file` picks the figure for what the file holds:
 
-- a study file (:mod:`agentsim.study.store`): per metric, the median and 10-90 % band over the
-  replicates of every parameter combination;
+- a study file (:mod:`agentsim.study.store`): per scalar metric (``n_<population>`` included),
+  the median and 10-90 % band over the replicates of every parameter combination (vector
+  metrics are not drawn);
 - an epidemic (metrics ``S``, ``I``, ``R``): the compartments as fractions of the population;
 - predator-prey (``n_sheep``, ``n_wolf``): the population sizes, the grass, and the last grass layer;
 - boids (``polarization``): polarization over time and the last recorded positions and headings;
 - Schelling (``segregation``): segregation and happy share over time, and the last grid;
-- anything else: every metric over the steps.
+- anything else, or the metrics chosen with ``metrics=``: every metric over the steps, a scalar
+  as a curve, a vector metric (``[T, K]``) as a heat map over time (x: step, y: entry, or bin
+  with the edges as tick labels for a histogram).
+
+A figure of metrics holds :data:`PAGE` panels per page; with more metrics it is drawn on several
+pages, ``FILE-1.png``, ``FILE-2.png``, ... instead of ``FILE.png`` (:func:`plot_pages` returns
+them all).
 
 :func:`animate_file` (``agentsim animate FILE.h5 --out FILE.gif|mp4``) draws every recorded
 frame of a spatial model: boids or walkers (positions), Schelling (the grid), wolf-sheep (the
@@ -20,19 +27,43 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import h5py
 import numpy as np
 
-from .errors import OutputError
+from .errors import ConfigError, OutputError, did_you_mean
 
-__all__ = ["animate_file", "plot_file"]
+__all__ = ["PAGE", "animate_file", "plot_file", "plot_pages"]
+
+PAGE = 6  # panels per page of a figure of metrics (3 columns)
 
 
-def plot_file(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> str:
+def plot_file(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+              metrics: str | Sequence[str] | None = None) -> str:
     """Draw the figure for the trajectory or study file ``path`` into ``out`` (default: the file's
-    name with ``.png``); returns the path written.
+    name with ``.png``); returns the path written: ``out``, or, for a figure of more than
+    :data:`PAGE` metrics, its first page ``OUT-1.png`` (:func:`plot_pages` returns every page).
+
+    Args:
+        path: A trajectory or study file.
+        out: The image to write (PNG, or any format matplotlib writes by its suffix).
+        metrics: The metrics to draw (a list, or names separated by commas, ``"I,R"``), in this
+            order; default: every scalar metric of a study, or the file's own figure of a
+            trajectory.
+
+    Raises:
+        OutputError: Not a trajectory or study file, or one with nothing to draw yet.
+        ConfigError: An unknown metric name (the message lists the valid ones).
+    """
+    return plot_pages(path, out, metrics)[0]
+
+
+def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None = None,
+               metrics: str | Sequence[str] | None = None) -> list[str]:
+    """:func:`plot_file`, returning every page written: ``[out]``, or ``OUT-1.png``, ``OUT-2.png``,
+    ... when the figure has more than :data:`PAGE` metrics.
     """
     import matplotlib
 
@@ -40,57 +71,180 @@ def plot_file(path: str | os.PathLike[str], out: str | os.PathLike[str] | None =
     import matplotlib.pyplot as plt
 
     path = os.fspath(path)
+    selected = _selection(metrics)
     if not os.path.isfile(path) or not h5py.is_hdf5(path):
         raise OutputError(f"cannot plot '{path}': not an HDF5 file")
     with h5py.File(path, "r") as f:
         study = f.attrs.get("format") == "agentsim-study"
     out = os.fspath(out) if out is not None else os.path.splitext(path)[0] + ".png"
-    fig = _study_figure(path, plt) if study else _trajectory_figure(path, plt)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    figs = _study_figures(path, plt, selected) if study else _trajectory_figures(path, plt, selected)
+    stem, ext = os.path.splitext(out)
+    paths = [out] if len(figs) == 1 else [f"{stem}-{i}{ext}" for i in range(1, len(figs) + 1)]
+    try:
+        for fig, page in zip(figs, paths, strict=True):
+            fig.savefig(page, dpi=120)
+    finally:
+        for fig in figs:
+            plt.close(fig)
+    return paths
 
 
-def _study_figure(path: str, plt: Any) -> Any:
+def _selection(metrics: str | Sequence[str] | None) -> list[str] | None:
+    """The metric names asked for (None: the default figure)."""
+    if metrics is None:
+        return None
+    names = metrics.split(",") if isinstance(metrics, str) else list(metrics)
+    if any(not isinstance(n, str) for n in names):
+        raise ConfigError(f"plot metrics: expected metric names (got {metrics!r})")
+    chosen = list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    if not chosen:
+        raise ConfigError(f"plot metrics: expected at least one metric name, e.g. 'I,R' (got {metrics!r})")
+    return chosen
+
+
+def _check_selection(selected: list[str], valid: list[str], path: str, vectors: Sequence[str] = ()) -> None:
+    for name in selected:
+        if name in vectors:
+            raise ConfigError(f"plot: '{name}' is a vector metric; a study figure draws scalar metrics only "
+                              f"(valid: {', '.join(valid)})")
+        if name not in valid:
+            raise ConfigError(f"plot: unknown metric '{name}' in '{path}' (valid: {', '.join(valid) or 'none'})."
+                              + did_you_mean(name, valid))
+
+
+def _pages(names: list[str]) -> list[list[str]]:
+    return [names[i:i + PAGE] for i in range(0, len(names), PAGE)]
+
+
+def _grid(plt: Any, n: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels in rows of up to 3 (the unused ones hidden), and the panels."""
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_axis_off()
+    return fig, flat[:n]
+
+
+def _page_title(title: str, page: int, pages: int) -> str:
+    return title if pages == 1 else f"{title} (page {page} of {pages})"
+
+
+def _study_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]:
     from .study import read_study
 
     data = read_study(path)
     if not data.bands:
         raise OutputError(f"cannot plot '{path}': the study has no finished runs with bands yet")
     first = next(iter(data.bands.values()))
-    metrics = [m for m in first if m not in ("params", "runs", "step") and not m.startswith("n_")][:4] or \
-        [m for m in first if m not in ("params", "runs", "step")][:4]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4), squeeze=False)
+    names = [m for m in first if m not in ("params", "runs", "step")]
+    scalars = [m for m in names if np.ndim(first[m]) == 2]  # [Q, T]; a vector metric's bands are [Q, T, K]
+    valid = [m for m in scalars if not m.startswith("n_")] + [m for m in scalars if m.startswith("n_")]
+    if selected is not None:
+        _check_selection(selected, valid, path, vectors=[m for m in names if m not in scalars])
+    metrics = selected or valid
+    if not metrics:
+        raise OutputError(f"cannot plot '{path}': the study has no scalar metrics")
     colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(data.bands)))
     q = [float(x) for x in data.quantiles]
-    for ax, metric in zip(axes[0], metrics, strict=True):
-        for band, color in zip(data.bands.values(), colors, strict=True):
-            steps = band["step"][len(q) // 2]
-            low, mid, high = band[metric][0], band[metric][len(q) // 2], band[metric][-1]
-            label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
-                              for k, v in band["params"].items()) or "all runs"
-            ax.fill_between(steps, low, high, color=color, alpha=0.22, linewidth=0)
-            ax.plot(steps, mid, color=color, label=f"{label} ({band['runs']} runs)")
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"{metric} (per run)")
-        ax.set_title(metric)
-    axes[0][0].legend(frameon=False, fontsize=8)
-    fig.suptitle(f"{data.spec['model']} study: median and {q[0]:.0%}-{q[-1]:.0%} band over replicates "
-                 f"({len(data.runs)} runs, {data.spec['agents']:,} agents each)")
-    fig.tight_layout()
-    return fig
+    title = (f"{data.spec['model']} study: median and {q[0]:.0%}-{q[-1]:.0%} band over replicates "
+             f"({len(data.runs)} runs, {data.spec['agents']:,} agents each)")
+    pages = _pages(metrics)
+    figs = []
+    for number, page in enumerate(pages, 1):
+        fig, axes = _grid(plt, len(page), 5.2, 4.0)
+        figs.append(fig)
+        for ax, metric in zip(axes, page, strict=True):
+            for band, color in zip(data.bands.values(), colors, strict=True):
+                steps = band["step"][len(q) // 2]
+                low, mid, high = band[metric][0], band[metric][len(q) // 2], band[metric][-1]
+                label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
+                                  for k, v in band["params"].items()) or "all runs"
+                ax.fill_between(steps, low, high, color=color, alpha=0.22, linewidth=0)
+                ax.plot(steps, mid, color=color, label=f"{label} ({band['runs']} runs)")
+            ax.set_xlabel("step")
+            ax.set_ylabel(f"{metric} (per run)")
+            ax.set_title(metric)
+        axes[0].legend(frameon=False, fontsize=8)
+        fig.suptitle(_page_title(title, number, len(pages)))
+        fig.tight_layout()
+    return figs
 
 
-def _trajectory_figure(path: str, plt: Any) -> Any:
+def _trajectory_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]:
     from .io.hdf5 import read_trajectory
 
     traj = read_trajectory(path)
+    names = [k for k in traj.metrics if k != "step"]
+    if selected is not None:
+        _check_selection(selected, names, path)
+    else:
+        fig = _model_figure(traj, plt)
+        if fig is not None:
+            return [fig]
+    metrics = selected or names
+    if not metrics:
+        raise OutputError(f"cannot plot '{path}': the trajectory has no metrics")
+    m = traj.metrics
+    steps = m.get("step", np.arange(len(m[metrics[0]])))
+    pages = _pages(metrics)
+    figs = []
+    for number, page in enumerate(pages, 1):
+        fig, axes = _grid(plt, len(page), 4.6, 3.8)
+        figs.append(fig)
+        for ax, key in zip(axes, page, strict=True):
+            if np.ndim(m[key]) == 2:
+                _heatmap(fig, ax, steps, m[key], traj.edges.get(key), key)
+            else:
+                ax.plot(steps, m[key])
+                ax.set_xlabel("step")
+                ax.set_title(key)
+        fig.suptitle(_page_title(_title(traj), number, len(pages)))
+        fig.tight_layout()
+    return figs
+
+
+def _title(traj: Any) -> str:
+    done = "" if traj.attrs.get("completed") else " (incomplete run)"
+    return f"{traj.attrs.get('model', '?')}, seed {traj.attrs.get('seed')}{done}"
+
+
+def _heatmap(fig: Any, ax: Any, steps: np.ndarray, series: np.ndarray, edges: np.ndarray | None, name: str) -> None:
+    """A vector metric ``[T, K]`` over time: x the step, y the entry (or the bin, with its edges as
+    tick labels), the color the value (NaN blank).
+    """
+    data = np.asarray(series, dtype=np.float64)
+    t, k = data.shape
+    x = np.asarray(steps, dtype=np.float64) if len(steps) == t else np.arange(t, dtype=np.float64)
+    if t > 1:
+        mid = (x[1:] + x[:-1]) / 2
+        xb = np.concatenate([[x[0] - (mid[0] - x[0])], mid, [x[-1] + (x[-1] - mid[-1])]])
+    else:
+        xb = np.asarray([x[0] - 0.5, x[0] + 0.5]) if t else np.asarray([0.0, 1.0])
+    mesh = ax.pcolormesh(xb, np.arange(k + 1), np.ma.masked_invalid(data.T), shading="flat", cmap="viridis")
+    fig.colorbar(mesh, ax=ax)
+    stride = max(1, math.ceil((k + 1) / 10))
+    if edges is not None and len(edges) == k + 1:
+        ticks = list(range(0, k + 1, stride))
+        ax.set_yticks(ticks)
+        ax.set_yticklabels([f"{float(edges[i]):g}" for i in ticks])
+        ax.set_ylabel("bin edges")
+    else:
+        ticks = list(range(0, k, stride))
+        ax.set_yticks([i + 0.5 for i in ticks])
+        ax.set_yticklabels([str(i) for i in ticks])
+        ax.set_ylabel("entry")
+    ax.set_xlabel("step")
+    ax.set_title(name)
+
+
+def _model_figure(traj: Any, plt: Any) -> Any:
+    """The figure of a known model's trajectory (see the module docstring), or None."""
     m = traj.metrics
     steps = m.get("step", np.arange(len(next(iter(m.values()), []))))
-    model = traj.attrs.get("model", "?")
     params = traj.attrs.get("params", {}) if isinstance(traj.attrs.get("params"), dict) else {}
-    done = "" if traj.attrs.get("completed") else " (incomplete run)"
-    title = f"{model}, seed {traj.attrs.get('seed')}{done}"
+    title = _title(traj)
     if {"S", "I", "R"} <= set(m):
         fig, ax = plt.subplots(figsize=(7, 4.2))
         n = m["S"] + m["I"] + m["R"]
@@ -134,13 +288,7 @@ def _trajectory_figure(path: str, plt: Any) -> Any:
         ax.set_title(title)
         _schelling_panel(traj, ax2, params, int(n[0]))
     else:
-        keys = [k for k in m if k != "step"][:6]
-        fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)
-        for ax, key in zip(axes[0], keys, strict=True):
-            ax.plot(steps, m[key])
-            ax.set_xlabel("step")
-            ax.set_title(key)
-        fig.suptitle(title)
+        return None
     fig.tight_layout()
     return fig
 

@@ -231,8 +231,12 @@ def test_write_errors_are_config_errors(tmp_path):
         w.write_metrics(0, {"a": 1, "b": 2.0})
     with pytest.raises(ConfigError, match="'step' is reserved"):
         w.write_metrics(1, {"a": 1, "b": 2.0, "step": 1})
-    with pytest.raises(ConfigError, match=r"metric 'a': expected a scalar \(got a tensor of shape \[2\]\)"):
+    with pytest.raises(ConfigError, match=r"metric 'a': expected a scalar as in the first row \(got a vector of 2 "
+                                          r"entries at step 1\)"):
         w.write_metrics(1, {"a": torch.ones(2), "b": 2.0})
+    with pytest.raises(ConfigError, match=r"metric 'a': expected a scalar or a vector \[K\] of K >= 1 numbers "
+                                          r"\(got an array of float32 and shape \[2, 2\]\)"):
+        w.write_metrics(1, {"a": torch.ones(2, 2), "b": 2.0})
     with pytest.raises(ConfigError, match="fields must include 'uid'"):
         w.write_agents(0, "p", {"x": torch.ones(3)})
     with pytest.raises(ConfigError, match=r"field 'x': expected 2 rows like 'uid' \(got shape \[3\]\)"):
@@ -340,3 +344,74 @@ def test_file_appears_at_its_path_on_the_first_flush_and_stale_temporaries_go(tm
         raise RuntimeError("model failed")
     traj = read_trajectory(other)
     assert traj.attrs["completed"] is False and traj.metrics["n"].tolist() == [1]
+
+
+def _write_vectors(w: TrajectoryWriter, steps: range) -> None:
+    for step in steps:
+        w.write_metrics(step, {
+            "n": step,
+            "hist": np.asarray([step, 2 * step, 3], dtype=np.int64),  # int64 [T, 3] with edges
+            "share": torch.tensor([0.25 * step, 1.0 - 0.25 * step]),  # a 1-D tensor: float64 [T, 2]
+            "one": [float(step)],  # a list of one entry: a vector [T, 1], not a scalar
+            "grows": np.asarray([step, step]) if step < 3 else np.asarray([step / 2, step]),  # int, then float
+        }, edges={"hist": [-np.inf, 0.0, 1.0, np.inf]})
+
+
+def test_vector_metrics_are_t_by_k_datasets_with_their_edges(tmp_path, monkeypatch):
+    from agentsim.io import hdf5
+
+    monkeypatch.setattr(hdf5, "_BUFFER_ROWS", 2)  # several batches, one of them promoting 'grows' to float
+    path = tmp_path / "vec.h5"
+    with TrajectoryWriter(path, model="m", params={}, seed=0, steps=5, compression=None) as w:
+        _write_vectors(w, range(6))
+    traj = read_trajectory(path)
+    m = traj.metrics
+    assert m["hist"].dtype == np.int64 and m["hist"].tolist() == [[s, 2 * s, 3] for s in range(6)]
+    assert m["share"].dtype == np.float64 and m["share"].shape == (6, 2) and m["one"].shape == (6, 1)
+    assert m["grows"].dtype == np.float64 and m["grows"][:, 1].tolist() == list(range(6))
+    assert m["grows"][:, 0].tolist() == [0, 1, 2, 1.5, 2.0, 2.5]
+    assert list(traj.edges) == ["hist"] and traj.edges["hist"].tolist() == [-np.inf, 0.0, 1.0, np.inf]
+    with h5py.File(path, "r") as f:  # plain h5py: resizable along T like the scalar series
+        assert f["metrics/hist"].maxshape == (None, 3) and f["metrics/n"].maxshape == (None,)
+        assert f["metrics/hist"].attrs["edges"].tolist() == [-np.inf, 0.0, 1.0, np.inf]
+
+
+def test_vector_shapes_and_edges_are_checked(tmp_path):
+    w = TrajectoryWriter(tmp_path / "e.h5", model="m", params={}, seed=0, steps=3, compression=None)
+    w.write_metrics(0, {"v": np.ones(3), "s": 1.0})
+    with pytest.raises(ConfigError, match=r"metric 'v': expected a vector of 3 entries as in the first row \(got a "
+                                          r"vector of 2 entries at step 1\); a vector metric has the same K"):
+        w.write_metrics(1, {"v": np.ones(2), "s": 1.0})
+    with pytest.raises(ConfigError, match=r"metric 'v': expected a vector of 3 entries as in the first row \(got a "
+                                          r"scalar at step 1\)"):
+        w.write_metrics(1, {"v": 1.0, "s": 1.0})
+    with pytest.raises(ConfigError, match=r"metric 'v': expected a scalar or a vector \[K\] of K >= 1 numbers "
+                                          r"\(got an array of float64 and shape \[0\]\)"):
+        w.write_metrics(1, {"v": np.ones(0), "s": 1.0})
+    with pytest.raises(ConfigError, match=r"metrics edges of 'v': expected 4 bin edges for a vector metric of this "
+                                          r"row \(got 3 for a vector of 3 entries\)"):
+        w.write_metrics(1, {"v": np.ones(3), "s": 1.0}, edges={"v": [0, 1, 2]})
+    with pytest.raises(ConfigError, match=r"metrics edges of 's': expected K \+ 1 bin edges"):
+        w.write_metrics(1, {"v": np.ones(3), "s": 1.0}, edges={"s": [0, 1]})
+    w.close(completed=False)
+
+
+def test_a_continued_file_truncates_and_appends_t_by_k_rows(tmp_path):
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    with TrajectoryWriter(full, model="m", params={}, seed=0, steps=5, compression=None) as w:
+        _write_vectors(w, range(6))
+    with TrajectoryWriter(part, model="m", params={}, seed=0, steps=5, compression=None) as w:
+        _write_vectors(w, range(5))  # "killed" after step 4
+        w.close(completed=False)
+    w = TrajectoryWriter.continue_file(part, model="m", params={}, seed=0, before=3, steps=5)
+    with pytest.raises(ConfigError, match=r"metric 'hist': expected a vector of 3 entries as in the first row"):
+        w.write_metrics(3, {"n": 3, "hist": np.ones(4, dtype=np.int64), "share": np.ones(2), "one": [1.0],
+                            "grows": np.ones(2)})
+    _write_vectors(w, range(3, 6))  # rows 3 and 4 dropped, written again, then 5
+    w.close(completed=True)
+    a, b = read_trajectory(full), read_trajectory(part)
+    assert sorted(a.metrics) == sorted(b.metrics)
+    for name in a.metrics:
+        assert a.metrics[name].tobytes() == b.metrics[name].tobytes() and a.metrics[name].shape == \
+            b.metrics[name].shape, name
+    assert b.edges["hist"].tolist() == a.edges["hist"].tolist()

@@ -11,9 +11,12 @@ Root attributes:
     writer is closed with ``completed=True``).
 
 ``/metrics``:
-    ``step`` int64 ``[T]`` and one dataset ``[T]`` per metric (int64 for integer
-    values, float64 otherwise), one row per :meth:`TrajectoryWriter.write_metrics`
-    call. A name containing ``/`` is a nested group (``infected/young``).
+    ``step`` int64 ``[T]`` and one dataset ``[T]`` per scalar metric, ``[T, K]`` per
+    vector metric (K entries per row, fixed by the first row; int64 for integer values,
+    float64 otherwise), one row per :meth:`TrajectoryWriter.write_metrics` call. A
+    histogram metric's dataset has the attribute ``edges`` (float64 ``[K + 1]``, the bin
+    edges, ``-inf`` / ``inf`` for open-ended bins). A name containing ``/`` is a nested
+    group (``infected/young``).
 
 ``/agents/<population>``:
     ``step`` int64 ``[K]``: the step of each recorded frame; ``offsets`` int64
@@ -183,6 +186,28 @@ def _check_names(kind: str, expected: Sequence[str] | None, got: Iterable[str]) 
         )
 
 
+def _metric_value(name: str, value: Any) -> int | float | np.ndarray:
+    """A metric value: a Python int or float (0-d, or a number), or a vector ``[K]`` (``K >= 1``,
+    a 1-D tensor, array, list or tuple of numbers) as an int64 or float64 array.
+    """
+    if isinstance(value, Tensor):
+        if value.dim() == 0:
+            return _scalar("metric", name, value)
+        value = _to_numpy(f"metric '{name}'", value)
+    elif isinstance(value, (list, tuple)):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray) or value.ndim == 0:
+        return _scalar("metric", name, value)
+    if value.ndim != 1 or value.size == 0 or value.dtype.kind not in "biuf":
+        raise ConfigError(f"metric '{name}': expected a scalar or a vector [K] of K >= 1 numbers (got an array of "
+                          f"{value.dtype} and shape {list(value.shape)})")
+    return value.astype(np.float64 if value.dtype.kind == "f" else np.int64, copy=False)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "a scalar" if not shape else f"a vector of {shape[0]} entries"
+
+
 def _scalar(kind: str, name: str, value: Any) -> int | float:
     """A metric or perf value as a Python int or float."""
     if isinstance(value, Tensor):
@@ -220,14 +245,18 @@ def _to_numpy(kind: str, value: Any) -> np.ndarray:
 
 @dataclass
 class _ScalarSeries:
-    """A scalar series (metrics, perf): rows buffered in memory, written in batches."""
+    """A series of small rows (metrics, perf): rows buffered in memory, written in batches. A
+    metric is a scalar or a vector (``shapes``: ``()`` or ``(K,)``, fixed by the first row).
+    """
 
     group: h5py.Group
     names: tuple[str, ...] = ()
     last_step: int | None = None
     steps: list[int] = field(default_factory=list)
-    rows: list[tuple[int | float, ...]] = field(default_factory=list)
+    rows: list[tuple[int | float | np.ndarray, ...]] = field(default_factory=list)
     is_created: bool = False
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    edges: dict[str, tuple[float, ...]] = field(default_factory=dict)  # histogram edges, stored with the rows
 
 
 @dataclass
@@ -403,10 +432,13 @@ class TrajectoryWriter:
             return _ScalarSeries(group)
         steps = group["step"][...]
         n = int(np.searchsorted(steps, before, side="left"))
-        for name in [*cls._datasets(group, ("step",)), "step"]:
-            group[name].resize(n, axis=0)
-        return _ScalarSeries(group, names=tuple(cls._datasets(group, ("step",))),
-                             last_step=int(steps[n - 1]) if n else None, is_created=True)
+        names = cls._datasets(group, ("step",))
+        for name in [*names, "step"]:
+            group[name].resize(n, axis=0)  # [T] and [T, K] alike
+        return _ScalarSeries(group, names=tuple(names), last_step=int(steps[n - 1]) if n else None, is_created=True,
+                             shapes={name: tuple(group[name].shape[1:]) for name in names},
+                             edges={name: tuple(group[name].attrs["edges"].tolist()) for name in names
+                                    if "edges" in group[name].attrs})
 
     @classmethod
     def _frames_before(cls, group: h5py.Group, before: int, rows: bool = False) -> _Series:
@@ -474,7 +506,7 @@ class TrajectoryWriter:
         ds.resize(n0 + len(rows), axis=0)
         ds[n0:] = rows
 
-    def _buffer_row(self, series: _ScalarSeries, step: int, values: Mapping[str, int | float]) -> None:
+    def _buffer_row(self, series: _ScalarSeries, step: int, values: Mapping[str, int | float | np.ndarray]) -> None:
         if series.last_step is None:
             series.names = tuple(values)
         series.steps.append(step)
@@ -493,18 +525,26 @@ class TrajectoryWriter:
             if not series.is_created:
                 self._create(g, "step", np.dtype(np.int64), ())
             for name, column in zip(series.names, columns, strict=True):
-                is_float = any(isinstance(v, float) for v in column)
+                shape = series.shapes.get(name, ())
+                if shape:  # a vector metric: [rows, K]
+                    data = np.stack(column)
+                    is_float = data.dtype.kind == "f"
+                else:
+                    is_float = any(isinstance(v, float) for v in column)
                 if not series.is_created:
-                    ds = self._create(g, name, np.dtype(np.float64 if is_float else np.int64), ())
+                    ds = self._create(g, name, np.dtype(np.float64 if is_float else np.int64), shape)
                 else:
                     ds = g[name]
                     if is_float and ds.dtype == np.int64:
                         # An integer series got a float (e.g. `x / n if n else 0`): promote to float64.
-                        old = ds[...].astype(np.float64)
+                        old, attrs = ds[...].astype(np.float64), dict(ds.attrs)
                         del g[name]
-                        ds = self._create(g, name, np.dtype(np.float64), ())
+                        ds = self._create(g, name, np.dtype(np.float64), shape)
+                        ds.attrs.update(attrs)
                         self._append(ds, old)
-                self._append(ds, np.asarray(column, dtype=ds.dtype))
+                if name in series.edges and "edges" not in ds.attrs:
+                    ds.attrs["edges"] = np.asarray(series.edges[name], dtype=np.float64)
+                self._append(ds, data.astype(ds.dtype, copy=False) if shape else np.asarray(column, dtype=ds.dtype))
             self._append(g["step"], np.asarray(series.steps, dtype=np.int64))
             series.is_created = True
             series.steps.clear()
@@ -514,27 +554,52 @@ class TrajectoryWriter:
 
     # ---------------------------------------------------------------- writing
     @_io_errors
-    def write_metrics(self, step: int, metrics: Mapping[str, int | float | Tensor]) -> None:
+    def write_metrics(self, step: int, metrics: Mapping[str, int | float | Tensor | np.ndarray | Sequence[float]],
+                      *, edges: Mapping[str, Sequence[float]] | None = None) -> None:
         """Append one row to ``/metrics`` (buffered, see the module doc) and advance ``steps_completed``.
 
         Args:
             step: Step of this row, after the previous one.
-            metrics: Name to scalar (int, float, bool, 0-d / 1-element tensor or array).
-                The first call fixes the names; integer values give int64 series,
-                others float64 (an int series turns float64 if a float arrives later).
+            metrics: Name to scalar (int, float, bool, 0-d tensor or array) or vector ``[K]``
+                (a 1-D tensor, array, list or tuple: a ``[T, K]`` dataset).
+                The first call fixes the names and each one's K (a 1-D value is a vector, even
+                of one entry); integer values give int64 series, others float64 (an int
+                series turns float64 if a float arrives later).
+            edges: Name of a vector metric to its histogram's ``K + 1`` bin edges, stored as the
+                dataset's ``edges`` attribute (the first edges given for a name are kept).
 
         Raises:
             ConfigError: Names differ from the first call, ``"step"`` is used as a
-                name, a value is not a scalar, or ``step`` does not increase.
+                name, a value is neither a scalar nor a vector, a vector's K or a
+                scalar's shape differs from the first row, edges that do not fit their
+                vector, or ``step`` does not increase.
         """
         self._check_open()
         step = self._next_step(self._metrics, "metrics", step)
         if "step" in metrics:
             raise ConfigError("metrics: 'step' is reserved for the step column; pass the step as the first argument")
-        values = {_check_name("metric", k, nested=True): _scalar("metric", k, v) for k, v in metrics.items()}
-        _check_names("metrics", self._metrics.names if self._metrics.last_step is not None else None, values)
+        values = {_check_name("metric", k, nested=True): _metric_value(k, v) for k, v in metrics.items()}
+        series = self._metrics
+        first = series.last_step is None
+        _check_names("metrics", None if first else series.names, values)
+        for name, v in values.items():
+            shape = tuple(v.shape) if isinstance(v, np.ndarray) else ()
+            if first and not series.is_created:
+                series.shapes[name] = shape
+            elif series.shapes.get(name, ()) != shape:
+                raise ConfigError(f"metric '{name}': expected {_shape_text(series.shapes.get(name, ()))} as in the "
+                                  f"first row (got {_shape_text(shape)} at step {step}); a vector metric has the "
+                                  "same K at every step")
+        for name, e in (edges or {}).items():
+            if name in series.edges:
+                continue
+            k = series.shapes.get(name, ())
+            if name not in values or not k or len(e) != k[0] + 1:
+                raise ConfigError(f"metrics edges of '{name}': expected {k[0] + 1 if k else 'K + 1'} bin edges for "
+                                  f"a vector metric of this row (got {len(e)} for {_shape_text(k)})")
+            series.edges[name] = tuple(float(x) for x in e)
         self.steps_completed = max(self.steps_completed, step)
-        self._buffer_row(self._metrics, step, values)
+        self._buffer_row(series, step, values)
 
     @_io_errors
     def write_perf(self, step: int, figures: Mapping[str, float]) -> None:
@@ -726,6 +791,18 @@ def _read_series(group: h5py.Group) -> dict[str, np.ndarray]:
     return out
 
 
+def _read_edges(group: h5py.Group) -> dict[str, np.ndarray]:
+    """The ``edges`` attribute of every dataset under ``group`` that has one (histogram metrics)."""
+    out: dict[str, np.ndarray] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and "edges" in obj.attrs:
+            out[name] = np.asarray(obj.attrs["edges"], dtype=np.float64)
+
+    group.visititems(visit)
+    return out
+
+
 @dataclass(frozen=True)
 class _Population:
     steps: np.ndarray
@@ -743,7 +820,8 @@ class Trajectory:
         path: The file.
         attrs: Root attributes, with ``params`` and ``versions`` decoded from JSON and
             ``completed`` as a bool.
-        metrics: Name to ``[T]`` array, including ``"step"``.
+        metrics: Name to ``[T]`` array (``[T, K]`` for a vector metric), including ``"step"``.
+        edges: Name of a histogram metric to its bin edges, float64 ``[K + 1]``.
         perf: Name to ``[T_perf]`` array, including ``"step"`` (empty if none written).
         populations: Population names, in the order first written.
         env_names: Environment layer names.
@@ -759,6 +837,7 @@ class Trajectory:
             attrs["completed"] = bool(attrs["completed"])
         self.attrs: dict[str, Any] = attrs
         self.metrics: dict[str, np.ndarray] = _read_series(file["metrics"]) if "metrics" in file else {}
+        self.edges: dict[str, np.ndarray] = _read_edges(file["metrics"]) if "metrics" in file else {}
         self.perf: dict[str, np.ndarray] = _read_series(file["perf"]) if "perf" in file else {}
         self._pops: dict[str, _Population] = {}
         for name, g in (file["agents"].items() if "agents" in file else []):

@@ -1,8 +1,9 @@
 """What a run records, and the :class:`Recorder` that writes it to a trajectory file.
 
-The engine hands the recorder one row of metrics per step (and one of ``/perf`` figures
-per step after step 0) and, on frame steps, the agents and environment layers gathered
-on rank 0 by the partitioner. Agent frames are written at step 0, at the last step and
+The engine hands the recorder one row of metrics per step (a vector metric's value a numpy
+array ``[K]``, with the same K at every step: checked here; a histogram's edges go into the
+file), one of ``/perf`` figures per step after step 0 and, on frame steps, the agents and
+environment layers gathered on rank 0 by the partitioner. Agent frames are written at step 0, at the last step and
 every ``every`` steps. Only rank 0 writes; the other ranks take part in the gathers.
 
 :func:`recording` resolves which fields to record: ``"pop"`` (every field of a
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
 from ..errors import ConfigError, did_you_mean
@@ -103,6 +105,18 @@ def recording(state: State, record: Iterable[str] | None) -> Recording:
     return rec
 
 
+def _shape(value: Any) -> tuple[int, ...]:
+    """The shape of a metric value: ``()`` for a number, ``(K,)`` for a vector."""
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(value))
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    if not shape:
+        return "a scalar"
+    return f"a vector of {shape[0]} entries" if len(shape) == 1 else f"shape {list(shape)}"
+
+
 def check_every(every: object, name: str = "every") -> int | None:
     """Validate ``every`` (None, or an int >= 1); ``name`` for the message."""
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
@@ -129,6 +143,8 @@ class Recorder:
         self.spec = spec
         self.every = check_every(every)
         self.writer: TrajectoryWriter | None = None
+        self._shapes: dict[str, tuple[int, ...]] | None = None  # each metric's shape in the first row
+        self._first_step = 0
         self._flushed: float | None = None  # monotonic time of the last flush
         if out is not None and rank == 0:
             self.writer = TrajectoryWriter(out, compression=None, **header) if continue_before is None else \
@@ -146,12 +162,37 @@ class Recorder:
         return self.gathers and (done == 0 or done == steps or (self.every is not None and done % self.every == 0))
 
     def write_row(self, step: int, metrics: Mapping[str, Any], perf: Mapping[str, float] | None) -> None:
-        """The metrics of ``step`` (without ``step``), and its ``/perf`` figures (none at step 0)."""
+        """The metrics of ``step`` (without ``step``), and its ``/perf`` figures (none at step 0).
+
+        Every rank checks the row (the same on every rank): each metric keeps the shape of the
+        run's first row.
+
+        Raises:
+            ConfigError: A metric's shape changed (a vector metric's K, or a scalar that became
+                a vector), naming the metric.
+        """
+        self._check_shapes(step, metrics)
         if self.writer is None:
             return
-        self.writer.write_metrics(step, {k: v for k, v in metrics.items() if k != "step"})
+        values = {k: v for k, v in metrics.items() if k != "step"}
+        edges = {k: e for k, v in values.items()
+                 if isinstance(v, np.ndarray) and v.ndim == 1 and (e := getattr(v, "edges", None))}
+        self.writer.write_metrics(step, values, edges=edges or None)
         if perf is not None:
             self.writer.write_perf(step, perf)
+
+    def _check_shapes(self, step: int, metrics: Mapping[str, Any]) -> None:
+        shapes = {k: _shape(v) for k, v in metrics.items() if k != "step"}
+        if self._shapes is None:
+            self._shapes, self._first_step = shapes, step
+            return
+        for name, shape in shapes.items():
+            want = self._shapes.get(name)
+            if want is not None and shape != want:
+                raise ConfigError(
+                    f"metric '{name}': expected {_shape_text(want)} at every step, as at step {self._first_step} "
+                    f"(got {_shape_text(shape)} at step {step}); a vector metric returns [n, K] with the same K on "
+                    "every rank and at every step ([0, K] on a rank without agents)")
 
     def write_frame(self, step: int, frame: Frame | None) -> None:
         """A frame gathered on rank 0 (None on the other ranks)."""

@@ -7,14 +7,16 @@ Layout (``format = "agentsim-study"``, ``format_version = 1``)::
                             and the summary written)
     /runs/<run_id>/         attrs: params (JSON) and each parameter by name, seed, combo,
                             replicate, attempts, seconds, completed (True once every series is in)
-    /runs/<run_id>/<metric> [T] the metric's series (``step`` included)
+    /runs/<run_id>/<metric> [T] the metric's series (``step`` included); [T, K] for a vector metric
     /failures/<run_id>      attrs: params, seed, attempts, kind ("exception" or "system"),
                             error, traceback (a run that failed for good; removed if it
                             succeeds after a resume)
     /summary/<column>       one row per completed run: run_id, combo, replicate, seed, each
-                            parameter, and per metric ``final_<m>``, ``peak_<m>``, ``peak_step_<m>``
+                            parameter, and per scalar metric ``final_<m>``, ``peak_<m>``,
+                            ``peak_step_<m>`` (vector metrics have no summary columns)
     /bands/<combo>/<metric> [Q, T] quantiles over the combination's runs (attrs: quantiles,
-                            params), equal to ``np.quantile(series, q, axis=0)``
+                            params), equal to ``np.quantile(series, q, axis=0)``; [Q, T, K]
+                            for a vector metric, each entry's quantiles
 
 A run's group is written whole and the file flushed before the driver goes on, so a study
 killed at any moment leaves every run finished before the last flush (a run group without
@@ -212,7 +214,9 @@ def status_path(path: str) -> str:
 
 
 def summary_table(f: h5py.File) -> dict[str, np.ndarray]:
-    """One row per completed run: ids, seed, parameters, and final / peak / peak step of every metric."""
+    """One row per completed run: ids, seed, parameters, and final / peak / peak step of every scalar
+    metric (vector metrics, ``[T, K]`` series, are left out).
+    """
     runs = sorted((k, g) for k, g in f["runs"].items() if g.attrs.get("completed", False))
     cols: dict[str, list[Any]] = {"run_id": [], "combo": [], "replicate": [], "seed": []}
     for k, g in runs:
@@ -226,6 +230,8 @@ def summary_table(f: h5py.File) -> dict[str, np.ndarray]:
             if metric == "step":
                 continue
             series = np.asarray(g[metric][...])
+            if series.ndim != 1:  # a vector metric
+                continue
             steps = np.asarray(g["step"][...]) if "step" in g else np.arange(len(series))
             peak = int(np.argmax(series)) if len(series) else 0
             cols.setdefault(f"final_{metric}", []).append(series[-1] if len(series) else np.nan)
@@ -338,5 +344,7 @@ def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def quantile_bands(series: Iterable[np.ndarray], quantiles: Sequence[float] = QUANTILES) -> np.ndarray:
-    """``[Q, T]`` quantiles over runs of equal length (what ``/bands`` holds)."""
+    """``[Q, T]`` quantiles over runs of equal length (what ``/bands`` holds; ``[Q, T, K]`` for
+    ``[T, K]`` series).
+    """
     return np.quantile(np.stack([np.asarray(s, dtype=np.float64) for s in series]), list(quantiles), axis=0)

@@ -8,7 +8,8 @@ Examples:
     (0.02, 1)
 
 Each record holds the parameters, the seed and the metrics at the last step (or,
-with ``keep="series"``, every metric's full series as a list). Runs are independent
+with ``keep="series"``, every metric's full series as a list); a vector metric's value is a
+list of its K entries. Runs are independent
 and sequential here; a sweep over a cluster (e.g. Ray) maps :func:`run_one` over the
 same list of configurations.
 """
@@ -44,7 +45,7 @@ def run_one(model: Model | str, params: Mapping[str, Any], seed: int, agents: in
     for key, series in metrics.items():
         if key == "step":
             continue
-        record[key] = series.tolist() if keep == "series" else series[-1].item()
+        record[key] = series.tolist() if keep == "series" else series[-1].tolist()  # a vector metric: a list
     return record
 
 
