@@ -1,4 +1,4 @@
-"""The reference models (sir, boids, schelling, wolfsheep, randomwalk, flu, spillover, circles).
+"""The reference models (sir, boids, schelling, wolfsheep, randomwalk, flu, spillover, circles, sugarscape).
 
 They live in the top-level ``models/`` folder of the repository and install as
 ``agentsim.models`` (see ``[tool.setuptools.package-dir]`` in ``pyproject.toml``), so
