@@ -197,10 +197,182 @@ def test_gradients_through_the_data_partitioner_equal_one_process(relax):
 
 
 
-def test_a_metric_that_returns_an_exact_sum_cannot_be_calibrated_and_says_why():
-    # The random walk's MSD metric is an ExactSum (metrics.sum_of_squares): no per-agent values.
+def test_a_metric_that_returns_an_exact_sum_is_calibrated_only_without_replicates_or_gradients():
+    # The random walk's MSD metric is an ExactSum (metrics.sum_of_squares): this rank's sum, no per-agent values.
     walk = asim.get_model("randomwalk")
-    objective = Objective(walk, Series((1.0, 2.0), (2.0, 4.0), "msd", "inline"), ("step_size",), "sum_sq_disp",
-                          agents=100)
-    with pytest.raises(asim.ConfigError, match=r"calibration needs one value per agent .*an ExactSum"):
+    data = Series((1.0, 2.0), (2.0, 4.0), "msd", "inline")
+    run = asim.run(walk, agents=100, steps=2, seed=0)
+    for metric in ("sum_sq_disp", "msd"):  # the sum itself, and the derived mean over walkers
+        series = Objective(walk, data, ("step_size",), metric, agents=100).simulate({"step_size": 1.0}, 0)[0]
+        assert series[:, 0].tolist() == run.metrics[metric][1:].tolist(), metric
+    objective = Objective(walk, data, ("step_size",), "sum_sq_disp", agents=100)
+    with pytest.raises(asim.ConfigError, match=r"calibration needs one value per agent .*to carry gradients; got "
+                                               r"an ExactSum"):
+        objective.simulate({"step_size": 1.0}, 0, grad=True)
+    objective = Objective(walk, data, ("step_size",), "msd", agents=100, replicates="uid")
+    with pytest.raises(asim.ConfigError, match=r"derived metric 'msd' reads 'sum_sq_disp', which calibration cannot "
+                                               r"get: calibration needs one value per agent .*split by replicates"):
         objective.simulate({"step_size": 1.0}, 0)
+
+
+# --------------------------------------------------------------------------- what is compared
+# A tiny model whose metrics are known by hand: every cell grows by rate * 2u a step (u uniform,
+# keyed by uid), so x's mean after t steps is about rate * t; cells are dealt to `groups` groups
+# (the replicates). Module level, so that worker processes import it as test_calibrate:GROW.
+GROW = asim.Model("grow", params={"rate": asim.Param(0.5, "mean growth per step", gt=0.0),
+                                  "groups": asim.Param(4, "number of groups (replicates)", ge=1)})
+
+
+@GROW.substep(writes=["cell.x"])
+def grow(ctx: asim.Context) -> None:
+    cell = ctx["cell"]
+    cell["x"] = cell["x"] + ctx.params["rate"] * 2 * ctx.rng.uniform(cell["uid"], "grow", dtype=torch.float64)
+
+
+@GROW.init
+def _init_cells(ic: asim.InitContext) -> None:
+    uid = ic.uids("cell", ic.n_agents)
+    ic.add("cell", uid=uid, x=torch.zeros(ic.n_agents, dtype=torch.float64),
+           group=(uid % ic.params["groups"]).to(torch.int32))
+    ic.add("lamp", uid=ic.uids("lamp", 3), on=torch.ones(3, dtype=torch.bool))  # no group field
+
+
+@GROW.metric(reduce="mean")
+def x(state) -> torch.Tensor:
+    return state["cell"]["x"]
+
+
+@GROW.metric()
+def total(state) -> torch.Tensor:
+    return state["cell"]["x"]
+
+
+@GROW.metric()
+def big(state) -> torch.Tensor:
+    return state["cell"]["x"] > 1.0
+
+
+@GROW.metric()
+def lamps(state) -> torch.Tensor:
+    return state["lamp"]["on"]
+
+
+@GROW.derived
+def per_cell(m):  # the mean again, from the sum: torch operations on the sum keep its gradient
+    return m["total"] / max(m["n_cell"], 1)
+
+
+@GROW.derived
+def share_big(m):
+    return float(m["big"]) / m["n_cell"]
+
+
+@GROW.derived
+def per_lamp(m):
+    return m["total"] / m["n_lamp"]
+
+
+TRUE_RATE = 0.7
+GROW_RUN = asim.run(GROW, agents=200, steps=6, seed=3, params={"rate": TRUE_RATE})
+GROW_DATA = Series(tuple(float(t) for t in range(1, 7)), tuple(GROW_RUN.metrics["x"][1:].tolist()), "x", "GROW")
+
+
+@pytest.mark.parametrize("metric", ["x", "total", "big", "per_cell", "share_big", "per_lamp"])
+def test_the_value_compared_is_the_one_the_trajectory_reports_step_by_step(metric):
+    objective = Objective(GROW, GROW_DATA, ("rate",), metric, agents=200)
+    series = objective.simulate({"rate": TRUE_RATE}, 3)[0]
+    assert series.shape == (6, 1)
+    assert series[:, 0].tolist() == [float(v) for v in GROW_RUN.metrics[metric][1:]]
+
+
+def test_a_mean_metric_fit_recovers_the_rate_that_made_the_data():
+    # Before, the data (a mean, about 0.7 t) were compared with the sum over 200 cells: the fit ran to its bound.
+    result = fit(Objective(GROW, GROW_DATA, ("rate",), "x", agents=200, seeds=(3,)), start={"rate": 0.3})
+    assert result.params["rate"] == pytest.approx(TRUE_RATE, rel=1e-3), result.params
+    assert result.loss < 1e-6
+
+
+def test_a_derived_metric_fit_recovers_the_rate_that_made_the_data():
+    result = fit(Objective(GROW, GROW_DATA, ("rate",), "per_cell", agents=200, seeds=(3,)), "spsa",
+                 start={"rate": 0.3}, iterations=40)
+    assert result.params["rate"] == pytest.approx(TRUE_RATE, rel=0.02), result.params
+
+
+def test_replicates_give_each_replicates_own_mean_and_derived_value():
+    sim = asim.Simulation(GROW, agents=200, seed=3, params={"rate": TRUE_RATE})
+    sim.run(6)
+    cells = sim.state["cell"]
+    by_hand = torch.stack([cells["x"][cells["group"] == g].mean() for g in range(4)])
+    sizes = torch.bincount(cells["group"].long(), minlength=4)
+    for metric in ("x", "per_cell"):
+        objective = Objective(GROW, GROW_DATA, ("rate",), metric, agents=200, replicates="group")
+        series = objective.simulate({"rate": TRUE_RATE}, 3)[0]
+        assert series.shape == (6, 4)
+        assert torch.allclose(series[-1], by_hand, rtol=1e-6, atol=0), (metric, series[-1], by_hand)  # fixed point
+    share = Objective(GROW, GROW_DATA, ("rate",), "share_big", agents=200, replicates="group")
+    got = share.simulate({"rate": TRUE_RATE}, 3)[0][-1]
+    assert got.tolist() == [int((cells["x"][cells["group"] == g] > 1.0).sum()) / int(sizes[g]) for g in range(4)]
+
+
+def replicate_series(comm, metric: str, grad: bool) -> torch.Tensor:
+    objective = Objective(GROW, GROW_DATA, ("rate",), metric, agents=200, replicates="group", comm=comm)
+    return objective.simulate({"rate": TRUE_RATE}, 3, grad=grad)[0].detach()
+
+
+@pytest.mark.timeout(240)
+def test_per_replicate_values_are_the_same_on_two_ranks():
+    for metric in ("x", "per_cell"):
+        one = replicate_series(LocalComm(), metric, False)
+        two = run_ranks(replicate_series, 2, (metric, False), timeout=120.0)
+        assert all(torch.equal(got, one) for got in two), metric
+        grad_one = replicate_series(LocalComm(), metric, True)
+        assert torch.allclose(grad_one, one, rtol=1e-6, atol=0)  # float sums against fixed point
+
+
+def test_a_derived_metric_carries_gradients_when_it_is_computed_with_torch_operations():
+    objective = Objective(GROW, GROW_DATA, ("rate",), "per_cell", agents=200, replicates="group")
+    series, sim = objective.simulate({"rate": TRUE_RATE}, 3, grad=True)
+    grads = sim.parameter_gradients(series.sum())
+    assert float(grads["rate"]) == pytest.approx(float(series.sum()) / TRUE_RATE, rel=1e-9)  # linear in the rate
+    result = fit(Objective(GROW, GROW_DATA, ("rate",), "per_cell", agents=200, seeds=(3,)), "adam",
+                 start={"rate": 0.5}, iterations=30, lr=0.1)
+    assert abs(result.params["rate"] / TRUE_RATE - 1) < 0.05, result.params
+
+
+@pytest.mark.parametrize(("metric", "replicates", "grad", "message"), [
+    ("share_big", None, True, r"derived metric 'share_big' cannot carry gradients: it returned float \(float\(\)"),
+    ("per_lamp", "group", False, r"derived metric 'per_lamp' reads 'n_lamp', which calibration cannot get: "
+                                 r"population 'lamp' has no integer field 'group'"),
+    ("lamps", "group", False, r"metric 'lamps': replicates: no population holds an integer field 'group' with one "
+                              r"row per value of metric 'lamps'"),
+])
+def test_metrics_that_cannot_be_observed_so_say_why(metric, replicates, grad, message):
+    objective = Objective(GROW, GROW_DATA, ("rate",), metric, agents=200, replicates=replicates)
+    with pytest.raises(asim.ConfigError, match=message):
+        objective.simulate({"rate": TRUE_RATE}, 3, grad=grad)
+
+
+def test_a_vector_metric_and_an_unknown_metric_are_refused_with_the_choices():
+    model = GROW.configure()
+    model.add_metric(asim.Metric(lambda state: torch.stack([state["cell"]["x"]] * 2, 1), name="both"))
+    objective = Objective(model, GROW_DATA, ("rate",), "both", agents=20)
+    with pytest.raises(asim.ConfigError, match=r"metric 'both': a vector metric \(\[n, K\] values, K = 2\); "
+                                               "calibration compares one number per time"):
+        objective.simulate({"rate": TRUE_RATE}, 0)
+    with pytest.raises(asim.ConfigError, match=r"model 'grow' has no metric 'per_cel' \(metrics: x, total, big, lamps; "
+                                               r"derived: per_cell, share_big, per_lamp\)\. Perhaps you meant "
+                                               r"'per_cell'\?"):
+        Objective(GROW, GROW_DATA, ("rate",), "per_cel")
+
+
+def test_the_cli_fits_a_derived_metric_of_a_user_model(tmp_path, capsys):
+    data = tmp_path / "x.csv"  # the CLI runs seeds 0..K-1: the data of seed 0
+    made = asim.run(GROW, agents=200, steps=6, seed=0, params={"rate": TRUE_RATE}).metrics["per_cell"][1:]
+    data.write_text("# GROW's per_cell at rate 0.7, seed 0\nday,x\n" + "".join(f"{t},{v!r}\n" for t, v in
+                                                                          enumerate(made.tolist(), start=1)))
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", "test_calibrate:GROW", "--data", str(data), "--column", "x", "--metric", "per_cell",
+                 "--fit", "rate", "--agents", "200", "--start", "rate=0.3", "--quiet", "--out", str(out)]) == 0
+    capsys.readouterr()
+    got = json.loads(out.read_text())
+    assert got["params"]["rate"] == pytest.approx(TRUE_RATE, rel=1e-3) and got["settings"]["metric"] == "per_cell"

@@ -23,6 +23,10 @@ def calibrate(model: Model | str, data: Series, fit_params: Sequence[str], metri
               iterations: int | None = None, progress: bool = False, **objective: Any) -> FitResult:
     """Fit ``fit_params`` of ``model`` so that its ``metric`` matches ``data``.
 
+    ``metric`` is compared as the trajectory reports it (``RunResult.metrics[metric]``: the sum
+    of a ``reduce="sum"`` metric, the mean of a ``reduce="mean"`` one, per replicate with
+    ``replicates``), and may be a derived metric (see :mod:`~agentsim.calibrate.objective`).
+
     ``objective`` holds the :class:`~agentsim.calibrate.objective.Objective` settings (``agents``,
     ``seeds``, ``params``, ``loss``, ``replicates``, ``takeoff``, ``aggregate``, ...). With
     ``world_size`` > 1 every run is split over that many local processes (data partitioner);

@@ -168,13 +168,16 @@ def _spsa(loss_at: Callable[[np.ndarray], float], z0: np.ndarray, lo: np.ndarray
 
 def _adam(objective: Objective, names: Sequence[str], z0: np.ndarray, lo: np.ndarray, hi: np.ndarray,
           iterations: int, lr: float, loss_at: Callable[[np.ndarray], float]) -> None:
-    """Adam on the log-parameters with pathwise gradients (straight-through draws)."""
+    """Adam on the log-parameters with pathwise gradients (straight-through draws; a model without
+    a ``relax`` parameter runs as it is).
+    """
+    relax = "straight_through" if "relax" in objective.model.param_table.params else None
     z = torch.tensor(z0, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([z], lr=lr)
     for _ in range(iterations):
         values = {n: float(v) for n, v in zip(names, z.detach().exp(), strict=True)}
         grads = torch.zeros(len(names), dtype=torch.float64)
-        runs = [objective.simulate(values, s, grad=True, relax="straight_through") for s in objective.seeds]
+        runs = [objective.simulate(values, s, grad=True, relax=relax) for s in objective.seeds]
         loss = objective.loss_of(torch.cat([series for series, _ in runs], dim=1))
         for _, sim in runs:  # every rank's exchanges join the backward pass (see distributed.autograd)
             loss = reach_exchanges(loss, sim.partition.grad_links)

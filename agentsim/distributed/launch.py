@@ -27,10 +27,11 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .. import errors
-from ..catalog import BUILTIN, get_model
+from ..catalog import BUILTIN, get_model, is_file_reference, module_reference
 from ..checkpoint import checkpoint_step, latest_checkpoint
 from ..comm import Comm
 from ..engine import RunResult, Simulation, check_agents, check_seed, check_steps
@@ -261,22 +262,62 @@ LaunchResult = RunResult  # the name of earlier releases
 
 
 def model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
-    """A picklable reference to a model: (name or 'module:ATTR', params, substep names)."""
+    """A picklable reference to a model, ``(what, params, substep names)`` with ``what`` a built-in
+    name, ``'module:ATTR'`` or ``'/abs/path/file.py:ATTR'``: :func:`resolve_model` turns it back
+    into the model on a worker process.
+
+    A :class:`~agentsim.model.Model` object is found by where it is defined: the first module,
+    in this order, that holds it (or the definition it was configured from) at module level:
+    the modules of its ``init`` function, of its substeps, metrics, derived metrics and rewards
+    (a model is usually defined next to its functions), then the script's ``__main__``, then
+    every imported module (a model assembled from functions defined elsewhere). A model found
+    in ``__main__`` is named ``__main__:ATTR``: a worker process started by ``spawn`` runs the
+    script's module level again (not its ``if __name__ == "__main__":`` block), so the model
+    must be defined there.
+
+    Raises:
+        ConfigError: a name that does not resolve, or a model that no imported module holds
+            (defined inside a function, or in an interactive session).
+    """
     if isinstance(model, str):
         get_model(model)  # fail here, not on every rank
+        where, sep, attr = model.rpartition(":")
+        if sep and is_file_reference(where):  # workers start in this working directory; absolute all the same
+            return f"{os.path.abspath(where)}:{attr}", None, None
         return model, None, None
     if not isinstance(model, Model):
         raise ConfigError(f"model: expected a Model or a model name (got {type(model).__name__})")
     params, substeps = dict(model.params), [s.name for s in model.substeps]
     if model.name in BUILTIN and model.same_definition(get_model(model.name)):
         return model.name, params, substeps
-    module = sys.modules.get(model.substeps[0].fn.__module__) if model.substeps else None
-    if module is not None:
-        for attr, value in vars(module).items():
-            if model.same_definition(value):
-                return f"{module.__name__}:{attr}", params, substeps
-    raise ConfigError(f"model '{model.name}': cannot find it to import on the worker processes; "
-                      "define it at module level and pass 'package.module:ATTR'")
+    for module in _candidate_modules(model):
+        # type(v), not isinstance: it would read v.__class__, which some module attributes warn about
+        found = next((k for k, v in list(vars(module).items())
+                      if issubclass(type(v), Model) and model.same_definition(v)), None)
+        if found is None:
+            continue
+        if module.__name__ == "__main__" and getattr(module, "__file__", None) is None:
+            raise ConfigError(f"model '{model.name}' is defined in an interactive session (or `python -c`), "
+                              "which worker processes cannot import: define it at module level in a file and "
+                              "pass the Model, 'package.module:ATTR' or 'path/to/file.py:ATTR'")
+        return module_reference(module, found), params, substeps
+    raise ConfigError(f"model '{model.name}': cannot find it to import on the worker processes (no imported "
+                      "module holds it at module level); define it at module level and pass "
+                      "'package.module:ATTR' or 'path/to/file.py:ATTR'")
+
+
+def _candidate_modules(model: Model) -> Iterator[ModuleType]:
+    """The modules that may hold ``model``, in the order :func:`model_ref` searches them."""
+    names = [n for n in (getattr(fn, "__module__", None) for fn in model.functions()) if isinstance(n, str)]
+    seen: set[str] = set()
+    for name in [*names, "__main__", *list(sys.modules)]:
+        module = sys.modules.get(name)
+        if not isinstance(module, ModuleType) or name in seen or name == "__mp_main__":
+            continue
+        if name != "__main__" and getattr(module, "__spec__", None) is None:
+            continue  # made at run time (types.ModuleType): another process cannot import it
+        seen.add(name)
+        yield module
 
 
 def resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> Model:
@@ -290,7 +331,7 @@ def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str]
                     run: dict[str, Any]) -> RunResult | None:
     sim = Simulation(resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
                      partition=run["partition"], sync_every=run["sync_every"], resume=run["resume"],
-                     **run["options"])
+                     check=run.get("check", False), **run["options"])
     result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"], append=run["append"],
                      **run["checkpoints"])
     if comm.rank != 0:
@@ -308,7 +349,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
            bins: int | None = None, overlap: bool | None = None, resume: str | os.PathLike[str] | None = None,
            checkpoint_every: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
            keep: int | None = None, checkpoint_async: bool = False, append: bool = False,
-           max_restarts: int = 0) -> RunResult:
+           max_restarts: int = 0, check: bool = False) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -337,6 +378,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             ``checkpoint_dir`` (from step 0 if there is none), writing on into ``out``; the
             result is the uninterrupted run's. As torchrun, any failure restarts: an error that
             repeats fails every attempt.
+        check: The check mode (see :class:`Simulation <agentsim.engine.Simulation>`).
 
     Returns:
         Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
@@ -378,11 +420,11 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
     if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
         return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
-                          resume=resume).run(steps, out=path, record=fields, every=every, append=append,
-                                             **checkpoints)
+                          resume=resume, check=check).run(steps, out=path, record=fields, every=every,
+                                                          append=append, **checkpoints)
     run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
            "partition": partition, "sync_every": sync_every, "device": device, "options": options,
-           "resume": resume, "checkpoints": checkpoints, "append": append}
+           "resume": resume, "checkpoints": checkpoints, "append": append, "check": check}
     total = steps + (0 if resume is None else checkpoint_step(resume))
     for attempt in range(max_restarts + 1):
         try:
