@@ -24,7 +24,7 @@
                    [--executor local|ray [--address A] [--cpus-per-run C] [--gpus-per-run G]]
                    [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
     agentsim study status STUDY.h5|DIR
-    agentsim plot FILE.h5 [--out FILE.png]
+    agentsim plot FILE.h5 [--out FILE.png] [--metrics A,B]
     agentsim animate FILE.h5 --out FILE.gif|mp4 [--fps N]
 
 
@@ -110,11 +110,32 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="DIR",
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
                           "--steps stays the run's total")
+    run.add_argument("--check", action="store_true", default=None,
+                     help="check mode: check every substep call against the contract (row order, reach, "
+                          "sums over one process's agents, env combines, env indices, uids); several times slower")
+    check = sub.add_parser("check", help="run a model at a small size on 1, 2 and 3 processes with each partitioner "
+                                         "(rows shuffled, resumed) and say whether the bits are the same")
+    check.add_argument("model", help="model name, module:ATTR or file.py:ATTR")
+    check.add_argument("--agents", type=int, default=1000, help="number of agents (default 1000)")
+    check.add_argument("--steps", type=int, default=10, help="number of steps (default 10)")
+    check.add_argument("--seed", type=int, default=1, help="run seed (default 1)")
+    check.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                       help="set a model parameter (repeatable)")
+    check.add_argument("--world-sizes", dest="world_sizes", default="1,2,3",
+                       help="comma-separated process counts, 1 first, at most 4 (default 1,2,3)")
+    check.add_argument("--partition", dest="partitions", action="append", choices=["data", "spatial"],
+                       help="partitioner to compare (repeatable; default: each that applies)")
+    check.add_argument("--no-resume", dest="resume", action="store_false",
+                       help="do not resume a checkpoint on 2 processes")
+    check.add_argument("--timeout", type=float, default=60.0,
+                       help="seconds a process waits for the others before failing (default 60)")
     sub.add_parser("models", help="list the models with their parameters and defaults")
     _study_parsers(sub)
     plot = sub.add_parser("plot", help="draw the figure for a trajectory or study file")
     plot.add_argument("file")
     plot.add_argument("--out", help="PNG path (default: the file's name with .png)")
+    plot.add_argument("--metrics", help="comma-separated metrics to draw, e.g. I,R (default: every metric of a "
+                      "study; the model's figure of a trajectory); over 6, pages FILE-1.png, FILE-2.png, ...")
     animate = sub.add_parser("animate", help="animate the recorded frames of a spatial model's trajectory")
     animate.add_argument("file")
     animate.add_argument("--out", required=True, help="FILE.gif (or .mp4 with ffmpeg)")
@@ -174,11 +195,13 @@ def _train_parser(sub: Any) -> None:
 
 def _calibrate_parser(sub: Any) -> None:
     cal = sub.add_parser("calibrate", help="fit model parameters to an observed time series")
-    cal.add_argument("model", help="model name (e.g. flu) or module:ATTR")
+    cal.add_argument("model", help="model name (e.g. flu), module:ATTR or path/to/file.py:ATTR")
     cal.add_argument("--data", required=True, help="CSV file ('#' lines are comments)")
     cal.add_argument("--column", required=True, help="the observed column (e.g. in_bed)")
     cal.add_argument("--time-column", dest="time_column", default="day", help="the time column (default day)")
-    cal.add_argument("--metric", required=True, help="the model's metric compared with the column (e.g. I)")
+    cal.add_argument("--metric", required=True,
+                     help="the model's metric compared with the column as runs report it (a sum, or a mean metric's "
+                          "mean; per replicate with --replicates), or a derived metric (e.g. I)")
     cal.add_argument("--fit", required=True, help="float parameters to fit, comma-separated (e.g. beta,gamma)")
     cal.add_argument("--loss", default="sse", help="sse (default), poisson or negbin")
     cal.add_argument("--method", default="nelder-mead", help="nelder-mead (default), spsa or adam")
@@ -424,6 +447,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     total, steps = steps, steps - start  # --steps is the run's total: a resumed run does the rest
     append = resume is not None and out is not None and os.path.isfile(out)  # write on into the run's file
     device = pick("device", "cpu")
+    check = pick("check", False)
+    if not isinstance(check, bool):
+        raise ConfigError(f"check: expected true or false (got {check!r})")
     t0 = t_built = time.perf_counter()
     quiet = args.quiet
     if nprocs > 1:
@@ -431,19 +457,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
                         every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
-                        resume=resume, append=append, max_restarts=max_restarts, **checkpoints, **options)
+                        resume=resume, append=append, max_restarts=max_restarts, check=check, **checkpoints,
+                        **options)
     elif world_size_from_env() > 1:  # under torchrun: this process is one rank
         from .distributed.process_group import process_group
 
         with process_group(timeout=timeout, device=device) as comm:
             sim = Simulation(model, agents=agents, seed=seed, device=device, comm=comm, partition=partition,
-                             sync_every=sync_every, resume=resume, **options)
+                             sync_every=sync_every, resume=resume, check=check, **options)
             result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0,
                              append=append, **checkpoints)
             quiet = quiet or comm.rank != 0
         nprocs = comm.world_size
     else:
-        sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every, resume=resume)
+        sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every, resume=resume,
+                         check=check)
         t_built = time.perf_counter()
         result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet, append=append,
                          **checkpoints)
@@ -467,6 +495,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         if out:
             print(f"wrote {out}")
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``agentsim check``: exit 0 when every run gives the one-process bits, 1 otherwise."""
+    from .invariance import check_model
+
+    try:
+        sizes = tuple(int(w) for w in args.world_sizes.split(","))
+    except ValueError:
+        raise ConfigError(f"--world-sizes: expected comma-separated ints such as 1,2,3 (got {args.world_sizes!r})") \
+            from None
+    t0 = time.perf_counter()
+    report = check_model(args.model, agents=args.agents, steps=args.steps, seed=args.seed,
+                         params=_parse_sets(args.sets) or None, world_sizes=sizes, partitions=args.partitions,
+                         resume=args.resume, timeout=args.timeout)
+    print(f"agentsim check: {report.summary()} [{time.perf_counter() - t0:.1f} s]")
+    return 0 if report.identical else 1
 
 
 def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[str | None, int, dict[str, Any]]:
@@ -630,9 +675,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "inspect":
             return cmd_inspect(args.path)
         if args.command == "plot":
-            from .plot import plot_file
+            from .plot import plot_pages
 
-            print(f"wrote {plot_file(args.file, args.out)}")
+            for written in plot_pages(args.file, args.out, args.metrics):
+                print(f"wrote {written}")
             return 0
         if args.command == "animate":
             from .plot import animate_file
@@ -643,6 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_sweep(args)
         if args.command == "study":
             return cmd_study_status(args.file)
+        if args.command == "check":
+            return cmd_check(args)
         return cmd_run(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)
