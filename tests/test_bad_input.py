@@ -687,6 +687,19 @@ CASES += [
          "check: expected true or false (got 'yes')"),
 ]
 
+# Reliability cases (issue 33), one block per fault class; each block extends CASES.
+# ---- cases: write failures
+CASES += []
+
+# ---- cases: files from elsewhere never execute code
+CASES += []
+
+# ---- cases: killed parents, locks and resumes
+CASES += []
+
+# ---- cases: hangs, leaks and memory
+CASES += []
+
 def _run(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     argv = case.setup(tmp_path)
     capsys.readouterr()
