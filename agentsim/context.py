@@ -379,7 +379,7 @@ class InitContext:
         for key, value in fields.items():
             if not isinstance(value, Tensor):
                 raise ConfigError(f"add({population!r}): field '{key}' must be a tensor (got {type(value).__name__})")
-        if uid.numel() > 1:
+        if uid.numel() > 1 and not bool((uid[1:] > uid[:-1]).all()):  # increasing (ic.uids): distinct, one pass
             ordered = torch.sort(uid.to(torch.int64)).values
             repeated = ordered[1:][ordered[1:] == ordered[:-1]]
             if repeated.numel():
