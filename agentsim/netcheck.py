@@ -91,9 +91,10 @@ def reach(address: str, timeout: float = DEFAULT_CONNECT_TIMEOUT, what: str | No
                 return
             except OSError as e:
                 last = e
-        if time.monotonic() + _RETRY_SECONDS >= deadline:
+        left = deadline - time.monotonic()
+        if left <= 0.01:
             break
-        time.sleep(_RETRY_SECONDS)
+        time.sleep(min(_RETRY_SECONDS, left - 0.01))
     reason = os.strerror(last.errno) if last is not None and last.errno else (str(last) or "timed out")
     raise NetworkError(f"{what}: nothing accepted a connection within {timeout:g} s "
                        f"(last attempt: {reason}); is the server running and the port right?")
