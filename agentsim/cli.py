@@ -500,7 +500,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if nprocs > 1 and result.perf:
             from .perf import summarize_perf
 
-            print(summarize_perf(result.perf))
+            print(summarize_perf(result.perf, steps))
         if out:
             print(f"wrote {out}")
     return 0
