@@ -48,7 +48,7 @@ def long_run(steps: int, every: int, agents: int, file: str | None) -> dict:
     def trace(s: Simulation, _substep: object) -> None:  # after the (one) substep of step s.state.step + 1
         if (s.state.step + 1) % every == 0:
             samples.append((s.state.step + 1, rss(), time.perf_counter() - t0))
-            print(f"  step {s.state.step:>9,}: RSS {samples[-1][1] / 1e6:8.1f} MB, {samples[-1][2]:7.1f} s",
+            print(f"  step {samples[-1][0]:>9,}: RSS {samples[-1][1] / 1e6:8.1f} MB, {samples[-1][2]:7.1f} s",
                   flush=True)
 
     sim.trace = trace
