@@ -302,6 +302,11 @@ class Simulation:
             may be partly updated (and, on several ranks, an exchange in flight), so it refuses
             to go on; build a new one.
 
+    Before it builds a state of more than 1,000 agents, a Simulation estimates the memory the
+    state needs from two small trial builds and refuses (a ConfigError naming the estimate and
+    the memory available) a run that clearly cannot fit; ``AGENTSIM_MEMORY_CHECK=0`` skips the
+    check (:mod:`agentsim.memory`).
+
     On the CPU, creating a Simulation also tells glibc to keep freed memory for reuse
     (:func:`agentsim.native.reuse_freed_memory`: large tensors otherwise cost a page fault per
     4 KiB each time; ``AGENTSIM_MALLOC=system`` keeps glibc's defaults). It changes run time,
