@@ -21,7 +21,8 @@
     agentsim inspect PATH
     agentsim sweep MODEL --grid NAME=V1,V2 ... (--seeds 1,2,3 | --replicates R [--study-seed S])
                    [--agents N] [--steps T] --out STUDY.h5 [--workers N] [--resume | --overwrite]
-                   [--executor local|ray [--address A] [--cpus-per-run C] [--gpus-per-run G]]
+                   [--executor local|ray [--address A [--connect-timeout S]] [--cpus-per-run C]
+                   [--gpus-per-run G]]
                    [--retries N] [--retry-exceptions] [--errors off|slow|fast] [--log-json FILE] [--quiet]
     agentsim study status STUDY.h5|DIR
     agentsim plot FILE.h5 [--out FILE.png] [--metrics A,B]
@@ -298,6 +299,8 @@ def _study_parsers(sub: Any) -> None:
     sw.add_argument("--workers", type=int, help="worker processes (default: the CPU count)")
     sw.add_argument("--executor", default="local", help="local (a process pool, default) or ray")
     sw.add_argument("--address", help="ray: the address of a running cluster (default: start a local instance)")
+    sw.add_argument("--connect-timeout", dest="connect_timeout", type=float, default=15.0,
+                    help="ray --address: seconds to wait for the cluster to accept a connection (default 15)")
     sw.add_argument("--cpus-per-run", dest="cpus_per_run", type=float, default=1.0, help="ray: CPUs of one run")
     sw.add_argument("--gpus-per-run", dest="gpus_per_run", type=float, default=0.0, help="ray: GPUs of one run")
     sw.add_argument("--resume", action="store_true", help="continue the study in --out: run only what is missing")
@@ -345,7 +348,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = study.run(args.out, workers=args.workers, executor=args.executor, resume=args.resume,
                        overwrite=args.overwrite, retries=args.retries, retry_exceptions=args.retry_exceptions,
                        errors=args.errors, progress=not args.quiet, log_json=args.log_json, address=args.address,
-                       cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run)
+                       cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+                       connect_timeout=args.connect_timeout)
     if not args.quiet:
         print(f"{base.name}: {len(study.runs)} runs ({len(study.combos)} combinations x "
               f"{len(study.runs) // len(study.combos)} replicates); executed {result.executed}, "
@@ -450,6 +454,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     check = pick("check", False)
     if not isinstance(check, bool):
         raise ConfigError(f"check: expected true or false (got {check!r})")
+    if resume is None and isinstance(agents, int) and not isinstance(agents, bool):  # before any process starts
+        from .engine import resolve_device
+        from .memory import check_memory
+
+        check_memory(model, model.params, agents, resolve_device(device), seed, what=f"--agents {agents}")
     t0 = t_built = time.perf_counter()
     quiet = args.quiet
     if nprocs > 1:
@@ -491,7 +500,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if nprocs > 1 and result.perf:
             from .perf import summarize_perf
 
-            print(summarize_perf(result.perf))
+            print(summarize_perf(result.perf, steps))
         if out:
             print(f"wrote {out}")
     return 0

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from .contract import ContractChecks, checked_env, plain
 from .errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from .io.recording import Recorder, check_every, recording
 from .locality import LocalityOrder
+from .memory import check_memory
 from .model import Model
 from .params import Params
 from .partition import PERF_FIGURES, Partitioner, StepReport, StepSummary, check_sync_every_for, make_partition
@@ -57,11 +59,16 @@ from .substep import ENV, Substep
 if TYPE_CHECKING:
     from .checkpoint import CheckpointWrite
 
-__all__ = ["DEFAULT_SORT_EVERY", "RunResult", "Simulation", "check_agents", "resolve_device"]
+__all__ = ["DEFAULT_SORT_EVERY", "PERF_WINDOW", "RunResult", "Simulation", "check_agents", "resolve_device"]
 
 # Positions change by a fraction of a cell per step in the built-in models: sorting rows
 # every 10 steps keeps most of the locality for a tenth of the sorting cost.
 DEFAULT_SORT_EVERY = 10
+
+# How many steps' figures (perf, comm, seconds) a Simulation keeps in memory: the last this many.
+# A run writes every step's to the file's /perf; kept without bound they cost about 1.4 KB per
+# step (gigabytes over hours). Running totals give the means over a whole run.
+PERF_WINDOW = 1000
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -124,13 +131,16 @@ class RunResult:
             for a vector or histogram metric.
         state: This rank's final state (None from :func:`agentsim.launch`: it stays on the ranks).
         timings: Substep name to mean seconds per step of this run (this rank's; rank 0's from
-            :func:`agentsim.launch`).
+            :func:`agentsim.launch`), over every step of the run (running sums).
         seconds: Wall time of the stepping loop (excludes initialization and step-0 recording).
         path: The HDF5 file written, or None.
         model: The model that ran (:meth:`plan` shows it with the timings).
         world_size: Number of ranks.
-        perf: Per step, figures over all ranks (see :mod:`agentsim.perf`).
-        comm_seconds, comm_bytes: Per step, seconds this rank spent in collectives and bytes it sent.
+        perf: Per step, figures over all ranks (see :mod:`agentsim.perf`): every step of a run of
+            up to :data:`PERF_WINDOW` (1,000) steps, else its last :data:`PERF_WINDOW` steps (a run
+            with a file has every step's in the file's ``/perf``).
+        comm_seconds, comm_bytes: Per step, seconds this rank spent in collectives and bytes it
+            sent: the same steps as ``perf``.
     """
 
     metrics: dict[str, np.ndarray]
@@ -154,12 +164,56 @@ class RunResult:
 @dataclass
 class SavedState:
     """What :meth:`Simulation.save_state` keeps: a copy of the state, the step after which rows
-    were last sorted by cell, and the per-step figures taken so far (perf, comm, seconds, substep seconds).
+    were last sorted by cell, and the per-step figures kept then (:class:`StepFigures`).
     """
 
     state: State
     sorted_at: int
-    figures: tuple[list[dict[str, float]], list[CommStats], list[float], list[dict[str, float]]]
+    figures: StepFigures
+
+
+class StepFigures:
+    """The per-step figures a Simulation keeps: those of the last ``window`` steps (perf over
+    ranks, this rank's CommStats, seconds and seconds per substep), and running totals over
+    every step taken (a count and the seconds per substep), so that memory stays bounded
+    however many steps run.
+    """
+
+    def __init__(self, window: int = PERF_WINDOW) -> None:
+        self.perf: deque[dict[str, float]] = deque(maxlen=window)
+        self.comm: deque[CommStats] = deque(maxlen=window)
+        self.seconds: deque[float] = deque(maxlen=window)
+        self.substeps: deque[dict[str, float]] = deque(maxlen=window)
+        self.taken = 0  # summaries taken (perf, seconds, substeps), ever
+        self.comm_taken = 0  # steps whose CommStats were kept, ever
+        self.substep_totals: dict[str, float] = {}  # substep name to its seconds summed over every step taken
+
+    def copy(self) -> StepFigures:
+        out = StepFigures(self.perf.maxlen or PERF_WINDOW)
+        out.perf.extend(self.perf)
+        out.comm.extend(self.comm)
+        out.seconds.extend(self.seconds)
+        out.substeps.extend(self.substeps)
+        out.taken, out.comm_taken, out.substep_totals = self.taken, self.comm_taken, dict(self.substep_totals)
+        return out
+
+    def take(self, perf: dict[str, float], seconds: float, substeps: dict[str, float]) -> None:
+        self.perf.append(perf)
+        self.seconds.append(seconds)
+        self.substeps.append(substeps)
+        self.taken += 1
+        for k, v in substeps.items():
+            self.substep_totals[k] = self.substep_totals.get(k, 0.0) + v
+
+    def take_comm(self, stats: CommStats) -> None:
+        self.comm.append(stats)
+        self.comm_taken += 1
+
+    @staticmethod
+    def last(kept: deque[Any], n: int) -> list[Any]:
+        """The last ``n`` entries kept (fewer if the window holds fewer)."""
+        n = min(n, len(kept))
+        return list(kept)[len(kept) - n:] if n else []
 
 
 def grad_parameters(model: Model, grad: bool | Iterable[str]) -> dict[str, Tensor]:
@@ -237,12 +291,21 @@ class Simulation:
 
     Attributes:
         perf_steps: Per step, figures over all ranks (see :mod:`agentsim.perf`), the same on
-            every rank; a run writes them to the file's ``/perf``.
-        comm_steps: Per step, the :class:`~agentsim.comm.CommStats` of this rank's collectives.
-        step_seconds: Per step, this rank's seconds (see :mod:`agentsim.perf` for the window).
+            every rank; a run writes them to the file's ``/perf``. Only the last
+            :data:`PERF_WINDOW` steps' are kept (a deque), so memory stays bounded over any
+            number of steps.
+        comm_steps: Per step, the :class:`~agentsim.comm.CommStats` of this rank's collectives
+            (the last :data:`PERF_WINDOW` steps).
+        step_seconds: Per step, this rank's seconds (see :mod:`agentsim.perf` for the window;
+            the last :data:`PERF_WINDOW` steps).
         failed: None, or what stopped the simulation: after an error inside a step its state
             may be partly updated (and, on several ranks, an exchange in flight), so it refuses
             to go on; build a new one.
+
+    Before it builds a state of more than 1,000 agents, a Simulation estimates the memory the
+    state needs from two small trial builds and refuses (a ConfigError naming the estimate and
+    the memory available) a run that clearly cannot fit; ``AGENTSIM_MEMORY_CHECK=0`` skips the
+    check (:mod:`agentsim.memory`).
 
     On the CPU, creating a Simulation also tells glibc to keep freed memory for reuse
     (:func:`agentsim.native.reuse_freed_memory`: large tensors otherwise cost a page fault per
@@ -282,6 +345,8 @@ class Simulation:
             if self.grad_params else self.model.params
         self.rng = CounterRNG(self.seed)
         self.actors = resolve_actors(self.model.policies, policies)
+        if resume is None:  # a state that cannot fit: refused now, not by the allocator in the build
+            check_memory(self.model, self.params, self.n_agents, self.device, self.seed)
         rng: Any = self.rng if self.model.legacy else self.rng.at(0, "init")
         with torch.set_grad_enabled(self.differentiable):
             state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
@@ -304,11 +369,8 @@ class Simulation:
         self.trace: Callable[[Simulation, Substep], None] | None = None
         self.checks = ContractChecks(self._call, space, self.params, self.comm, self.partition.name,
                                      set(self.model.policies)) if check else None
-        self.perf_steps: list[dict[str, float]] = []
-        self.comm_steps: list[CommStats] = []
-        self.step_seconds: list[float] = []
+        self._figures = StepFigures()  # the last PERF_WINDOW steps' figures and running totals
         self.failed: str | None = None
-        self._seconds: list[dict[str, float]] = []  # per step taken, this rank's seconds per substep
         self._rows: list[tuple[dict[str, Any], dict[str, float]]] = []  # metric rows arrived, not yet recorded
         self._checkpoint_write: CheckpointWrite | None = None  # an asynchronous checkpoint in flight
         self._in_run = False
@@ -371,8 +433,7 @@ class Simulation:
 
     def save_state(self) -> SavedState:
         """A copy of the state (every tensor) and of what the engine keeps about it, for :meth:`load_state`."""
-        return SavedState(self.state.clone(), self._sorted_at, (list(self.perf_steps), list(self.comm_steps),
-                                                                list(self.step_seconds), list(self._seconds)))
+        return SavedState(self.state.clone(), self._sorted_at, self._figures.copy())
 
     def load_state(self, saved: SavedState) -> None:
         """Go back (or forward) to a state saved by :meth:`save_state` of this simulation: a copy of
@@ -382,9 +443,7 @@ class Simulation:
         self._take_reports()
         self.partition.release()
         self.state, self._sorted_at = saved.state.clone(), saved.sorted_at
-        perf, comm, seconds, substeps = saved.figures
-        self.perf_steps, self.comm_steps, self.step_seconds, self._seconds = \
-            list(perf), list(comm), list(seconds), list(substeps)
+        self._figures = saved.figures.copy()
 
     @contextmanager
     def without_history(self) -> Iterator[None]:
@@ -401,9 +460,24 @@ class Simulation:
         return bool(self.grad_params)
 
     @property
+    def perf_steps(self) -> deque[dict[str, float]]:
+        """Per step, figures over all ranks (the last :data:`PERF_WINDOW` steps; see the class doc)."""
+        return self._figures.perf
+
+    @property
+    def comm_steps(self) -> deque[CommStats]:
+        """Per step, this rank's :class:`~agentsim.comm.CommStats` (the last :data:`PERF_WINDOW` steps)."""
+        return self._figures.comm
+
+    @property
+    def step_seconds(self) -> deque[float]:
+        """Per step, this rank's seconds (the last :data:`PERF_WINDOW` steps)."""
+        return self._figures.seconds
+
+    @property
     def substep_seconds(self) -> dict[str, list[float]]:
-        """Substep name to this rank's seconds in it, per step taken."""
-        return {s.name: [t.get(s.name, 0.0) for t in self._seconds] for s in self.model.substeps}
+        """Substep name to this rank's seconds in it, per step taken (the last :data:`PERF_WINDOW` steps)."""
+        return {s.name: [t.get(s.name, 0.0) for t in self._figures.substeps] for s in self.model.substeps}
 
     # ---------------------------------------------------------------- stepping
     def step(self) -> None:
@@ -456,7 +530,7 @@ class Simulation:
         stats = self.comm.stats.since(stats_enter)
         stats = CommStats(stats.calls + carried.calls, stats.bytes_sent + carried.bytes_sent,
                           stats.seconds + carried.seconds)
-        self.comm_steps.append(stats)
+        self._figures.take_comm(stats)
         figures = [float(sum(p.n for p in state.populations.values())),
                    time.perf_counter() - t_enter + carried_seconds, stats.seconds, float(stats.bytes_sent),
                    0.0, 0.0, 0.0]
@@ -608,11 +682,10 @@ class Simulation:
         counts = [int(v) for v in figures[:, 0].tolist()]
         moved = self.partition.rebalance(self.state, self.comm, counts) if summary.at_step_end else None
         perf = _perf(figures, counts, moved)
-        self.perf_steps.append(perf)
-        self._seconds.append(summary.seconds)
-        self.step_seconds.append(float(figures[self.comm.rank, PERF_FIGURES.index("step_seconds")]))
+        step_seconds = float(figures[self.comm.rank, PERF_FIGURES.index("step_seconds")])
+        self._figures.take(perf, step_seconds, summary.seconds)
         if summary.sums is not None:
-            row = {"step_seconds": self.step_seconds[-1],
+            row = {"step_seconds": step_seconds,
                    **{f"substep_seconds/{k}": v for k, v in summary.seconds.items()}, **perf}
             self._rows.append((self.model.metric_row(summary.step, summary.sums), row))
 
@@ -683,13 +756,14 @@ class Simulation:
         recorder = Recorder(out, recording(self.state, record), self.comm.rank, every,
                             continue_before=start if append else None, model=self.model.name,
                             params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size)
-        rows: list[dict[str, Any]] = []
+        rows = _MetricRows()
         t_run = 0.0
         self._in_run = True
         self._rows = []
         try:
             row = self.metrics()
-            first_perf, first_comm = len(self.perf_steps), len(self.comm_steps)
+            figs = self._figures
+            first_perf, first_comm, first_totals = figs.taken, figs.comm_taken, dict(figs.substep_totals)
             rows.append(row)
             recorder.write_row(self.state.step, row, None)
             if recorder.frame_due(start - origin, span):
@@ -732,13 +806,14 @@ class Simulation:
             self._rows = []
             self.partition.release()
         recorder.close(completed=True)
-        taken = self._seconds[len(self._seconds) - steps:] if steps else []
-        timings = {s.name: float(np.mean([t.get(s.name, 0.0) for t in taken])) if taken else 0.0
-                   for s in self.model.substeps}
-        metrics = {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
-        comm = self.comm_steps[first_comm:]
+        figs = self._figures
+        taken = figs.taken - first_perf
+        timings = {s.name: (figs.substep_totals.get(s.name, 0.0) - first_totals.get(s.name, 0.0)) / taken
+                   if taken else 0.0 for s in self.model.substeps}
+        metrics = rows.arrays()
+        comm = figs.last(figs.comm, figs.comm_taken - first_comm)
         return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
-                         self.perf_steps[first_perf:], [c.seconds for c in comm], [c.bytes_sent for c in comm])
+                         figs.last(figs.perf, taken), [c.seconds for c in comm], [c.bytes_sent for c in comm])
 
 
 def _plain_state(state: State, effects: Effects) -> None:
@@ -779,3 +854,31 @@ def _perf(figures: Tensor, counts: list[int], moved: list[int] | None) -> dict[s
     return step_figures({name: figures[:, i] for i, name in enumerate(PERF_FIGURES)}, counts, moved)
 
 
+
+
+class _MetricRows:
+    """A run's metric rows, kept compact: every ``chunk`` rows become numpy arrays (about 8 bytes
+    a value instead of a dict per step), joined by :meth:`arrays` as ``np.asarray`` over all
+    rows would.
+    """
+
+    def __init__(self, chunk: int = 1024) -> None:
+        self.chunk = chunk
+        self.rows: list[dict[str, Any]] = []
+        self.done: list[dict[str, np.ndarray]] = []
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= self.chunk:
+            self.done.append(self._pack(self.rows))
+            self.rows = []
+
+    @staticmethod
+    def _pack(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        return {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        parts = self.done + ([self._pack(self.rows)] if self.rows else [])
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

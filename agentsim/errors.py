@@ -57,3 +57,9 @@ class UnknownParameterError(ConfigError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of its message
         return str(self.args[0]) if self.args else ""
+
+
+class NetworkError(AgentsimError, ConnectionError):
+    """An address could not be reached in time (a Ray cluster, a process group's rendezvous);
+    the message names the address and how long it waited.
+    """

@@ -6,9 +6,11 @@ rank's, each rank computes the same figures (:func:`step_figures`): ``agents/max
 ``agents/mean``, ``agents/imbalance`` (max / mean, after any rebalancing),
 ``agents/imbalance_before_balance``, ``rank_step_seconds/max``, ``rank_step_seconds/mean``,
 ``comm/seconds_max``, ``comm/seconds_mean``, ``comm/bytes_sent`` (sum), ``halo/rows``,
-``halo/bytes`` (sums), ``migrated`` (sum), ``rebalanced`` (0/1). A run keeps them in
-``RunResult.perf`` and writes them, with this rank's seconds per substep, to the file's
-``/perf``. They depend on the machine, by design; nothing else in a file does.
+``halo/bytes`` (sums), ``migrated`` (sum), ``rebalanced`` (0/1). A run writes every step's, with
+this rank's seconds per substep, to the file's ``/perf``, and keeps those of its last
+:data:`~agentsim.engine.PERF_WINDOW` (1,000) steps in ``RunResult.perf`` (every step of a
+shorter run), so that memory stays bounded over any number of steps. They depend on the
+machine, by design; nothing else in a file does.
 
 A step's seconds and collectives cover, on each rank, the step itself (from entering
 ``Simulation.step`` to sending its report: the substeps, their halos and migrations, and
@@ -62,11 +64,14 @@ def step_figures(figures: Mapping[str, Tensor], counts: Sequence[int], moved: Se
     }
 
 
-def summarize_perf(perf_steps: Sequence[Mapping[str, float]]) -> str:
-    """A few lines on the per-step figures of a run (``RunResult.perf``)."""
+def summarize_perf(perf_steps: Sequence[Mapping[str, float]], steps: int | None = None) -> str:
+    """A few lines on the per-step figures of a run (``RunResult.perf``: its last
+    :data:`~agentsim.engine.PERF_WINDOW` steps; ``steps``, the run's steps, says so when it had more).
+    """
     if not perf_steps:
         return "perf: no steps"
     n = len(perf_steps)
+    over = f"the last {n} of {steps} steps" if steps is not None and steps > n else f"{n}"
 
     def mean(key: str) -> float:
         return sum(p[key] for p in perf_steps) / n
@@ -74,7 +79,7 @@ def summarize_perf(perf_steps: Sequence[Mapping[str, float]]) -> str:
     step = mean("rank_step_seconds/max")
     comm = mean("comm/seconds_max")
     share = comm / step if step > 0 else 0.0
-    return (f"per step (mean over {n}): {mean('comm/bytes_sent') / 1e3:.1f} kB sent, "
+    return (f"per step (mean over {over}): {mean('comm/bytes_sent') / 1e3:.1f} kB sent, "
             f"{comm * 1e3:.2f} ms in collectives (slowest rank; {share:.0%} of the step), "
             f"halo {mean('halo/rows'):.0f} rows / {mean('halo/bytes') / 1e3:.1f} kB, "
             f"step {step * 1e3:.2f} ms (slowest rank)\n"

@@ -71,7 +71,7 @@ else:
     # metrics of its starting state, a second metrics pass per step.
     sim.run(1)  # warm-up
     res = sim.run(steps)
-    times = sim.step_seconds[-steps:]
+    times = list(sim.step_seconds)[-steps:]
     run = float(res.seconds)
     final = {}
 print(json.dumps({"agents": n, "init_seconds": t1 - t0, "run_seconds": run,

@@ -698,7 +698,64 @@ CASES += []
 CASES += []
 
 # ---- cases: hangs, leaks and memory
-CASES += []
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nobody listens on (bound for a moment, never listened on)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ray_at(host: str) -> Callable[[Path], list[str]]:
+    def setup(d: Path) -> list[str]:
+        address = f"127.0.0.1:{_closed_port()}" if host == "closed" else host
+        return ["sweep", "randomwalk", "--grid", "step_size=1", "--seeds", "1", "--agents", "10", "--steps", "2",
+                "--out", str(d / "study.h5"), "--executor", "ray", "--address", address, "--connect-timeout", "2",
+                "--quiet"]
+    return setup
+
+
+class _Environ:
+    """Environment variables for one case, put back by the cleanup of WRITERS (kill, wait)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        import os
+
+        self.old = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+
+    def kill(self) -> None:
+        import os
+
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def wait(self) -> None:
+        pass
+
+
+def rendezvous_nobody(d: Path) -> list[str]:
+    WRITERS.append(_Environ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                             "MASTER_PORT": str(_closed_port())}))
+    return [*RUN, "randomwalk", "--timeout", "2"]
+
+
+CASES += [
+    Case("memory-too-many-agents", "command line", "--agents 10000000000: more than this machine's memory",
+         args(*RUN, "sir", "--agents", "10000000000"), 2,
+         "--agents 10000000000 needs about"),
+    Case("ray-closed-port", "network", "--executor ray --address 127.0.0.1:PORT with nobody listening",
+         ray_at("closed"), 1, "nothing accepted a connection within 2 s (last attempt: Connection refused)"),
+    Case("ray-unknown-host", "network", "--executor ray --address on a host name that does not resolve",
+         ray_at("no-such-host.invalid:6379"), 1,
+         "ray: cluster address 'no-such-host.invalid:6379': cannot resolve host name 'no-such-host.invalid'"),
+    Case("rendezvous-nobody", "network", "torchrun environment (MASTER_ADDR:MASTER_PORT) with no master listening",
+         rendezvous_nobody, 1, "(MASTER_ADDR:MASTER_PORT), rank 1 of 2: nothing accepted a connection within 2 s"),
+]
 
 def _run(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     argv = case.setup(tmp_path)

@@ -11,7 +11,10 @@ The group is built on ``PrefixStore(f"attempt_{restart_count}", TCPStore(...))``
 after a torchrun restart the workers meet under a fresh prefix instead of reading
 keys left by the failed attempt (without it, gloo often reconnected to stale
 addresses). Every group gets an explicit ``timeout`` (default 60 s, not torch's 30
-minutes), so a rank that stops taking part makes the others raise, not hang.
+minutes), so a rank that stops taking part makes the others raise, not hang. The rendezvous
+waits at most ``timeout`` too: no store at ``MASTER_ADDR:MASTER_PORT`` (an unknown host, nobody
+listening) or ranks that never arrive raise a :class:`~agentsim.errors.NetworkError` naming the
+address, the rank and the timeout.
 
 World size 1 builds no process group at all: :class:`~agentsim.comm.LocalComm`.
 
@@ -32,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import Comm, LocalComm
-from ..errors import ConfigError
+from ..errors import ConfigError, NetworkError
 from .comm import TorchComm
 
 __all__ = ["DEFAULT_TIMEOUT", "check_timeout", "from_env", "init", "process_group", "shutdown", "world_size_from_env"]
@@ -77,12 +80,29 @@ def init(rank: int, world_size: int, addr: str, port: int, *, restart_count: int
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     td = timedelta(seconds=timeout)
-    tcp = dist.TCPStore(addr, int(port), world_size=world_size, is_master=host_store, timeout=td,
-                        wait_for_workers=False)
+    where = f"process group rendezvous at {addr}:{port} (MASTER_ADDR:MASTER_PORT), rank {rank} of {world_size}"
+    if not host_store:  # the store's host first, within the timeout (torch's own client retries past it)
+        from ..netcheck import reach
+
+        reach(f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}", timeout, where)
+    try:
+        tcp = dist.TCPStore(addr, int(port), world_size=world_size, is_master=host_store, timeout=td,
+                            wait_for_workers=False)
+    except (RuntimeError, OSError, ValueError) as e:  # DistNetworkError, DistStoreError: RuntimeErrors
+        what = f"could not host the store there ({_first_line(e)})" if host_store else \
+            f"no store answered within {timeout:g} s ({_first_line(e)}); is rank 0 (or torchrun) running there?"
+        raise NetworkError(f"{where}: {what}") from None
     store = dist.PrefixStore(f"attempt_{restart_count}", tcp)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
+    try:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=td)
+    except (RuntimeError, OSError) as e:
+        raise NetworkError(f"{where}: not every rank arrived within {timeout:g} s ({_first_line(e)})") from None
     device_for_comm = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
     return TorchComm(device=device_for_comm, store=store)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def world_size_from_env() -> int:

@@ -13,7 +13,10 @@ the same study file.
 - :class:`RayExecutor`: one Ray task per run (``num_cpus``/``num_gpus`` per run, Ray's own
   retries off so that attempts are counted here). Connects to ``address`` (a running cluster) or
   starts a local instance with ``workers`` CPUs; Ray is imported only here. A dying worker fails
-  its own task only.
+  its own task only. Before Ray connects, the address must accept a TCP connection within
+  ``connect_timeout`` seconds (default 15; :func:`agentsim.netcheck.reach`): a closed port or an
+  unknown host fails with a :class:`~agentsim.errors.NetworkError` naming the address, instead
+  of Ray retrying for minutes.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NetworkError
+from ..netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout, reach
 
 __all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "make_executor"]
 
@@ -111,7 +115,8 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, workers: int, address: str | None = None, cpus_per_run: float = 1.0,
-                 gpus_per_run: float = 0.0) -> None:
+                 gpus_per_run: float = 0.0, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+        connect_timeout = check_connect_timeout(connect_timeout)
         try:
             import ray
         except ImportError:
@@ -125,7 +130,12 @@ class RayExecutor:
                 ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
                          runtime_env={"env_vars": env})
             else:
-                ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+                if address not in ("auto", "local"):  # Ray itself retries a dead address for minutes
+                    reach(address, connect_timeout, f"ray: cluster address {address!r}")
+                try:
+                    ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
+                except (ConnectionError, TimeoutError) as e:
+                    raise NetworkError(f"ray: cannot connect to the cluster at {address!r}: {e}") from None
             self._started = True
         self.workers = workers
         self._remote = ray.remote(num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=0)(_ray_run)
@@ -158,12 +168,13 @@ class RayExecutor:
 
 
 def make_executor(executor: str, workers: int, address: str | None = None, cpus_per_run: float = 1.0,
-                  gpus_per_run: float = 0.0) -> LocalExecutor | RayExecutor:
+                  gpus_per_run: float = 0.0, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+                  ) -> LocalExecutor | RayExecutor:
     """The executor named ``executor`` (``"local"`` or ``"ray"``)."""
     if executor == "local":
         if address is not None or gpus_per_run:
             raise ConfigError("address and gpus_per_run are options of executor 'ray'")
         return LocalExecutor(workers)
     if executor == "ray":
-        return RayExecutor(workers, address, cpus_per_run, gpus_per_run)
+        return RayExecutor(workers, address, cpus_per_run, gpus_per_run, connect_timeout)
     raise ConfigError(f"executor: expected one of {', '.join(EXECUTORS)} (got {executor!r})")

@@ -27,6 +27,7 @@ cluster or a local instance). The same study gives the same file on either.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,9 +45,10 @@ from ..catalog import get_model
 from ..engine import Simulation, check_agents, check_steps
 from ..errors import AgentsimError, ConfigError
 from ..model import Model
+from ..netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout
 from ..progress import progress_bar
 from .executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
-from .store import StudyFile, read_study
+from .store import StudyFile, read_study, status_path
 from .sweep import grid
 
 __all__ = ["ERROR_POLICIES", "Study", "StudyError", "StudyResult", "execute_run"]
@@ -193,7 +195,8 @@ class Study:
     def run(self, out: str | os.PathLike[str], *, workers: int | None = None, executor: str = "local",
             resume: bool = False, overwrite: bool = False, retries: int = 3, retry_exceptions: bool = False,
             errors: str = "slow", progress: bool = False, log_json: str | IO[str] | None = None,
-            address: str | None = None, cpus_per_run: float = 1.0, gpus_per_run: float = 0.0) -> StudyResult:
+            address: str | None = None, cpus_per_run: float = 1.0, gpus_per_run: float = 0.0,
+            connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> StudyResult:
         """Run every run not yet complete in ``out`` (see the module docstring).
 
         Args:
@@ -202,6 +205,10 @@ class Study:
             executor: ``"local"`` (a process pool) or ``"ray"`` (:mod:`agentsim.study.executors`).
             address, cpus_per_run, gpus_per_run: Ray: a running cluster's address (default: start
                 a local instance with ``workers`` CPUs) and the resources of one run.
+            connect_timeout: Ray with an ``address``: seconds to wait for it to accept a
+                connection (default 15), then a :class:`~agentsim.errors.NetworkError`. A study
+                whose executor did not start leaves no study file behind (a file it resumed
+                stays as it was).
             resume: Continue ``out``; ``overwrite``: replace it.
             retries: Further attempts of a failed run (system failures; exceptions with
                 ``retry_exceptions``).
@@ -222,14 +229,24 @@ class Study:
         n_workers = (os.cpu_count() or 1) if workers is None else workers
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
             raise ConfigError(f"workers: expected an int >= 1 (got {workers!r})")
+        connect_timeout = check_connect_timeout(connect_timeout)
         t0 = time.perf_counter()
+        fresh = not (resume and os.path.exists(out))  # the file is made now (not one resumed)
         store = StudyFile(out, self.spec(), len(self.runs), resume=resume, overwrite=overwrite)
         log = _EventLog(log_json)
         try:
             done = store.done()
             todo = deque(r for r in self.runs if r.run_id not in done)
             log.event("start", total=len(self.runs), done=len(done), todo=len(todo), workers=n_workers)
-            pool = make_executor(executor, n_workers, address, cpus_per_run, gpus_per_run)
+            try:
+                pool = make_executor(executor, n_workers, address, cpus_per_run, gpus_per_run, connect_timeout)
+            except BaseException:
+                if fresh:  # nothing ran: no file that a next run would refuse
+                    store.close()
+                    for path in (out, status_path(os.fspath(out))):
+                        with contextlib.suppress(OSError):
+                            os.remove(path)
+                raise
             result = self._drive(store, todo, pool, retries, retry_exceptions, errors, progress, log)
             result.skipped = len(done)
             store.finish(self.combos)
