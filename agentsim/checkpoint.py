@@ -504,6 +504,11 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """
     path, manifest = _manifest(_resolve(Path(path)))
     shards = [_load(path, entry) for entry in manifest["shards"]]
+    for entry, shard in zip(manifest["shards"], shards, strict=True):
+        rows = {name: _rows(t) for name, t in shard.items()}
+        if rows != entry["rows"]:
+            raise CheckpointError(f"checkpoint {path}: {entry['file']} holds rows {rows}, its manifest says "
+                                  f"{entry['rows']}")
     fields: dict[str, dict[str, Tensor]] = {}
     for name in manifest["next_uid"]:
         parts = [s.get(name) for s in shards]
@@ -516,7 +521,17 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         except RuntimeError as e:
             raise CheckpointError(f"checkpoint {path}: population '{name}' does not fit together across the shards "
                                   f"({str(e).splitlines()[0]})") from None
+        uids = fields[name].get(UID)
+        if uids is not None and uids.numel() and int(uids.max()) >= manifest["next_uid"][name]:
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'next_uid.{name}' is {manifest['next_uid'][name]}, "
+                                  f"not above the largest uid {int(uids.max())}")
     return Checkpoint(path, manifest, fields, _load(path, manifest["env"], shard=False))
+
+
+def _rows(fields: Mapping[str, Tensor]) -> int:
+    """The row count of a population's fields (-1 if they disagree or one is a scalar)."""
+    counts = {int(v.shape[0]) if v.dim() else -1 for v in fields.values()}
+    return counts.pop() if len(counts) == 1 else (0 if not counts else -1)
 
 
 def _resolve(path: Path) -> Path:
@@ -570,6 +585,10 @@ def _manifest(path: Path) -> tuple[Path, dict[str, Any]]:
                               "written)")
     if manifest["step"] < 0:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'step' is {manifest['step']}, expected >= 0")
+    named = _STEP_DIR.match(path.name)
+    if named and int(named.group(1)) != manifest["step"]:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} says step {manifest['step']}, its directory step "
+                              f"{int(named.group(1))}")
     for name, n in manifest["next_uid"].items():
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'next_uid.{name}' is {n!r}, expected an int >= 0")

@@ -290,3 +290,26 @@ def test_the_package_source_has_no_unpickling_loader():
             hits.append(f"{rel}: pickle.loads")
     assert not hits, hits
     assert os.fspath(PACKAGE).endswith("agentsim")
+
+
+def test_a_forged_manifest_that_disagrees_with_its_files_is_refused(tmp_path):
+    """The checksum is recomputed (as a forger would): the step, row counts and next uids are
+    still checked against the directory's name and the shards, and a training manifest's update
+    against the state."""
+    for change, message in [(lambda m: m.update(step=1), "manifest.json says step 1, its directory step 2"),
+                            (lambda m: m["shards"][0]["rows"].update(walker=3), "its manifest says {'walker': 3}"),
+                            (lambda m: m["next_uid"].update(walker=1), "'next_uid.walker' is 1, not above")]:
+        step = sim_checkpoint(tmp_path / str(len(message)))
+        manifest = json.loads((step / "manifest.json").read_text())
+        change(manifest)
+        manifest["checksum"] = manifest_checksum(manifest)
+        (step / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            read_checkpoint(step)
+    d = train_checkpoint(tmp_path / "ck")
+    manifest = json.loads((d / "ppo-000001.json").read_text())
+    manifest["update"] = 2
+    manifest["checksum"] = manifest_checksum(manifest)
+    (d / "ppo-000001.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="is of update 1, its manifest 'ppo-000001.json' says 2"):
+        load_latest(d)

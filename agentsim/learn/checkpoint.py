@@ -110,6 +110,9 @@ def load_latest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     state = load_tensors(data, f"checkpoint '{path}'")
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
         raise CheckpointError(f"'{path}' is not an agentsim PPO checkpoint of version {VERSION}")
+    if state.get("update") != manifest["update"] or manifest["file"] != f"ppo-{manifest['update']:06d}.pt":
+        raise CheckpointError(f"checkpoint '{path}' is of update {state.get('update')!r}, its manifest "
+                              f"'{manifest_path.name}' says {manifest['update']} (file {manifest['file']!r})")
     for key, kind in (("update", int), ("net", dict), ("optimizer", dict), ("history", list), ("identity", dict)):
         if key in state and not isinstance(state[key], kind):
             raise CheckpointError(f"checkpoint '{path}': '{key}' is a {type(state[key]).__name__}, expected a "
