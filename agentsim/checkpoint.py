@@ -22,7 +22,10 @@ Reading a checkpoint never executes code, wherever it came from: the manifest is
 key by key; every file it names must be a plain name inside the checkpoint's directory; shards
 are loaded with ``torch.load(..., weights_only=True)`` (tensors and plain data only), and a file
 that asks for anything else (a pickle with a ``__reduce__`` payload, say) is refused with a
-:class:`CheckpointError` before anything in it runs.
+:class:`CheckpointError` before anything in it runs. The checksums catch corruption and edits,
+not a forger who recomputes them (there is no secret key); what the manifest says is also checked
+against the files (the step against the directory's name, row counts and next uids against the
+shards), so a forged checkpoint can hold other agents, but never runs code.
 
 Resuming reads every shard on every rank, puts the agents in uid order, and lets the
 partitioner place them as it places an initial state: a checkpoint saved on W ranks resumes
