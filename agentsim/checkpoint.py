@@ -8,13 +8,24 @@ A checkpoint of step ``k`` is a directory ``DIR/step-0000000k/`` holding
   per-cell layers whole);
 - ``manifest.json``, written last: the format, the agentsim version, the model's name and
   fingerprint (its populations' fields with dtypes and shapes, and its substeps), the
-  parameters, the seed, the step, each population's ``next_uid``, and each file with its
-  SHA-256 and row counts.
+  parameters, the seed, the step, each population's ``next_uid``, each file with its
+  SHA-256 and row counts, and ``checksum``: the SHA-256 of the manifest's other fields as
+  canonical JSON (:func:`manifest_checksum`: keys sorted, no spaces), so that an edited
+  manifest (a changed step, say) is refused like a changed shard.
 
 Every file is written to a temporary name, flushed, ``fsync``-ed and renamed into place
 (:func:`atomic_write`), and the manifest only after every shard is in place: a checkpoint
 whose manifest is missing was not finished and is never used; one whose files do not match
 their checksums is refused with a message naming the file.
+
+Reading a checkpoint never executes code, wherever it came from: the manifest is JSON, checked
+key by key; every file it names must be a plain name inside the checkpoint's directory; shards
+are loaded with ``torch.load(..., weights_only=True)`` (tensors and plain data only), and a file
+that asks for anything else (a pickle with a ``__reduce__`` payload, say) is refused with a
+:class:`CheckpointError` before anything in it runs. The checksums catch corruption and edits,
+not a forger who recomputes them (there is no secret key); what the manifest says is also checked
+against the files (the step against the directory's name, row counts and next uids against the
+shards), so a forged checkpoint can hold other agents, but never runs code.
 
 Resuming reads every shard on every rank, puts the agents in uid order, and lets the
 partitioner place them as it places an initial state: a checkpoint saved on W ranks resumes
@@ -41,10 +52,12 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,10 +74,11 @@ if TYPE_CHECKING:
     from .model import Model
 
 __all__ = ["FORMAT", "Checkpoint", "CheckpointError", "CheckpointWrite", "atomic_write", "check_keep",
-           "checkpoint_step", "latest_checkpoint", "read_checkpoint", "start_checkpoint", "tensor_bytes",
-           "write_checkpoint"]
+           "checkpoint_step", "file_inside", "latest_checkpoint", "load_tensors", "manifest_checksum",
+           "read_checkpoint", "start_checkpoint", "tensor_bytes", "write_checkpoint"]
 
-FORMAT = 1
+#: 2: the manifest carries ``checksum`` (format 1 manifests had none and are refused).
+FORMAT = 2
 MANIFEST = "manifest.json"
 #: Seconds rank 0's writer waits for the other ranks' shards before giving the checkpoint up.
 SHARD_WAIT_SECONDS = 600.0
@@ -116,10 +130,74 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def tensor_bytes(obj: Any) -> bytes:
-    """``torch.save`` of ``obj`` as bytes."""
+    """``torch.save`` of ``obj`` as bytes; ``obj`` must be tensors and plain data (dicts, lists,
+    tuples, strings, numbers, bools, None), what :func:`load_tensors` reads back.
+    """
+    _check_plain(obj, "")
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    if obj is None or isinstance(obj, (bool, int, float, str, Tensor)):
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(f"checkpoint data{where}: key {k!r} is not a str or int")
+            _check_plain(v, f"{where}[{k!r}]")
+        return
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):  # not a namedtuple
+        for i, v in enumerate(obj):
+            _check_plain(v, f"{where}[{i}]")
+        return
+    raise TypeError(f"checkpoint data{where}: {type(obj).__name__} is not a tensor or plain data "
+                    "(convert it to dicts, lists and numbers)")
+
+
+def load_tensors(data: bytes, where: str) -> Any:
+    """``torch.load`` of ``data`` with ``weights_only=True``: tensors and plain data only, never
+    code. ``where`` names the file in the messages.
+
+    Raises:
+        CheckpointError: The file holds anything else (nothing in it has run), or is not a
+            ``torch.save`` file.
+    """
+    try:
+        with warnings.catch_warnings():  # torch warns about a foreign pickle protocol: the refusal says more
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{where} holds objects other than tensors and plain data: refused, nothing in it "
+                              "was run (agentsim checkpoints never execute code)") from None
+    except Exception as e:  # a damaged or foreign file: whatever torch's reader raises
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{where} cannot be read as a checkpoint file ({detail[:200]})") from None
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of ``manifest``'s fields other than ``checksum`` as canonical JSON (keys
+    sorted, separators without spaces, ASCII): the ``checksum`` a manifest carries.
+    """
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def file_inside(directory: Path, name: object, what: str) -> Path:
+    """The file ``name`` (from a manifest or a pointer file, ``what``) in ``directory``, refused
+    unless it is a plain name that stays inside: no absolute path, no ``..``, no separator, no
+    symbolic link to somewhere else.
+    """
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name
+            or os.path.isabs(name)):
+        raise CheckpointError(f"{what} names {name!r}, not a file in {directory}: a checkpoint may only name "
+                              "files in its own directory")
+    path = directory / name
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):
+        raise CheckpointError(f"{what} names {name!r}, a link that leaves {directory}: a checkpoint may only name "
+                              "files in its own directory")
+    return path
 
 
 def model_fingerprint(model: Model, state: State) -> str:
@@ -259,6 +337,7 @@ class _ShardJob:
             info = json.loads(side.read_text())
             shards.append({"file": f"{name}.pt", "sha256": info["sha256"], "rows": info["rows"]})
         manifest = {**self.manifest, "shards": shards, "env": {"file": "env.pt", "sha256": env_digest}}
+        manifest["checksum"] = manifest_checksum(manifest)
         atomic_write(self.path / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
         for r in range(self.world_size):
             (self.path / f"{_shard_name(r, self.world_size)}.json").unlink(missing_ok=True)
@@ -415,6 +494,9 @@ class Checkpoint:
                                         next_uid=int(self.manifest["next_uid"][name]))
             except (ConfigError, FieldAccessError) as e:
                 raise CheckpointError(f"checkpoint {self.path}: {e}") from None
+        missing = sorted(set(like.env) - set(self._env))
+        if missing:
+            raise CheckpointError(f"checkpoint {self.path}: env.pt has no {', '.join(map(repr, missing))}")
         env = {k: self._env[k].to(v.device) for k, v in like.env.items()}
         return State(pops, env, self.step)
 
@@ -425,11 +507,34 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """
     path, manifest = _manifest(_resolve(Path(path)))
     shards = [_load(path, entry) for entry in manifest["shards"]]
+    for entry, shard in zip(manifest["shards"], shards, strict=True):
+        rows = {name: _rows(t) for name, t in shard.items()}
+        if rows != entry["rows"]:
+            raise CheckpointError(f"checkpoint {path}: {entry['file']} holds rows {rows}, its manifest says "
+                                  f"{entry['rows']}")
     fields: dict[str, dict[str, Tensor]] = {}
     for name in manifest["next_uid"]:
-        parts = [s[name] for s in shards]
-        fields[name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    return Checkpoint(path, manifest, fields, _load(path, manifest["env"]))
+        parts = [s.get(name) for s in shards]
+        if not parts or any(not isinstance(p, dict) or not p for p in parts) or any(
+                set(p) != set(parts[0]) for p in parts):
+            raise CheckpointError(f"checkpoint {path}: the shards do not all hold population '{name}' with the same "
+                                  "fields")
+        try:
+            fields[name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        except RuntimeError as e:
+            raise CheckpointError(f"checkpoint {path}: population '{name}' does not fit together across the shards "
+                                  f"({str(e).splitlines()[0]})") from None
+        uids = fields[name].get(UID)
+        if uids is not None and uids.numel() and int(uids.max()) >= manifest["next_uid"][name]:
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'next_uid.{name}' is {manifest['next_uid'][name]}, "
+                                  f"not above the largest uid {int(uids.max())}")
+    return Checkpoint(path, manifest, fields, _load(path, manifest["env"], shard=False))
+
+
+def _rows(fields: Mapping[str, Tensor]) -> int:
+    """The row count of a population's fields (-1 if they disagree or one is a scalar)."""
+    counts = {int(v.shape[0]) if v.dim() else -1 for v in fields.values()}
+    return counts.pop() if len(counts) == 1 else (0 if not counts else -1)
 
 
 def _resolve(path: Path) -> Path:
@@ -444,25 +549,71 @@ def _resolve(path: Path) -> Path:
         raise CheckpointError(f"no complete checkpoint in {path}" + (
             f" ({len(unfinished)} unfinished: no {MANIFEST})" if unfinished else
             " (expected step-NNNNNNNN directories with a manifest.json)"))
+    file_inside(path, newest.name, f"{path}: the newest checkpoint")  # not a link to elsewhere
     return newest
 
 
+_SCHEMA: dict[str, type | tuple[type, ...]] = {
+    "format": int, "agentsim": str, "model": str, "fingerprint": str, "params": dict, "seed": int, "step": int,
+    "world_size": int, "partition": str, "next_uid": dict, "shards": list, "env": dict, "checksum": str}
+
+
 def _manifest(path: Path) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint's manifest, checked to be one this version reads."""
+    """The checkpoint's manifest, checked to be one this version reads, unchanged (its checksum)
+    and of the expected shape (every key, with its type).
+    """
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path}: unreadable {MANIFEST} ({e})") from None
-    if not isinstance(manifest, dict) or not {"format", "model", "step", "shards", "env"} <= set(manifest):
+    if not isinstance(manifest, dict) or "format" not in manifest:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not an agentsim checkpoint manifest")
-    if not isinstance(manifest["format"], int) or manifest["format"] > FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {manifest['format']!r}; this agentsim ({_version()}) "
+    fmt = manifest["format"]
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt > FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {fmt!r}; this agentsim ({_version()}) "
                               f"reads formats up to {FORMAT}: upgrade agentsim")
+    if fmt < FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {fmt}, older than this agentsim's {FORMAT} (its "
+                              f"{MANIFEST} carries no checksum): start the run again, or resume it with the agentsim "
+                              "that wrote it")
+    where = f"checkpoint {path}: {MANIFEST}"
+    for key, kind in _SCHEMA.items():
+        if key not in manifest:
+            raise CheckpointError(f"{where} has no key '{key}'")
+        if not isinstance(manifest[key], kind) or isinstance(manifest[key], bool):
+            raise CheckpointError(f"{where}: '{key}' is a {type(manifest[key]).__name__}, expected a "
+                                  f"{getattr(kind, '__name__', 'value')}")
+    if manifest["checksum"] != manifest_checksum(manifest):
+        raise CheckpointError(f"{where} does not match its checksum (edited or corrupt after the checkpoint was "
+                              "written)")
+    if manifest["step"] < 0:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'step' is {manifest['step']}, expected >= 0")
+    named = _STEP_DIR.match(path.name)
+    if named and int(named.group(1)) != manifest["step"]:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} says step {manifest['step']}, its directory step "
+                              f"{int(named.group(1))}")
+    for name, n in manifest["next_uid"].items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'next_uid.{name}' is {n!r}, expected an int >= 0")
+    if not manifest["shards"]:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'shards' is empty")
+    for i, entry in enumerate([*manifest["shards"], manifest["env"]]):
+        key = f"shards[{i}]" if i < len(manifest["shards"]) else "env"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST}: '{key}' is a {type(entry).__name__}, "
+                                  "expected an object")
+        for sub in ("file", "sha256"):
+            if not isinstance(entry.get(sub), str):
+                raise CheckpointError(f"checkpoint {path}: {MANIFEST}: '{key}.{sub}' is missing or not a string")
+        if key != "env" and not (isinstance(entry.get("rows"), dict) and all(
+                isinstance(n, int) and not isinstance(n, bool) for n in entry["rows"].values())):
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST}: '{key}.rows' is missing or not an object of "
+                                  "row counts")
     return path, manifest
 
 
-def _load(path: Path, entry: Mapping[str, Any]) -> Any:
-    file = path / entry["file"]
+def _load(path: Path, entry: Mapping[str, Any], shard: bool = True) -> Any:
+    file = file_inside(path, entry["file"], f"checkpoint {path}: {MANIFEST}")
     try:
         data = file.read_bytes()
     except OSError as e:
@@ -470,4 +621,10 @@ def _load(path: Path, entry: Mapping[str, Any]) -> Any:
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CheckpointError(f"checkpoint {path}: {entry['file']} does not match its checksum (corrupt or "
                               "changed after the checkpoint was written)")
-    return torch.load(io.BytesIO(data), weights_only=True)
+    obj = load_tensors(data, f"checkpoint {path}: {entry['file']}")
+    tables = obj.values() if shard and isinstance(obj, dict) else [obj]
+    if not isinstance(obj, dict) or not all(isinstance(t, dict) and all(
+            isinstance(k, str) and isinstance(v, Tensor) for k, v in t.items()) for t in tables):
+        raise CheckpointError(f"checkpoint {path}: {entry['file']} does not hold "
+                              f"{'populations of tensors' if shard else 'tensors by name'}")
+    return obj

@@ -692,7 +692,90 @@ CASES += [
 CASES += []
 
 # ---- cases: files from elsewhere never execute code
-CASES += []
+class _Payload:
+    """Unpickled, it would create the file ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _reseal(manifest: dict) -> dict:
+    from agentsim.checkpoint import manifest_checksum
+
+    return {**manifest, "checksum": manifest_checksum({k: v for k, v in manifest.items() if k != "checksum"})}
+
+
+def crafted_shard(d: Path) -> list[str]:
+    import hashlib
+
+    import torch
+
+    step = checkpoint(d)
+    shard = step / "rank-00000-of-00001.pt"
+    torch.save({"boids": {"uid": _Payload(d / "MARKER")}}, shard)
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (step / "manifest.json").write_text(json.dumps(_reseal(manifest)))
+    return [*RUN, "boids", "--agents", "40", "--steps", "4", "--resume", str(d / "ck")]
+
+
+TRAIN = ["train", "spillover", "--agents", "300", "--updates", "3", "--horizon", "6", "--hidden", "16",
+         "--minibatches", "2", "--epochs", "2", "--seed", "5", "--quiet"]
+
+
+def training(change: Callable[[Path], None]) -> Callable[[Path], list[str]]:
+    """A training checkpoint of update 1 of TRAIN in DIR/tck, changed, then ``agentsim train --resume``."""
+    def setup(d: Path) -> list[str]:
+        from agentsim.models.spillover import MODEL
+
+        from agentsim.learn import PPOConfig, Trainer
+
+        config = PPOConfig(horizon=6, hidden=(16,), minibatches=2, epochs=2)
+        Trainer(MODEL, agents=300, seed=5, updates=3, config=config).train(1, checkpoint_dir=d / "tck")
+        change(d / "tck")
+        return [*TRAIN, "--checkpoint-dir", str(d / "tck"), "--resume"]
+    return setup
+
+
+def _flip(ck: Path) -> None:
+    data = bytearray((ck / "ppo-000001.pt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (ck / "ppo-000001.pt").write_bytes(bytes(data))
+
+
+def _craft_training(ck: Path) -> None:
+    import hashlib
+
+    import torch
+
+    torch.save({"format": "agentsim-ppo-checkpoint", "net": _Payload(ck / "MARKER")}, ck / "ppo-000001.pt")
+    manifest = json.loads((ck / "ppo-000001.json").read_text())
+    manifest["sha256"] = hashlib.sha256((ck / "ppo-000001.pt").read_bytes()).hexdigest()
+    (ck / "ppo-000001.json").write_text(json.dumps(_reseal(manifest)))
+
+
+CASES += [
+    Case("untrusted-crafted-shard", "checkpoint", "a shard that is a pickle with a __reduce__ payload (checksums "
+         "made to match)", crafted_shard, 2,
+         "rank-00000-of-00001.pt holds objects other than tensors and plain data: refused, nothing in it was run"),
+    Case("untrusted-manifest-step", "checkpoint", "a manifest whose step was edited",
+         edit_manifest(lambda m: m.update(step=1), "boids", "--agents", "40", "--steps", "4"), 2,
+         "manifest.json does not match its checksum"),
+    Case("untrusted-manifest-key", "checkpoint", "a manifest missing a key",
+         edit_manifest(lambda m: m.pop("seed"), "boids", "--agents", "40", "--steps", "4"), 2,
+         "manifest.json has no key 'seed'"),
+    Case("untrusted-train-pointer", "training checkpoint", "'latest' naming a file outside its directory",
+         training(lambda ck: (ck / "latest").write_text("../elsewhere.json")), 2,
+         "names '../elsewhere.json', not a file in DIR/tck"),
+    Case("untrusted-train-flipped", "training checkpoint", "a state file with a flipped bit", training(_flip), 2,
+         "checkpoint 'DIR/tck/ppo-000001.pt' does not match its checksum"),
+    Case("untrusted-train-crafted", "training checkpoint", "a state file that is a pickle with a __reduce__ payload "
+         "(checksums made to match)", training(_craft_training), 2,
+         "checkpoint 'DIR/tck/ppo-000001.pt' holds objects other than tensors and plain data"),
+]
 
 # ---- cases: killed parents, locks and resumes
 CASES += []

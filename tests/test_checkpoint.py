@@ -125,7 +125,7 @@ def test_unfinished_corrupt_and_foreign_checkpoints_are_refused(tmp_path):
         asim.Simulation(asim.get_model("boids"), agents=300, seed=SEED, resume=first)
     manifest = json.loads((tmp_path / "step-00000002" / "manifest.json").read_text())
     atomic_write(tmp_path / "step-00000002" / "manifest.json", json.dumps({**manifest, "format": 99}).encode())
-    with pytest.raises(CheckpointError, match="has format 99; .* reads formats up to 1: upgrade agentsim"):
+    with pytest.raises(CheckpointError, match="has format 99; .* reads formats up to 2: upgrade agentsim"):
         read_checkpoint(first)
     shard = tmp_path / "step-00000003" / "rank-00000-of-00001.pt"
     shard.write_bytes(shard.read_bytes()[:-10])

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from .. import ops
+from ..checkpoint import CheckpointError
 from ..comm import Comm, LocalComm
 from ..engine import check_agents, check_seed
 from ..errors import ConfigError, SimulationError
@@ -332,9 +333,13 @@ class Trainer:
                 "agents": self.agents, "seed": self.seed, "updates": self.updates, "config": self.config.to_dict()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs (network, optimizer, updates done, history)."""
-        return {"identity": self.identity(), "update": self.update_index, "net": self.net.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "history": list(self.history)}
+        """Everything a resumed run needs (network, optimizer, updates done, history), as tensors
+        and plain data (dicts, lists, numbers, strings): a checkpoint loads it without unpickling
+        any other object.
+        """
+        return {"identity": _jsonable(self.identity()), "update": self.update_index,
+                "net": dict(self.net.state_dict()), "optimizer": _plain(self.optimizer.state_dict()),
+                "history": [_plain(row) for row in self.history]}
 
     def resume(self, checkpoint_dir: str | os.PathLike[str]) -> int:
         """Load the newest checkpoint in ``checkpoint_dir``; return its update count."""
@@ -354,10 +359,15 @@ class Trainer:
                     if "updates" in diff else "")
             raise ConfigError("checkpoint is from another training (differs in " + ", ".join(
                 f"{k}: {theirs.get(k)!r} there, {mine[k]!r} here" for k in diff) + ")" + hint)
-        self.net.load_state_dict(state["net"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.update_index = int(state["update"])
-        self.history = list(state["history"])
+        try:
+            self.net.load_state_dict(state["net"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.update_index = int(state["update"])
+            self.history = list(state["history"])
+        except (KeyError, RuntimeError, TypeError, ValueError, IndexError) as e:
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"checkpoint does not fit this training's network and optimizer ({detail[:200]})"
+                                  ) from None
 
     # ---------------------------------------------------------------- helpers
     def _precision(self) -> contextlib.AbstractContextManager[Any]:
@@ -407,6 +417,16 @@ def _jsonable(value: Any) -> Any:
     import json
 
     return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with mappings as dicts and sequences as lists or tuples (tensors and scalars kept)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 class _TrainingLog:
