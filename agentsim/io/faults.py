@@ -36,6 +36,7 @@ class Fault:
     start: int | None
     code: int
     closing: bool = False
+    tripped: OSError | None = None  # the error raised, for the message (HDF5 reports only its own)
 
     def hit(self) -> bool:
         """Count one write; whether it fails."""
@@ -51,7 +52,8 @@ class Fault:
     def check(self, path: str) -> None:
         """Count one write of ``path``; raise the injected error if it fails."""
         if self.hit():
-            raise self.error(path)
+            self.tripped = self.error(path)
+            raise self.tripped
 
 
 def _matches(target: str, path: str) -> bool:

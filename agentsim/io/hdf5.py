@@ -70,7 +70,6 @@ import json
 import math
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -82,7 +81,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import AgentsimError, ConfigError, OutputError, did_you_mean
+from ..errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from .faults import FailingFile, Fault, write_fault
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
@@ -122,24 +121,12 @@ def _remove_stale_temporaries(directory: str, name: str) -> None:
             pass
 
 
-def write_cause(e: BaseException) -> str:
-    """The cause of a failed write, short: HDF5's ``errno = 28, error message = '...'`` as
-    ``No space left on device (errno 28)``; an OSError's strerror; else the message.
-    """
-    text = str(e)
-    m = re.search(r"errno = (\d+), error message = '([^']*)'", text)
-    if m:
-        return f"{m.group(2)} (errno {m.group(1)})"
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror} (errno {e.errno})" if e.errno else e.strerror
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 # HDF5 writes data when a handle is released too (a dataset's chunk cache on its last close), and
 # h5py reports errors there only as "Exception ignored in ObjectID.__dealloc__". Files being written
 # are watched: such an error naming one is kept for its writer (which raises it at its next call)
 # instead of printed; errors about other files go on to the previous hook.
 _watched: dict[str, list[str]] = {}
+_injected: dict[int, FailingFile] = {}  # HDF5 file id to the test hook's file (see agentsim.io.faults)
 _hook_installed = False
 
 
@@ -178,21 +165,34 @@ def open_for_writing(path: str, mode: str, fault: Fault | None, **kwargs: Any) -
     """
     if fault is None:
         return h5py.File(path, mode, **kwargs)
-    return h5py.File(FailingFile(path, "w+b" if mode == "w" else "r+b", fault), mode, **kwargs)
+    raw = FailingFile(path, "w+b" if mode == "w" else "r+b", fault)
+    file = h5py.File(raw, mode, **kwargs)
+    _injected[file.id.id] = raw
+    return file
 
 
-def _detach(file: h5py.File) -> None:
+def detach_file(file: h5py.File) -> None:
     """Send every later write of ``file`` to nowhere (see :meth:`TrajectoryWriter._abandon`)."""
+    injected = _injected.get(file.id.id)
+    if injected is not None:
+        injected.discard = True
+        return
     with contextlib.suppress(Exception):
         raw = file.id.get_vfd_handle()
-        if isinstance(raw, FailingFile):
-            raw.discard = True
-        elif isinstance(raw, int):
+        if isinstance(raw, int):
             null = os.open(os.devnull, os.O_RDWR)
             try:
                 os.dup2(null, raw)
             finally:
                 os.close(null)
+
+
+def injected_error(file: Any, e: BaseException) -> BaseException:
+    """The error injected by the test hook into ``file`` if any (HDF5 reports only "driver write
+    request failed" for it), else ``e``.
+    """
+    raw = _injected.get(file.id.id)
+    return raw.fault.tripped if raw is not None and raw.fault.tripped is not None else e
 
 
 def _io_errors(method: _F) -> _F:
@@ -212,7 +212,7 @@ def _io_errors(method: _F) -> _F:
         except AgentsimError:
             raise
         except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for failed flushes and closes
-            raise self._fail(write_cause(e)) from e
+            raise self._fail(write_cause(injected_error(self._file, e))) from e
         if self._swallowed:
             raise self._fail(write_cause(RuntimeError(self._swallowed[0])))
         return out
@@ -460,7 +460,8 @@ class TrajectoryWriter:
             if self._swallowed:
                 raise RuntimeError(self._swallowed[0])
         except (OSError, RuntimeError) as e:
-            error = OutputError(f"cannot write trajectory file '{self.path}': {write_cause(e)}")
+            error = OutputError(f"cannot write trajectory file '{self.path}': "
+                                f"{write_cause(injected_error(self._file, e))}")
             self._error = error
             self._closed = True
             self._abandon()
@@ -492,7 +493,7 @@ class TrajectoryWriter:
         segfault seen in one process). The file keeps what its last successful flush wrote, with
         ``completed = False``; an unpublished file (no flush succeeded) is removed.
         """
-        _detach(self._file)
+        detach_file(self._file)
         self._handles.clear()
         try:
             self._file.close()
@@ -550,7 +551,8 @@ class TrajectoryWriter:
             self._closed = True
             self._abandon()
             unwatch_file(self._names)
-            raise OutputError(f"cannot continue trajectory file '{self.path}': {write_cause(e)}") from e
+            raise OutputError(f"cannot continue trajectory file '{self.path}': "
+                              f"{write_cause(injected_error(self._file, e))}") from e
         except BaseException:
             self._file.close()
             unwatch_file(self._names)
