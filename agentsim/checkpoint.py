@@ -88,7 +88,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> str:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        fault = write_fault(path)  # a test hook; None in normal runs
+        fault = write_fault(path, shared=True)  # a test hook; None in normal runs
         if fault is not None:
             fault.check(str(path))
         with open(tmp, "wb") as f:
@@ -180,7 +180,7 @@ def start_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: i
     path = step_dir(directory, state.step)
     if comm.rank == 0:
         try:
-            fault = write_fault(path)  # a test hook; None in normal runs
+            fault = write_fault(path, shared=True)  # a test hook; None in normal runs
             if fault is not None:
                 fault.check(str(path))
             if path.exists():  # an unfinished (or superseded) earlier attempt at this step: its side files are stale

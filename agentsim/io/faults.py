@@ -1,7 +1,8 @@
 """Test hook: make writes to chosen files fail, as on a full disk (for tests and stress scripts).
 
 Set ``AGENTSIM_TEST_WRITE_FAULT=TARGET:N[:ERRNO]`` (or several, separated by ``;``) and every
-write to a file matching ``TARGET``, from its ``N``-th on (1-based, counted per process), raises
+write to a file matching ``TARGET``, from its ``N``-th on (1-based; counted per open HDF5 file,
+and per process for checkpoint files), raises
 ``OSError(ERRNO)`` (default ``ENOSPC``): a full disk stays full. ``TARGET`` matches a file by its
 full path, its base name, or a directory above it. ``N`` may be ``close``: writes fail once the
 trajectory writer starts closing the file.
@@ -36,13 +37,19 @@ class Fault:
     start: int | None
     code: int
     closing: bool = False
+    shared: bool = False  # count in the process-wide counter of the target (else per open file)
+    count: int = 0
     tripped: OSError | None = None  # the error raised, for the message (HDF5 reports only its own)
 
     def hit(self) -> bool:
         """Count one write; whether it fails."""
         if self.start is None:
             return self.closing
-        _counts[self.target] = n = _counts.get(self.target, 0) + 1
+        if self.shared:
+            _counts[self.target] = n = _counts.get(self.target, 0) + 1
+        else:
+            self.count = n = self.count + 1
+            _counts[self.target] = max(_counts.get(self.target, 0), n)
         return n >= self.start
 
     def error(self, path: str) -> OSError:
@@ -61,8 +68,11 @@ def _matches(target: str, path: str) -> bool:
     return target in (path, full, os.path.basename(full)) or full.startswith(os.path.abspath(target) + os.sep)
 
 
-def write_fault(path: str | os.PathLike[str]) -> Fault | None:
-    """The fault injected into writes of ``path`` (None, the normal case, without the variable)."""
+def write_fault(path: str | os.PathLike[str], shared: bool = False) -> Fault | None:
+    """The fault injected into writes of ``path`` (None, the normal case, without the variable).
+    ``shared``: count this write in the target's process-wide counter (one file per write, as a
+    checkpoint's files); else the fault counts the writes of one open file (an HDF5 file).
+    """
     spec = os.environ.get(ENV)
     if not spec:
         return None
@@ -73,7 +83,7 @@ def write_fault(path: str | os.PathLike[str]) -> Fault | None:
             continue
         when, _, code = rest.partition(":")
         number = getattr(_errno, code, None) if code else _errno.ENOSPC
-        return Fault(target, None if when == "close" else int(when), int(number or _errno.ENOSPC))
+        return Fault(target, None if when == "close" else int(when), int(number or _errno.ENOSPC), shared=shared)
     return None
 
 

@@ -212,7 +212,7 @@ def _io_errors(method: _F) -> _F:
         except AgentsimError:
             raise
         except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for failed flushes and closes
-            raise self._fail(write_cause(injected_error(self._file, e))) from e
+            raise self._fail(self._cause(e)) from e
         if self._swallowed:
             raise self._fail(write_cause(RuntimeError(self._swallowed[0])))
         return out
@@ -461,7 +461,7 @@ class TrajectoryWriter:
                 raise RuntimeError(self._swallowed[0])
         except (OSError, RuntimeError) as e:
             error = OutputError(f"cannot write trajectory file '{self.path}': "
-                                f"{write_cause(injected_error(self._file, e))}")
+                                f"{self._cause(e)}")
             self._error = error
             self._closed = True
             self._abandon()
@@ -478,6 +478,11 @@ class TrajectoryWriter:
         self._closed = False
         self._names = [os.path.abspath(n) for n in names]
         watch_file(self._names, self._swallowed)
+
+    def _cause(self, e: BaseException) -> str:
+        """What made a write fail (the test hook's error where it injected one)."""
+        tripped = self._fault.tripped if self._fault is not None else None
+        return write_cause(tripped if tripped is not None else e)
 
     def _fail(self, cause: str) -> OutputError:
         """Record the first write failure (the writer is broken from now on) and return its error."""
@@ -552,7 +557,7 @@ class TrajectoryWriter:
             self._abandon()
             unwatch_file(self._names)
             raise OutputError(f"cannot continue trajectory file '{self.path}': "
-                              f"{write_cause(injected_error(self._file, e))}") from e
+                              f"{self._cause(e)}") from e
         except BaseException:
             self._file.close()
             unwatch_file(self._names)
@@ -930,7 +935,7 @@ class TrajectoryWriter:
             if self._swallowed:
                 raise RuntimeError(self._swallowed[0])
         except (OSError, RuntimeError) as e:
-            error = self._fail(write_cause(e))
+            error = self._fail(self._cause(e))
             self._abandon()
             raise error from e
         finally:
