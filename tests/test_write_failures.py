@@ -177,3 +177,16 @@ def test_a_real_full_disk_stops_the_run_on_one_and_two_processes(tmp_path):
                 f.unlink()
     finally:
         subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.timeout(120)
+def test_max_restarts_does_not_restart_a_failed_write(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run.h5"
+    monkeypatch.setenv(ENV, f"{out}:close")
+    code = main(["run", "randomwalk", "--agents", "50", "--steps", "4", "--quiet", "--nprocs", "2",
+                 "--max-restarts", "2", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "restarting" not in err, err
+    assert f"writing trajectory '{out}' failed: No space left on device" in err, err
+    assert completed(out) is False
