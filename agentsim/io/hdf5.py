@@ -126,7 +126,6 @@ def _remove_stale_temporaries(directory: str, name: str) -> None:
 # are watched: such an error naming one is kept for its writer (which raises it at its next call)
 # instead of printed; errors about other files go on to the previous hook.
 _watched: dict[str, list[str]] = {}
-_injected: dict[int, FailingFile] = {}  # HDF5 file id to the test hook's file (see agentsim.io.faults)
 _hook_installed = False
 
 
@@ -167,13 +166,13 @@ def open_for_writing(path: str, mode: str, fault: Fault | None, **kwargs: Any) -
         return h5py.File(path, mode, **kwargs)
     raw = FailingFile(path, "w+b" if mode == "w" else "r+b", fault)
     file = h5py.File(raw, mode, **kwargs)
-    _injected[file.id.id] = raw
+    file.agentsim_failing = raw  # the test hook's file, for its error
     return file
 
 
 def detach_file(file: h5py.File) -> None:
     """Send every later write of ``file`` to nowhere (see :meth:`TrajectoryWriter._abandon`)."""
-    injected = _injected.get(file.id.id)
+    injected = getattr(file, "agentsim_failing", None)
     if injected is not None:
         injected.discard = True
         return
@@ -191,7 +190,7 @@ def injected_error(file: Any, e: BaseException) -> BaseException:
     """The error injected by the test hook into ``file`` if any (HDF5 reports only "driver write
     request failed" for it), else ``e``.
     """
-    raw = _injected.get(file.id.id)
+    raw = getattr(file, "agentsim_failing", None)
     return raw.fault.tripped if raw is not None and raw.fault.tripped is not None else e
 
 
