@@ -48,6 +48,7 @@ them to continue a run and its trajectory file after an interruption.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -66,7 +67,8 @@ import torch
 from torch import Tensor
 
 from .comm import Comm
-from .errors import ConfigError, FieldAccessError, OutputError
+from .errors import ConfigError, FieldAccessError, OutputError, write_cause
+from .io.faults import write_fault
 from .state import UID, Population, State
 
 if TYPE_CHECKING:
@@ -100,6 +102,9 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> str:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        fault = write_fault(path, shared=True)  # a test hook; None in normal runs
+        if fault is not None:
+            fault.check(str(path))
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
@@ -107,10 +112,10 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> str:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as e:
-        raise OutputError(f"cannot write checkpoint '{path}': {e}") from e
+        raise OutputError(f"cannot write checkpoint file '{path}': {write_cause(e)}") from e
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -252,9 +257,15 @@ def start_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: i
     sim.partition.sync_env(state, comm)
     path = step_dir(directory, state.step)
     if comm.rank == 0:
-        if path.exists():  # an unfinished (or superseded) earlier attempt at this step: its side files are stale
-            shutil.rmtree(path)
-        path.mkdir(parents=True)
+        try:
+            fault = write_fault(path, shared=True)  # a test hook; None in normal runs
+            if fault is not None:
+                fault.check(str(path))
+            if path.exists():  # an unfinished (or superseded) earlier attempt at this step: its side files are stale
+                shutil.rmtree(path)
+            path.mkdir(parents=True)
+        except OSError as e:  # read-only or full disk, not a directory, ...: the run stops (rank 0's error)
+            raise OutputError(f"cannot create checkpoint directory '{path}': {write_cause(e)}") from e
     _barrier(comm)  # the directory exists for everyone
     shard = {name: {k: v.detach().to("cpu", copy=True) for k, v in pop.fields().items()}
              for name, pop in state.populations.items()}
@@ -379,6 +390,11 @@ class CheckpointWrite:
         error = self.job.error if self.job is not None else None
         failed = [r for r, f in enumerate(_gather_flags(self.comm, error is not None)) if f]
         if failed:
+            if error is None:  # another rank failed: its side file says why
+                for r in failed:
+                    with contextlib.suppress(OSError):
+                        error = (self.path / f"{_shard_name(r, self.comm.world_size)}.failed").read_text()
+                        break
             detail = f": {error}" if error is not None else ""
             raise OutputError(f"checkpoint {self.path} was not written (rank{'s' * (len(failed) > 1)} "
                               f"{', '.join(map(str, failed))} failed){detail}")

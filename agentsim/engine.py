@@ -794,7 +794,11 @@ class Simulation:
             if bar is not None:
                 bar.close()
         except BaseException as e:
-            recorder.close(completed=False)
+            try:
+                recorder.close(completed=False)
+            except OutputError as close_error:  # the file failed too: say so, but raise the first error
+                if not isinstance(e, OutputError):
+                    getattr(e, "add_note", lambda _: None)(f"also: {close_error}")  # Python >= 3.11
             if self._checkpoint_write is not None:  # no collective here: the other ranks may be gone
                 self._checkpoint_write.cancel()
                 self._checkpoint_write = None

@@ -9,6 +9,7 @@ catch them as bad values.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -42,6 +43,19 @@ class CollectiveError(AgentsimError, RuntimeError):
 
 class OutputError(AgentsimError, OSError):
     """A trajectory file could not be created, written or read."""
+
+
+def write_cause(e: BaseException) -> str:
+    """The cause of a failed write, short: HDF5's ``errno = 28, error message = '...'`` as
+    ``No space left on device (errno 28)``; an OSError's strerror; else the message.
+    """
+    text = str(e)
+    m = re.search(r"errno = (\d+), error message = '([^']*)'", text)
+    if m:
+        return f"{m.group(2)} (errno {m.group(1)})"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror} (errno {e.errno})" if e.errno else e.strerror
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -74,7 +74,13 @@ def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
     selected = _selection(metrics)
     if not os.path.isfile(path) or not h5py.is_hdf5(path):
         raise OutputError(f"cannot plot '{path}': not an HDF5 file")
-    with h5py.File(path, "r") as f:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:  # truncated, locked by a writer, ...: as `agentsim inspect` says it
+        from .io.hdf5 import _why
+
+        raise OutputError(f"cannot plot '{path}': {_why(e)}") from e
+    with f:
         study = f.attrs.get("format") == "agentsim-study"
     out = os.fspath(out) if out is not None else os.path.splitext(path)[0] + ".png"
     figs = _study_figures(path, plt, selected) if study else _trajectory_figures(path, plt, selected)

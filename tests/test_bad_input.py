@@ -689,7 +689,49 @@ CASES += [
 
 # Reliability cases (issue 33), one block per fault class; each block extends CASES.
 # ---- cases: write failures
-CASES += []
+class _UnsetFault:
+    """Undoes a case's write-fault hook (the test's cleanup calls kill() and wait() on WRITERS)."""
+
+    def kill(self) -> None:
+        import os
+
+        os.environ.pop("AGENTSIM_TEST_WRITE_FAULT", None)
+
+    def wait(self) -> None:
+        pass
+
+
+def write_fault(fault: str, setup: Callable[[Path], list[str]]) -> Callable[[Path], list[str]]:
+    """``setup`` with writes failing as ``fault`` says (agentsim.io.faults; DIR: the case's directory)."""
+    def with_fault(d: Path) -> list[str]:
+        import os
+
+        argv = setup(d)
+        os.environ["AGENTSIM_TEST_WRITE_FAULT"] = fault.replace("DIR", str(d))
+        WRITERS.append(_UnsetFault())
+        return argv
+    return with_fault
+
+
+def truncated_plot(d: Path) -> list[str]:
+    return ["plot", truncated(d)[1], "--out", str(d / "t.png")]
+
+
+CASES += [
+    Case("write-trajectory-full", "write failure", "the disk fills while the trajectory is written (injected)",
+         write_fault("DIR/run.h5:close", args(*RUN, "randomwalk", "--agents", "20", "--out", "DIR/run.h5")), 1,
+         "writing trajectory 'DIR/run.h5' failed: No space left on device"),
+    Case("write-checkpoint-read-only", "write failure", "--checkpoint-dir on a read-only file system (injected)",
+         write_fault("DIR/ck:1:EROFS", args(*RUN, "boids", "--agents", "40", "--steps", "2", "--checkpoint-every",
+                                            "2", "--checkpoint-dir", "DIR/ck")), 1,
+         "cannot create checkpoint directory 'DIR/ck/step-00000002': Read-only file system"),
+    Case("write-plot-truncated", "write failure", "agentsim plot of a file cut short", truncated_plot, 1,
+         "cannot plot 'DIR/run.h5': the file is truncated"),
+    Case("write-study-full", "write failure", "the disk fills while a study run's group is written (injected)",
+         write_fault("DIR/s.h5:8", args("sweep", "sir", "--grid", "beta=0.02,0.04", "--replicates", "1", "--agents",
+                                        "100", "--steps", "5", "--out", "DIR/s.h5", "--workers", "1")), 1,
+         "writing study file 'DIR/s.h5' failed (run c0000-r0000): No space left on device"),
+]
 
 # ---- cases: files from elsewhere never execute code
 class _Payload:

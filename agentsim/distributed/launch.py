@@ -376,8 +376,9 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         max_restarts: When a rank fails (dies, or raises), stop the others and start all ranks
             again, up to this many times, from the newest complete checkpoint in
             ``checkpoint_dir`` (from step 0 if there is none), writing on into ``out``; the
-            result is the uninterrupted run's. As torchrun, any failure restarts: an error that
-            repeats fails every attempt.
+            result is the uninterrupted run's. As torchrun, any failure restarts (an error that
+            repeats fails every attempt), except a failed write (an OutputError: a full disk stays
+            full), which stops the run at once.
         check: The check mode (see :class:`Simulation <agentsim.engine.Simulation>`).
 
     Returns:
@@ -432,7 +433,7 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
                                 device=None if device == "cpu" else device)
             break
         except AgentsimError as e:
-            if attempt == max_restarts:
+            if attempt == max_restarts or isinstance(e, errors.OutputError):  # a full disk stays full: no restart
                 raise
             newest = None if checkpoints["checkpoint_dir"] is None else latest_checkpoint(checkpoints["checkpoint_dir"])
             start = 0 if newest is None else checkpoint_step(newest)

@@ -70,6 +70,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +81,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import AgentsimError, ConfigError, OutputError, did_you_mean
+from ..errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
+from .faults import FailingFile, Fault, write_fault
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
 
@@ -119,17 +121,100 @@ def _remove_stale_temporaries(directory: str, name: str) -> None:
             pass
 
 
+# HDF5 writes data when a handle is released too (a dataset's chunk cache on its last close), and
+# h5py reports errors there only as "Exception ignored in ObjectID.__dealloc__". Files being written
+# are watched: such an error naming one is kept for its writer (which raises it at its next call)
+# instead of printed; errors about other files go on to the previous hook.
+_watched: dict[str, list[str]] = {}
+_hook_installed = False
+
+
+def _unraisable(info: Any) -> None:
+    value = info.exc_value
+    if isinstance(value, (RuntimeError, OSError)):
+        text = str(value)
+        for name, errors in list(_watched.items()):
+            if name in text:
+                errors.append(text)
+                return
+    _previous_hook(info)
+
+
+_previous_hook = sys.unraisablehook
+
+
+def watch_file(names: Iterable[str], errors: list[str]) -> None:
+    """Keep h5py's swallowed errors about ``names`` in ``errors`` (see :data:`_watched`)."""
+    global _hook_installed, _previous_hook
+    if not _hook_installed:
+        _previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable
+        _hook_installed = True
+    for name in names:
+        _watched[name] = errors
+
+
+def unwatch_file(names: Iterable[str]) -> None:
+    for name in names:
+        _watched.pop(name, None)
+
+
+def open_for_writing(path: str, mode: str, fault: Fault | None, **kwargs: Any) -> h5py.File:
+    """``h5py.File(path, mode)``; through a :class:`~agentsim.io.faults.FailingFile` when a
+    write fault is injected (a test hook, see :mod:`agentsim.io.faults`).
+    """
+    if fault is None:
+        return h5py.File(path, mode, **kwargs)
+    raw = FailingFile(path, "w+b" if mode == "w" else "r+b", fault)
+    file = h5py.File(raw, mode, **kwargs)
+    file.agentsim_failing = raw  # the test hook's file, for its error
+    return file
+
+
+def detach_file(file: h5py.File) -> None:
+    """Send every later write of ``file`` to nowhere (see :meth:`TrajectoryWriter._abandon`)."""
+    injected = getattr(file, "agentsim_failing", None)
+    if injected is not None:
+        injected.discard = True
+        return
+    with contextlib.suppress(Exception):
+        raw = file.id.get_vfd_handle()
+        if isinstance(raw, int):
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, raw)
+            finally:
+                os.close(null)
+
+
+def injected_error(file: Any, e: BaseException) -> BaseException:
+    """The error injected by the test hook into ``file`` if any (HDF5 reports only "driver write
+    request failed" for it), else ``e``.
+    """
+    raw = getattr(file, "agentsim_failing", None)
+    return raw.fault.tripped if raw is not None and raw.fault.tripped is not None else e
+
+
 def _io_errors(method: _F) -> _F:
-    """Turn h5py / OS failures inside a writer method into OutputError naming the file."""
+    """Make every h5py / OS failure inside a writer method fatal: an OutputError naming the file
+    and the cause; the writer is broken from then on (each later call raises the same error, and
+    :meth:`TrajectoryWriter.close` abandons the file, never marking it completed).
+    """
 
     @functools.wraps(method)
     def wrapper(self: TrajectoryWriter, *args: Any, **kwargs: Any) -> Any:
+        if self._error is not None:
+            if method.__name__ == "close":
+                return method(self, *args, **kwargs)
+            raise OutputError(str(self._error))
         try:
-            return method(self, *args, **kwargs)
+            out = method(self, *args, **kwargs)
         except AgentsimError:
             raise
-        except OSError as e:
-            raise OutputError(f"writing trajectory '{self.path}' failed: {e}") from e
+        except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for failed flushes and closes
+            raise self._fail(self._cause(e)) from e
+        if self._swallowed:
+            raise self._fail(write_cause(RuntimeError(self._swallowed[0])))
+        return out
 
     return cast(_F, wrapper)
 
@@ -296,7 +381,14 @@ class TrajectoryWriter:
     (metrics, each population, env, perf). As a context manager the writer closes on
     exit: with ``completed=False`` if an exception escapes, with ``completed=True`` on
     a normal exit, and not at all if :meth:`close` was already called.
+
+    Every write failure (a full disk, a lost mount) is fatal: the method raises an
+    :class:`~agentsim.errors.OutputError` naming the file and the cause, every later call raises
+    it again, and closing gives the file up with ``completed = False``.
     """
+
+    _names: list[str]
+    _error: OutputError | None
 
     def __init__(
         self,
@@ -335,16 +427,17 @@ class TrajectoryWriter:
         _remove_stale_temporaries(directory, name)
         creating = os.path.join(directory, f".{name}.creating{os.getpid()}")
         self._creating: str | None = creating
+        self._setup(write_fault(self.path), [creating])
         try:
-            self._file = h5py.File(creating, "w")
+            self._file = open_for_writing(creating, "w", self._fault)
         except OSError as e:
-            raise OutputError(f"cannot create trajectory file '{self.path}': {e}") from e
+            unwatch_file(self._names)
+            raise OutputError(f"cannot create trajectory file '{self.path}': {write_cause(e)}") from e
         self._compression: dict[str, Any] = {}
         if compression == "gzip":
             self._compression = {"compression": "gzip", "compression_opts": _GZIP_LEVEL, "shuffle": True}
         elif compression == "lzf":
             self._compression = {"compression": "lzf", "shuffle": True}
-        self._closed = False
         self.steps_completed = 0
         try:
             a = self._file.attrs
@@ -363,13 +456,57 @@ class TrajectoryWriter:
             self._env = _Series(self._file.create_group("env", track_order=True))
             self._perf = _ScalarSeries(self._file.create_group("perf", track_order=True))
             self._file.flush()
-        except OSError as e:
-            self._file.close()
-            if os.path.exists(creating):
-                os.remove(creating)
-            raise OutputError(f"cannot write trajectory file '{self.path}': {e}") from e
+            if self._swallowed:
+                raise RuntimeError(self._swallowed[0])
+        except (OSError, RuntimeError) as e:
+            error = OutputError(f"cannot write trajectory file '{self.path}': "
+                                f"{self._cause(e)}")
+            self._error = error
+            self._closed = True
+            self._abandon()
+            raise error from e
         self._populations: dict[str, _Series] = {}
         self._last_write = time.monotonic()
+
+    def _setup(self, fault: Fault | None, names: list[str]) -> None:
+        """The state every writer starts with: no error, no open dataset handles; its file watched."""
+        self._fault = fault
+        self._error = None
+        self._swallowed: list[str] = []
+        self._handles: dict[str, h5py.Dataset] = {}
+        self._closed = False
+        self._names = [os.path.abspath(n) for n in names]
+        watch_file(self._names, self._swallowed)
+
+    def _cause(self, e: BaseException) -> str:
+        """What made a write fail (the test hook's error where it injected one)."""
+        tripped = self._fault.tripped if self._fault is not None else None
+        return write_cause(tripped if tripped is not None else e)
+
+    def _fail(self, cause: str) -> OutputError:
+        """Record the first write failure (the writer is broken from now on) and return its error."""
+        if self._error is None:
+            self._error = OutputError(f"writing trajectory '{self.path}' failed: {cause}; the run stops and the "
+                                      "file is not marked completed")
+        return self._error
+
+    def _abandon(self) -> None:
+        """Close a broken file without writing to it again: HDF5's file descriptor is pointed at
+        ``/dev/null`` first, so closing (which writes the cached chunks and metadata) neither fails,
+        nor touches the file, nor leaves HDF5 to retry at exit ("Exception ignored" messages, and a
+        segfault seen in one process). The file keeps what its last successful flush wrote, with
+        ``completed = False``; an unpublished file (no flush succeeded) is removed.
+        """
+        detach_file(self._file)
+        self._handles.clear()
+        try:
+            self._file.close()
+        except (OSError, RuntimeError):
+            pass  # the first error was raised already
+        if self._creating is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self._creating)
+            self._creating = None
 
     @classmethod
     def continue_file(cls, path: str | os.PathLike[str], *, model: str, params: Mapping[str, Any], seed: int,
@@ -389,10 +526,12 @@ class TrajectoryWriter:
         self.path = os.fspath(path)
         self._creating = None
         params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
+        self._setup(write_fault(self.path), [self.path])
         try:
-            self._file = h5py.File(self.path, "r+")
+            self._file = open_for_writing(self.path, "r+", self._fault)
         except OSError as e:
-            raise OutputError(f"cannot continue trajectory file '{self.path}': {e}") from e
+            unwatch_file(self._names)
+            raise OutputError(f"cannot continue trajectory file '{self.path}': {write_cause(e)}") from e
         try:
             a = self._file.attrs
             if _attr(a.get("format")) != FORMAT:
@@ -402,7 +541,6 @@ class TrajectoryWriter:
                     raise ConfigError(f"cannot continue '{self.path}': it holds a run with {key} "
                                       f"{_attr(a.get(key))!r}, not {want!r}")
             self._compression = {}
-            self._closed = False
             self._metrics = self._scalar_series_before(self._file["metrics"], before)
             self._perf = self._scalar_series_before(self._file["perf"], before)
             self._env = self._frames_before(self._file["env"], before)
@@ -413,8 +551,15 @@ class TrajectoryWriter:
             a["steps"], a["world_size"], a["completed"] = int(steps), int(world_size), False
             a["steps_completed"] = self.steps_completed
             self._file.flush()
+        except (OSError, RuntimeError) as e:
+            self._closed = True
+            self._abandon()
+            unwatch_file(self._names)
+            raise OutputError(f"cannot continue trajectory file '{self.path}': "
+                              f"{self._cause(e)}") from e
         except BaseException:
             self._file.close()
+            unwatch_file(self._names)
             raise
         self._last_write = time.monotonic()
         return self
@@ -494,9 +639,22 @@ class TrajectoryWriter:
             raise ConfigError(f"'{group.name}/{name}': trailing shape {list(shape)} has a zero-size dimension")
         row_bytes = dtype.itemsize * math.prod(shape)
         chunks = (max(1, _CHUNK_BYTES // max(1, row_bytes)), *shape)
-        return group.create_dataset(
+        ds = group.create_dataset(
             name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype, chunks=chunks, **self._compression
         )
+        self._handles[f"{group.name}/{name}"] = ds
+        return ds
+
+    def _ds(self, group: h5py.Group, name: str) -> h5py.Dataset:
+        """The dataset ``name`` of ``group``, through one handle kept open until the file closes: a
+        handle released in between would write its cached chunks from h5py's finalizer, where a
+        failure is only printed ("Exception ignored"), not raised.
+        """
+        key = f"{group.name}/{name}"
+        ds = self._handles.get(key)
+        if ds is None:
+            ds = self._handles[key] = group[name]
+        return ds
 
     @staticmethod
     def _append(ds: h5py.Dataset, rows: np.ndarray) -> None:
@@ -534,10 +692,12 @@ class TrajectoryWriter:
                 if not series.is_created:
                     ds = self._create(g, name, np.dtype(np.float64 if is_float else np.int64), shape)
                 else:
-                    ds = g[name]
+                    ds = self._ds(g, name)
                     if is_float and ds.dtype == np.int64:
                         # An integer series got a float (e.g. `x / n if n else 0`): promote to float64.
                         old, attrs = ds[...].astype(np.float64), dict(ds.attrs)
+                        self._handles.pop(f"{g.name}/{name}")
+                        del ds
                         del g[name]
                         ds = self._create(g, name, np.dtype(np.float64), shape)
                         ds.attrs.update(attrs)
@@ -545,7 +705,7 @@ class TrajectoryWriter:
                 if name in series.edges and "edges" not in ds.attrs:
                     ds.attrs["edges"] = np.asarray(series.edges[name], dtype=np.float64)
                 self._append(ds, data.astype(ds.dtype, copy=False) if shape else np.asarray(column, dtype=ds.dtype))
-            self._append(g["step"], np.asarray(series.steps, dtype=np.int64))
+            self._append(self._ds(g, "step"), np.asarray(series.steps, dtype=np.int64))
             series.is_created = True
             series.steps.clear()
             series.rows.clear()
@@ -669,10 +829,10 @@ class TrajectoryWriter:
                     )
         g = series.group
         for name, a in arrays.items():
-            self._append(g[name], a)
+            self._append(self._ds(g, name), a)
         series.n_rows += n
-        self._append(g["step"], np.asarray([step], dtype=np.int64))
-        self._append(g["offsets"], np.asarray([series.n_rows], dtype=np.int64))
+        self._append(self._ds(g, "step"), np.asarray([step], dtype=np.int64))
+        self._append(self._ds(g, "offsets"), np.asarray([series.n_rows], dtype=np.int64))
         series.last_step = step
 
     def _new_population(self, population: str, arrays: Mapping[str, np.ndarray]) -> _Series:
@@ -718,8 +878,8 @@ class TrajectoryWriter:
                         f"{list(self._env.shapes[name])} as in the first frame (got {a.dtype} {list(a.shape)})"
                     )
         for name, a in arrays.items():
-            self._append(g[name], a[None])
-        self._append(g["step"], np.asarray([step], dtype=np.int64))
+            self._append(self._ds(g, name), a[None])
+        self._append(self._ds(g, "step"), np.asarray([step], dtype=np.int64))
         self._env.last_step = step
 
     # ---------------------------------------------------------------- closing
@@ -741,18 +901,46 @@ class TrajectoryWriter:
     def close(self, completed: bool) -> None:
         """Set the ``completed`` and ``steps_completed`` attributes and close the file.
 
+        The rows are flushed first and ``completed = True`` is written (and flushed) only after
+        that succeeded, so a file whose data did not reach the disk never says it is complete.
+
         Args:
             completed: True when the run reached its last step. A second call does nothing.
+
+        Raises:
+            OutputError: A write failed (now, or earlier: then only with ``completed=True``); the
+                file is left with ``completed = False`` (removed if no flush ever succeeded).
         """
         if self._closed:
             return
         self._closed = True
+        if self._error is not None:  # broken earlier: give the file up (still watched: HDF5 retries at exit)
+            self._abandon()
+            if completed:
+                raise OutputError(str(self._error))
+            return
         try:
+            if self._fault is not None:
+                self._fault.closing = True
             self._write_buffers()
-            self._file.attrs["completed"] = bool(completed)
-        finally:
+            self._file.flush()
+            if completed and not self._swallowed:
+                self._file.attrs["completed"] = True
+                self._file.flush()
+            if self._swallowed:
+                raise RuntimeError(self._swallowed[0])
+            self._handles.clear()
             self._file.close()
-            self._publish()
+            if self._swallowed:
+                raise RuntimeError(self._swallowed[0])
+        except (OSError, RuntimeError) as e:
+            error = self._fail(self._cause(e))
+            self._abandon()
+            raise error from e
+        finally:
+            if self._error is None:
+                self._publish()
+                unwatch_file(self._names)
 
     @property
     def closed(self) -> bool:

@@ -26,16 +26,22 @@ once its header is flushed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import h5py
 import numpy as np
 
-from ..errors import ConfigError, OutputError
+from ..errors import AgentsimError, ConfigError, OutputError, write_cause
+from ..io.faults import write_fault
+from ..io.hdf5 import detach_file, injected_error, open_for_writing
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = ["FORMAT", "StudyData", "StudyFile", "read_study", "study_status"]
 
@@ -44,9 +50,9 @@ FORMAT_VERSION = 1
 QUANTILES = (0.1, 0.5, 0.9)
 
 
-def _open(path: str, mode: str) -> h5py.File:
+def _open(path: str, mode: str, writing: bool = False) -> h5py.File:
     try:
-        return h5py.File(path, mode)
+        return open_for_writing(path, mode, write_fault(path)) if writing else h5py.File(path, mode)
     except OSError as e:
         text = str(e)
         if "unable to lock file" in text.lower():
@@ -61,6 +67,31 @@ def _check_format(f: h5py.File, path: str) -> dict[str, Any]:
     if version > FORMAT_VERSION:
         raise OutputError(f"'{path}' has study format_version {version}; this agentsim reads <= {FORMAT_VERSION}")
     return dict(json.loads(f.attrs["spec"]))
+
+
+def _writes(method: _F) -> _F:
+    """Make a failed write of the study file fatal: an OutputError naming the file and the cause;
+    the file is then given up (closed without writing more), so nothing later marks a run whose
+    group did not reach the disk as complete, and ``--resume`` runs it again.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: StudyFile, *args: Any, **kwargs: Any) -> Any:
+        if self.error is not None:
+            raise OutputError(self.error)
+        try:
+            return method(self, *args, **kwargs)
+        except AgentsimError:
+            raise
+        except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for failed flushes
+            what = f" (run {args[0]})" if method.__name__ in ("write_run", "write_failure") and args else ""
+            cause = write_cause(injected_error(self.file, e))
+            self.error = (f"writing study file '{self.path}' failed{what}: {cause}; the study stops "
+                          "(runs not yet in the file run again with --resume)")
+            self._abandon()
+            raise OutputError(self.error) from e
+
+    return cast(_F, wrapper)
 
 
 class StudyFile:
@@ -78,18 +109,38 @@ class StudyFile:
                  overwrite: bool = False) -> None:
         self.path = os.fspath(path)
         self._counts: dict[str, int] | None = None
+        self.error: str | None = None  # the first write failure: the file is given up
         parent = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(parent):
             raise OutputError(f"cannot create study file '{self.path}': directory '{parent}' does not exist")
         text = json.dumps(spec, sort_keys=True)
+        try:
+            self._create(text, total, parent, resume, overwrite, spec)
+        except (OSError, RuntimeError) as e:
+            if isinstance(e, AgentsimError):
+                raise
+            self.error = f"cannot write study file '{self.path}': {write_cause(e)}"
+            if hasattr(self, "file"):
+                self._abandon()
+            raise OutputError(self.error) from e
+
+    def _create(self, text: str, total: int, parent: str, resume: bool, overwrite: bool,
+                spec: Mapping[str, Any]) -> None:
         if resume and os.path.exists(self.path):
-            self.file = _open(self.path, "a")
+            self.file = _open(self.path, "a", writing=True)
             saved = _check_format(self.file, self.path)
             if json.dumps(saved, sort_keys=True) != text:
                 diff = sorted(k for k in set(saved) | set(spec) if saved.get(k) != spec.get(k))
                 self.file.close()
                 raise ConfigError(f"--resume: study file '{self.path}' holds another study (it differs in: "
                                   f"{', '.join(diff)})")
+            try:  # a write that failed part way (a full disk) can leave links to blocks never written
+                self.done()
+                len(self.file["failures"])
+            except (KeyError, OSError, RuntimeError, ValueError):
+                self.file.close()
+                self._salvage(text, total, parent)
+                self.file = _open(self.path, "a", writing=True)
             self.file.attrs["completed"] = False
             self.file.flush()
             self.write_status()
@@ -98,23 +149,85 @@ class StudyFile:
             raise OutputError(f"study file '{self.path}' exists: pass resume to continue it or overwrite to "
                               "replace it")
         tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp{os.getpid()}")
-        f = _open(tmp, "w")
+        f = self._new_file(tmp, text, total)
+        try:
+            f.flush()
+            f.close()
+        except BaseException:
+            detach_file(f)
+            f.close()
+            os.remove(tmp)
+            raise
+        os.replace(tmp, self.path)
+        self.file = _open(self.path, "a", writing=True)
+        self.write_status()
+
+    def _new_file(self, tmp: str, text: str, total: int) -> h5py.File:
+        f = _open(tmp, "w", writing=True)
         f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION, spec=text, runs_total=total, completed=False)
         f.create_group("runs")
         f.create_group("failures")
-        f.flush()
-        f.close()
+        return f
+
+    def _salvage(self, text: str, total: int, parent: str) -> None:
+        """Rebuild a damaged study file from what still reads back: every complete run and every
+        failure whose group is intact is copied into a new file that replaces it (the damaged one
+        is kept as ``FILE.damaged``); the rest run again.
+        """
+        tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp{os.getpid()}")
+        kept = 0
+        with h5py.File(self.path, "r") as src:
+            dst = self._new_file(tmp, text, total)
+            try:
+                for group in ("runs", "failures"):
+                    try:
+                        names = list(src[group].keys())
+                    except (KeyError, OSError, RuntimeError, ValueError):
+                        continue
+                    for name in names:
+                        try:
+                            g = src[group][name]
+                            if group == "runs" and not g.attrs.get("completed", False):
+                                continue
+                            for key in g:  # every series reads back
+                                g[key][...]
+                            src.copy(g, dst[group], name=name)
+                            kept += group == "runs"
+                        except (KeyError, OSError, RuntimeError, ValueError):
+                            continue
+                dst.flush()
+                dst.close()
+            except BaseException:
+                detach_file(dst)
+                dst.close()
+                os.remove(tmp)
+                raise
+        os.replace(self.path, f"{self.path}.damaged")
         os.replace(tmp, self.path)
-        self.file = _open(self.path, "a")
-        self.write_status()
+        print(f"agentsim: warning: study file '{self.path}' was damaged (a write failed part way); rebuilt it "
+              f"with the {kept} complete runs that read back (the damaged file is '{self.path}.damaged'); the "
+              "other runs run again", file=sys.stderr)
+
+    def _abandon(self) -> None:
+        """Close the file after a failed write without writing to it again (see
+        :meth:`agentsim.io.hdf5.TrajectoryWriter._abandon`): it keeps what its last flush wrote.
+        """
+        detach_file(self.file)
+        try:
+            self.file.close()
+        except (OSError, RuntimeError):
+            pass
 
     def done(self) -> set[str]:
         """The ids of the runs whose results are complete in the file."""
         return {k for k, g in self.file["runs"].items() if g.attrs.get("completed", False)}
 
+    @_writes
     def write_run(self, run_id: str, params: Mapping[str, Any], seed: int, combo: int, replicate: int,
                   metrics: Mapping[str, np.ndarray], attempts: int, seconds: float) -> None:
-        """Record a finished run (replacing a partial group from a killed driver) and flush."""
+        """Record a finished run (replacing a partial group from a killed driver) and flush: the
+        series first, then (once they are on disk) the run's ``completed`` flag.
+        """
         runs = self.file["runs"]
         if run_id in runs:
             if runs[run_id].attrs.get("completed", False) and self._counts is not None:
@@ -131,12 +244,14 @@ class StudyFile:
             del self.file["failures"][run_id]
             if self._counts is not None:
                 self._counts["failed"] -= 1
+        self.file.flush()  # the series on disk before the flag that says they are
         g.attrs["completed"] = True
         self.file.flush()
         if self._counts is not None:
             self._counts["done"] += 1
         self.write_status()
 
+    @_writes
     def write_failure(self, run_id: str, params: Mapping[str, Any], seed: int, attempts: int, kind: str,
                       error: str, traceback: str) -> None:
         """Record a run that failed for good, and flush."""
@@ -151,6 +266,7 @@ class StudyFile:
         self.file.flush()
         self.write_status()
 
+    @_writes
     def finish(self, combos: Sequence[Mapping[str, Any]], quantiles: Sequence[float] = QUANTILES) -> None:
         """Write ``/summary`` and ``/bands`` from the completed runs; set ``completed``."""
         for name in ("summary", "bands"):
@@ -202,10 +318,14 @@ class StudyFile:
         os.replace(tmp, target)
 
     def close(self) -> None:
-        """Flush and close."""
-        if self.file.id.valid:
-            self.file.flush()
-            self.file.close()
+        """Flush and close (a file given up after a failed write is closed already)."""
+        if self.error is None and self.file.id.valid:
+            self._close()
+
+    @_writes
+    def _close(self) -> None:
+        self.file.flush()
+        self.file.close()
 
 
 def status_path(path: str) -> str:
@@ -336,8 +456,12 @@ def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
     with f:
         _check_format(f, path)
         total = int(f.attrs["runs_total"])
-        done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
-        failed = len(f["failures"])
+        try:
+            done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
+            failed = len(f["failures"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise OutputError(f"study file '{path}' is damaged (a write failed part way?): {e}; --resume rebuilds "
+                              "it from the runs that read back") from e
         completed = bool(f.attrs.get("completed", False))
     return {"path": path, "total": total, "done": done, "failed": failed, "remaining": total - done - failed,
             "completed": completed}

@@ -1,0 +1,192 @@
+"""Every write failure is fatal at once: a trajectory, checkpoint or study file that cannot be
+written stops the run with an OutputError naming the file and the cause, on one process and on
+two, and nothing it left is marked complete.
+
+Failures are injected with the test hook ``AGENTSIM_TEST_WRITE_FAULT`` (:mod:`agentsim.io.faults`:
+writes to the named file fail from the N-th on, as on a full disk); being an environment
+variable it reaches spawned ranks. One test fills a real 4 MB tmpfs (root only).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+import agentsim as asim
+from agentsim.checkpoint import latest_checkpoint
+from agentsim.cli import main
+from agentsim.comm import LocalComm
+from agentsim.distributed import run_ranks
+from agentsim.errors import AgentsimError, OutputError
+from agentsim.io import recording
+from agentsim.io.faults import ENV
+
+STEPS = 30
+# Writes of a randomwalk run of 50 agents, every step recorded and flushed (FLUSH_SECONDS = 0):
+# the file's creation is ~12, the first flush (which publishes the file) ends near 122, each later
+# flush adds ~52, closing ~5 (measured with the hook's counter).
+WHEN = {"first": "1", "mid-run": "200", "close": "close"}
+
+
+def record(comm, out: str, fault: str | None, checkpoint_dir: str | None = None) -> None:
+    """A short recorded run (every rank); the fault and a flush per step are set here, inside the
+    worker, so that they hold in spawned ranks too.
+    """
+    if fault is not None:
+        os.environ[ENV] = fault
+    recording.FLUSH_SECONDS = 0.0
+    sim = asim.Simulation(asim.get_model("randomwalk"), agents=50, seed=3, comm=comm)
+    sim.run(STEPS, out, every=1, checkpoint_every=10 if checkpoint_dir else None, checkpoint_dir=checkpoint_dir)
+
+
+def run_on(world_size: int, *args) -> str:
+    """``record`` on 1 (in this process) or 2 ranks; the error's message."""
+    with pytest.raises(AgentsimError) as info:
+        if world_size == 1:
+            try:
+                record(LocalComm(), *args)
+            finally:
+                os.environ.pop(ENV, None)
+                recording.FLUSH_SECONDS = 1.0
+        else:
+            run_ranks(record, world_size, args, timeout=60.0)
+    return str(info.value)
+
+
+def completed(path: Path) -> bool | None:
+    """The file's ``completed`` attribute (None: no file)."""
+    if not path.exists():
+        return None
+    with h5py.File(path, "r") as f:
+        return bool(f.attrs["completed"])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("when", list(WHEN))
+def test_a_trajectory_write_failure_stops_the_run_and_the_file_is_not_complete(tmp_path, world_size, when):
+    out = tmp_path / "run.h5"
+    message = run_on(world_size, str(out), f"run.h5:{WHEN[when]}")
+    first = message.splitlines()[0]
+    assert f"'{out}'" in first and "No space left on device" in first, message
+    if world_size == 2:
+        assert first.startswith("rank 0 of 2 failed with OutputError"), message
+    assert completed(out) in (None, False)
+    if when == "first":
+        assert not out.exists()  # no flush succeeded: nothing is published
+        assert not list(tmp_path.glob(".run.h5.creating*"))
+    else:
+        assert completed(out) is False
+        assert main(["inspect", str(out)]) == 0  # readable, and says it did not complete
+
+
+def test_a_failed_close_never_marks_the_file_complete_and_the_writer_stays_broken(tmp_path, monkeypatch):
+    from agentsim.io.hdf5 import TrajectoryWriter
+
+    path = tmp_path / "w.h5"
+    monkeypatch.setenv(ENV, "w.h5:close")
+    w = TrajectoryWriter(path, model="m", params={}, seed=1, steps=2, compression=None)
+    w.write_metrics(0, {"x": 1})
+    w.flush()
+    w.write_metrics(1, {"x": 2})
+    with pytest.raises(OutputError, match="No space left on device"):
+        w.close(completed=True)
+    assert completed(path) is False
+    with pytest.raises(OutputError, match="No space left on device"):
+        w.write_metrics(2, {"x": 3})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("target", ["shard", "manifest.json"])
+def test_a_checkpoint_write_failure_stops_the_run_and_leaves_no_complete_checkpoint(tmp_path, world_size, target):
+    name = f"rank-{world_size - 1:05d}-of-{world_size:05d}.pt" if target == "shard" else target
+    ck = tmp_path / "ck"
+    message = run_on(world_size, str(tmp_path / "run.h5"), f"{name}:1", str(ck))
+    assert f"{name}'" in message and "No space left on device" in message, message
+    assert latest_checkpoint(ck) is None
+    assert completed(tmp_path / "run.h5") is False
+
+
+@pytest.mark.timeout(60)
+def test_a_read_only_checkpoint_directory_is_an_output_error_naming_it(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = False
+    if os.geteuid() == 0:  # root writes through permissions: use a read-only mount
+        if shutil.which("mount") is None or subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True).returncode:
+            pytest.skip("running as root and cannot mount a read-only tmpfs here")
+        mounted = True
+    else:
+        ro.chmod(0o555)
+    try:
+        code = main(["run", "boids", "--agents", "40", "--steps", "2", "--quiet", "--checkpoint-every", "2",
+                     "--checkpoint-dir", str(ro / "ck")])
+        err = capsys.readouterr().err
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=False)
+        else:
+            ro.chmod(0o755)
+    assert code == 1 and "Traceback" not in err
+    assert (f"cannot create checkpoint directory '{ro / 'ck'}" in err and "file system" in err.lower()) or \
+        "Permission denied" in err, err
+
+
+@pytest.mark.timeout(300)
+def test_a_study_run_whose_group_write_fails_is_not_complete_and_resume_runs_it(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "s.h5"
+    sweep = ["sweep", "sir", "--grid", "beta=0.02,0.04", "--replicates", "2", "--agents", "200", "--steps", "10",
+             "--out", str(out), "--workers", "1"]
+    monkeypatch.setenv(ENV, f"{out}:8")  # the study file's 8th write: inside the first run's flush
+    assert main(sweep) == 1
+    err = capsys.readouterr().err
+    assert f"writing study file '{out}' failed (run c0000-r0000)" in err and "No space left" in err, err
+    assert "Traceback" not in err
+    monkeypatch.delenv(ENV)
+    assert main([*sweep, "--resume"]) == 0
+    data = asim.read_study(out)
+    assert data.completed and len(data.runs) == 4
+
+
+@pytest.mark.timeout(120)
+def test_a_real_full_disk_stops_the_run_on_one_and_two_processes(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a 4 MB tmpfs needs root and mount permission (a container may refuse it)")
+    try:
+        for nprocs in ("1", "2"):
+            out = disk / f"run{nprocs}.h5"
+            proc = subprocess.run([sys.executable, "-m", "agentsim", "run", "randomwalk", "--agents", "300", "--steps",
+                                   "3000", "--every", "1", "--quiet", "--nprocs", nprocs, "--out", str(out)],
+                                  capture_output=True, text=True, timeout=100)
+            assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
+            assert f"'{out}'" in proc.stderr and "No space left on device" in proc.stderr, proc.stderr
+            assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+            assert completed(out) in (None, False)
+            for f in disk.iterdir():
+                f.unlink()
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.timeout(120)
+def test_max_restarts_does_not_restart_a_failed_write(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run.h5"
+    monkeypatch.setenv(ENV, f"{out}:close")
+    code = main(["run", "randomwalk", "--agents", "50", "--steps", "4", "--quiet", "--nprocs", "2",
+                 "--max-restarts", "2", "--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "restarting" not in err, err
+    assert f"writing trajectory '{out}' failed: No space left on device" in err, err
+    assert completed(out) is False
