@@ -190,3 +190,35 @@ def test_max_restarts_does_not_restart_a_failed_write(tmp_path, monkeypatch, cap
     assert code == 1 and "restarting" not in err, err
     assert f"writing trajectory '{out}' failed: No space left on device" in err, err
     assert completed(out) is False
+
+
+def test_rows_a_failed_flush_sized_but_never_filled_are_not_read(tmp_path, capsys):
+    # On a full disk a failing flush may record a dataset's new length without its data: the file
+    # ends in rows of zeros. Steps increase strictly in every series, so readers stop before them.
+    import h5py
+    import numpy as np
+
+    from agentsim.cli import main
+    from agentsim.io.hdf5 import read_trajectory
+
+    path = tmp_path / "run.h5"
+    assert main(["run", "randomwalk", "--agents", "20", "--steps", "6", "--every", "2", "--quiet",
+                 "--out", str(path)]) == 0
+    want = read_trajectory(path)
+    with h5py.File(path, "r+") as f:
+        for group in ("metrics", "perf", "env", "agents/walker"):
+            if group not in f:
+                continue
+            for ds in f[group].values():
+                if isinstance(ds, h5py.Dataset) and ds.maxshape[0] is None:
+                    ds.resize(ds.shape[0] + 3, axis=0)  # zero rows, as a failed flush leaves them
+        f.attrs["completed"] = False
+        f.attrs["steps_completed"] = 9
+    got = read_trajectory(path)
+    for name, values in want.metrics.items():
+        assert np.array_equal(got.metrics[name], values), name
+    assert list(got.steps("walker")) == list(want.steps("walker")) == [0, 2, 4, 6]
+    assert got.attrs["steps_completed"] == 6 and got.attrs["completed"] is False
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "6 of 6 steps, did not complete" in out and "step=6" in out

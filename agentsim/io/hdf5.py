@@ -1024,14 +1024,22 @@ class Trajectory:
         if "completed" in attrs:
             attrs["completed"] = bool(attrs["completed"])
         self.attrs: dict[str, Any] = attrs
-        self.metrics: dict[str, np.ndarray] = _read_series(file["metrics"]) if "metrics" in file else {}
+        # A file that did not complete may end in rows a failed flush sized but never filled (a full
+        # disk): every series' steps increase strictly, so its readable rows are those before the
+        # first step that does not, and steps_completed is the last readable metrics step.
+        self.metrics: dict[str, np.ndarray] = _readable(_read_series(file["metrics"])) if "metrics" in file else {}
         self.edges: dict[str, np.ndarray] = _read_edges(file["metrics"]) if "metrics" in file else {}
-        self.perf: dict[str, np.ndarray] = _read_series(file["perf"]) if "perf" in file else {}
+        self.perf: dict[str, np.ndarray] = _readable(_read_series(file["perf"])) if "perf" in file else {}
+        if len(self.metrics.get("step", [])) and "steps_completed" in attrs:
+            attrs["steps_completed"] = min(int(attrs["steps_completed"]), int(self.metrics["step"][-1]))
         self._pops: dict[str, _Population] = {}
         for name, g in (file["agents"].items() if "agents" in file else []):
             fields = [k for k in g.keys() if k not in _RESERVED_AGENT_NAMES]
-            self._pops[name] = _Population(g["step"][...], g["offsets"][...], fields)
-        self._env_steps = file["env/step"][...] if "env/step" in file else np.zeros(0, dtype=np.int64)
+            steps = g["step"][...]
+            k = _increasing_rows(steps)
+            self._pops[name] = _Population(steps[:k], g["offsets"][...][:k + 1], fields)
+        env_steps = file["env/step"][...] if "env/step" in file else np.zeros(0, dtype=np.int64)
+        self._env_steps = env_steps[:_increasing_rows(env_steps)]
         self.env_names: list[str] = [k for k in file["env"].keys() if k != "step"] if "env" in file else []
 
     @property
@@ -1152,6 +1160,22 @@ def _why(e: OSError) -> str:
         return ("it is open for writing in another process (a run still going?): wait for it to end, "
                 "or read a copy")
     return text
+
+
+def _increasing_rows(steps: np.ndarray) -> int:
+    """How many leading entries of ``steps`` increase strictly (all of them in a sound file)."""
+    if steps.size < 2:
+        return int(steps.size)
+    bad = np.nonzero(np.diff(steps) <= 0)[0]
+    return int(bad[0]) + 1 if bad.size else int(steps.size)
+
+
+def _readable(series: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``series`` cut to its rows before the first step that does not increase."""
+    if "step" not in series:
+        return series
+    k = _increasing_rows(series["step"])
+    return {name: values[:k] for name, values in series.items()}
 
 
 def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
