@@ -53,8 +53,13 @@ checkpoint directory, or a directory of them: the newest complete one, every che
 backends and optional packages, with advice when something is missing (``--json``: machine-readable).
 
 Exit status: 0 on success, 2 for a configuration error (unknown model or parameter,
-bad value, malformed config file), 1 for any other error (unwritable output, a
-simulation error flag).
+bad value, malformed config file, a ``--resume`` of a checkpoint saved by another run), 1 for
+any other error (unwritable output, an output file or checkpoint directory that another running
+process writes, a simulation error flag).
+
+A run holds locks on its ``--out`` and checkpoint directory (:mod:`agentsim.locks`), taken before
+``--resume DIR`` is resolved to the newest complete checkpoint there, once: every process loads
+that one. The workers of ``--nprocs`` die with the command (:mod:`agentsim.lifeline`).
 """
 
 from __future__ import annotations
@@ -109,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                           "up to N times (under torchrun, use its --max-restarts)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
-                          "--steps stays the run's total")
+                          "--steps stays the run's total; --agents, --seed, --set, --sync-every, --record and "
+                          "--every must be those of the run that saved it")
     run.add_argument("--check", action="store_true", default=None,
                      help="check mode: check every substep call against the contract (row order, reach, "
                           "sums over one process's agents, env combines, env indices, uids); several times slower")

@@ -229,9 +229,10 @@ class Simulation:
             :meth:`parameter_gradients`, which every rank calls together and which adds the
             ranks' parts (``loss.backward()`` alone may leave ranks waiting).
         resume: A checkpoint (:meth:`save_checkpoint`; a checkpoint directory or a directory of
-            them, the newest complete one) to start from instead of the initial state: saved
-            on any number of ranks, with either partitioner; of the same model, parameters and
-            seed (else a :class:`~agentsim.checkpoint.CheckpointError`). The run then
+            them, the newest complete one, rank 0's choice on every rank) to start from instead
+            of the initial state: saved on any number of ranks, with either partitioner; by the
+            same run: model, parameters, seed, ``agents``, substeps and ``sync_every`` (else a
+            :class:`~agentsim.checkpoint.CheckpointError` listing the differences). The run then
             continues the trajectory of the run that saved it, bit for bit.
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.

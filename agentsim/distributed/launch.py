@@ -381,7 +381,10 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         layout, balance_every, balance_threshold, bins, overlap: Options of ``partition="spatial"``
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
         resume: Start from this checkpoint (see :class:`Simulation <agentsim.engine.Simulation>`);
-            ``steps`` more steps follow.
+            ``steps`` more steps follow. A directory of checkpoints is resolved here, once, to its
+            newest complete checkpoint, which every rank loads (one committed later is not used);
+            a checkpoint of another run (model, agents, seed, parameters, substeps, ``sync_every``,
+            and when appending ``record``/``every``) is refused here, listing the differences.
         checkpoint_every, checkpoint_dir, keep, checkpoint_async, append: As for :meth:`Simulation.run
             <agentsim.engine.Simulation.run>`.
         max_restarts: When a rank fails (dies, or raises), stop the others and start all ranks
@@ -391,12 +394,17 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             repeats fails every attempt.
         check: The check mode (see :class:`Simulation <agentsim.engine.Simulation>`).
 
+    This process holds the locks of ``out`` and ``checkpoint_dir`` (:mod:`agentsim.locks`) for the
+    whole job, restarts included, and its workers die with it (:mod:`agentsim.lifeline`).
+
     Returns:
         Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
         except with ``world_size=1``, which runs here.
 
     Raises:
         ConfigError: A bad argument (checked here, before any process starts).
+        CheckpointError: ``resume`` is missing, unreadable, or of another run.
+        LockedError: Another running process writes ``out`` or ``checkpoint_dir``.
         AgentsimError: A rank failed; the message names it, with its traceback or exit code.
 
     Examples:
