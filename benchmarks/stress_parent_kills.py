@@ -2,7 +2,8 @@
 
 Each trial starts ``agentsim run wolfsheep --nprocs 2 --out run.h5 --every 5 --checkpoint-every K``
 with a marker in its environment (``AGENTSIM_STRESS_MARKER``, inherited by its workers), waits for
-its first complete checkpoint, sleeps a random time within the rest of the run and SIGKILLs the
+its first complete checkpoint, sleeps a random time within the first 80 % of the rest of the run
+(as long as the uninterrupted run took) and SIGKILLs the
 launcher (the parent), never a worker. At once it starts the resume, ``agentsim run ... --nprocs 2
 --resume ckpt --out run.h5`` with the same total ``--steps`` (it finds the launcher's locks free, and
 waits for the killed run's workers, recorded in the lock file, if they are still alive), while it
@@ -108,7 +109,11 @@ def trial(workdir: Path, steps: int, every: int, kill_after: float, want: dict[s
     workers_before = marked(marker, exclude=proc.pid)
     newest = latest_checkpoint(ckpt)
     row["checkpoint_step_at_kill"] = None if newest is None else checkpoint_step(newest)
-    os.kill(proc.pid, signal.SIGKILL)
+    if not row["finished_before_kill"]:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended just now
+            row["finished_before_kill"] = True
     t_kill = time.monotonic()
     proc.wait()
     # at once: the resume, while the killed run's workers may still be on their way out
@@ -159,9 +164,10 @@ def run_trials(trials: int | None, steps: int = 150, every: int = 10, seed: int 
             break
         d = base / f"trial-{len(rows):03d}"
         d.mkdir(parents=True, exist_ok=True)
-        rows.append(trial(d, steps, every, rng.uniform(0.0, duration), want, grace))
+        rows.append(trial(d, steps, every, rng.uniform(0.0, 0.8 * duration), want, grace))
         r = rows[-1]
-        print(f"trial {len(rows)}: kill after {r['kill_after']} s (checkpoint {r['checkpoint_step_at_kill']}), "
+        print(f"trial {len(rows)}: kill after {r['kill_after']} s (checkpoint {r['checkpoint_step_at_kill']}"
+              f"{', already finished' if r['finished_before_kill'] else ''}), "
               f"workers gone after {r['workers_outlived_parent_s']} s, resume exit {r['resume_exit']}, "
               f"{r['steps_completed']} of {steps} steps, identical {r['identical']}", flush=True)
     n = len(rows)
