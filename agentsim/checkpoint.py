@@ -9,9 +9,14 @@ A checkpoint of step ``k`` is a directory ``DIR/step-0000000k/`` holding
 - ``manifest.json``, written last: the format, the agentsim version, the model's name and
   fingerprint (its populations' fields with dtypes and shapes, and its substeps), the
   parameters, the seed, the step, each population's ``next_uid``, each file with its
-  SHA-256 and row counts, and ``checksum``: the SHA-256 of the manifest's other fields as
-  canonical JSON (:func:`manifest_checksum`: keys sorted, no spaces), so that an edited
-  manifest (a changed step, say) is refused like a changed shard.
+  SHA-256 and row counts, ``run``: what else defines the run that saved it (the number of
+  agents at step 0, the substeps' order, ``sync_every``, and, if it wrote a trajectory file,
+  that file's ``record`` and ``every``), and ``checksum``: the SHA-256 of the manifest's other
+  fields as canonical JSON (:func:`manifest_checksum`: keys sorted, no spaces), so that an
+  edited manifest (a changed step, say) is refused like a changed shard. A resume that differs
+  in anything of ``run`` (or in model, parameters or seed) is refused with a message listing each
+  difference; the number of processes and the partitioner may change. A manifest without
+  ``run`` (an older agentsim) is refused too: the resume could not be checked.
 
 Every file is written to a temporary name, flushed, ``fsync``-ed and renamed into place
 (:func:`atomic_write`), and the manifest only after every shard is in place: a checkpoint
@@ -75,9 +80,11 @@ if TYPE_CHECKING:
     from .engine import Simulation
     from .model import Model
 
-__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "CheckpointWrite", "atomic_write", "check_keep",
-           "checkpoint_step", "file_inside", "latest_checkpoint", "load_tensors", "manifest_checksum",
-           "read_checkpoint", "start_checkpoint", "tensor_bytes", "write_checkpoint"]
+__all__ = ["FORMAT", "Checkpoint", "CheckpointError", "CheckpointWrite", "agree_checkpoint", "atomic_write",
+           "check_keep", "checkpoint_step", "file_differences", "file_inside", "file_record", "latest_checkpoint",
+           "load_tensors", "manifest_checksum", "mismatch_message", "read_checkpoint", "read_manifest",
+           "resolve_checkpoint", "run_differences", "run_record", "start_checkpoint", "tensor_bytes",
+           "write_checkpoint"]
 
 #: 2: the manifest carries ``checksum`` (format 1 manifests had none and are refused).
 FORMAT = 2
@@ -278,6 +285,7 @@ def start_checkpoint(sim: Simulation, directory: str | os.PathLike[str], keep: i
             "fingerprint": model_fingerprint(sim.model, state), "params": _json_params(sim.params),
             "seed": sim.seed, "step": state.step, "world_size": comm.world_size, "partition": sim.partition.name,
             "next_uid": {k: int(p.next_uid) for k, p in state.populations.items()},
+            "run": {**run_record(sim.model, sim.n_agents, sim.sync_every), "file": sim.file_settings},
         }
     write = CheckpointWrite(path, comm)
     job = _ShardJob(path, comm.rank, comm.world_size, shard, rows, env, manifest, keep, write.cancelled)
@@ -474,23 +482,20 @@ class Checkpoint:
         self.step = int(manifest["step"])
         self._fields, self._env = fields, env
 
-    def check_run(self, model: Model, state: State, params: Mapping[str, Any], seed: int) -> None:
-        """Raise a :class:`CheckpointError` unless the checkpoint is of this model, with these
-        parameters and seed.
+    def check_run(self, model: Model, state: State, params: Mapping[str, Any], seed: int,
+                  agents: int | None = None, sync_every: int = 1) -> None:
+        """Raise a :class:`CheckpointError` unless the checkpoint was saved by this run: this model,
+        fields and substeps, parameters, seed, number of agents and ``sync_every`` (not the number
+        of processes or the partitioner, which may change). The message lists every difference.
         """
         m = self.manifest
         if m["model"] != model.name:
             raise CheckpointError(f"checkpoint {self.path} is of model '{m['model']}', not '{model.name}'")
-        if m["fingerprint"] != model_fingerprint(model, state):
-            raise CheckpointError(f"checkpoint {self.path}: model '{model.name}' has changed since it was saved "
-                                  "(its fields, env or substeps differ)")
-        mine = _json_params(params)
-        diff = sorted(k for k in set(mine) | set(m["params"]) if mine.get(k) != m["params"].get(k))
-        if diff:
-            shown = ", ".join(f"{k}: saved {m['params'].get(k)!r}, now {mine.get(k)!r}" for k in diff)
-            raise CheckpointError(f"checkpoint {self.path} was saved with other parameters ({shown})")
-        if int(m["seed"]) != seed:
-            raise CheckpointError(f"checkpoint {self.path} was saved with seed {m['seed']}, not {seed}")
+        diffs = run_differences(self.path, m, model, params, seed, agents, sync_every)
+        if m["fingerprint"] != model_fingerprint(model, state) and not any(d.startswith("substeps") for d in diffs):
+            diffs.append(f"model '{model.name}' as it was then (its fields, env or substeps have changed since)")
+        if diffs:
+            raise CheckpointError(mismatch_message(self.path, diffs))
 
     def state(self, like: State) -> State:
         """The saved state, global and in uid order, in populations with ``like``'s field specs."""
@@ -515,6 +520,128 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint {self.path}: env.pt has no {', '.join(map(repr, missing))}")
         env = {k: self._env[k].to(v.device) for k, v in like.env.items()}
         return State(pops, env, self.step)
+
+
+#: What a resume must give as the run that saved the checkpoint did (``--agents``, ``--seed`` ...).
+_HINT = ("a resume continues the run that saved the checkpoint: give the same model, --agents, --seed, --set, "
+         "--sync-every, --record and --every, or start a new run without --resume")
+
+
+def mismatch_message(path: str | os.PathLike[str], diffs: list[str]) -> str:
+    """The refusal of a resume whose run differs from the checkpoint's (``diffs``: "what saved, not now")."""
+    return f"checkpoint {os.fspath(path)} was saved with {'; '.join(diffs)} ({_HINT})"
+
+
+def run_record(model: Model, agents: int, sync_every: int) -> dict[str, Any]:
+    """What defines a run beyond model, parameters and seed (the manifest's ``run``): the number of
+    agents at step 0, the substeps' order and ``sync_every``; the trajectory file's ``record`` and
+    ``every`` are added by a run that writes one (``file``).
+    """
+    return {"agents": int(agents), "substeps": [s.name for s in model.substeps], "sync_every": int(sync_every),
+            "file": None}
+
+
+def file_record(record: Any, every: int | None) -> dict[str, Any]:
+    """A run's trajectory settings as the manifest's ``run.file`` holds them."""
+    return {"record": None if record is None else sorted(str(r) for r in record),
+            "every": None if every is None else int(every)}
+
+
+def run_differences(path: str | os.PathLike[str], manifest: Mapping[str, Any], model: Model,
+                    params: Mapping[str, Any], seed: int, agents: int | None, sync_every: int) -> list[str]:
+    """How this run differs from the one that saved the checkpoint (``"X saved, not Y"`` items; empty
+    if it is the same run). Model names must already agree.
+
+    Raises:
+        CheckpointError: The manifest is of an older agentsim and does not record the run
+            (its agents, substeps, sync_every): the resume cannot be checked.
+    """
+    run = manifest.get("run")
+    if not isinstance(run, dict) or not {"agents", "substeps", "sync_every"} <= set(run):
+        raise CheckpointError(f"checkpoint {os.fspath(path)} is of an older format: its manifest does not record "
+                              "the run that saved it (agents, substeps, sync_every), so this resume cannot be "
+                              "checked to continue the same run; start the run again to get resumable checkpoints")
+    diffs = []
+    if int(manifest["seed"]) != seed:
+        diffs.append(f"seed {manifest['seed']}, not {seed}")
+    mine, saved = _json_params(params), manifest["params"]
+    keys = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    if keys:
+        diffs.append("other parameters (" + ", ".join(f"{k}: saved {saved.get(k)!r}, now {mine.get(k)!r}"
+                                                       for k in keys) + ")")
+    if agents is not None and int(run["agents"]) != int(agents):
+        diffs.append(f"agents {run['agents']}, not {agents}")
+    substeps = [s.name for s in model.substeps]
+    if list(run["substeps"]) != substeps:
+        diffs.append(f"substeps {', '.join(run['substeps'])}, not {', '.join(substeps)}")
+    if int(run["sync_every"]) != int(sync_every):
+        diffs.append(f"sync_every {run['sync_every']}, not {sync_every}")
+    return diffs
+
+
+def file_differences(manifest: Mapping[str, Any], record: Any, every: int | None) -> list[str]:
+    """How a resumed run's trajectory settings differ from those of the run that saved the checkpoint
+    (only when that run wrote a file; a resumed run that continues the file must write it the same way).
+    """
+    saved = (manifest.get("run") or {}).get("file")
+    if not isinstance(saved, dict):
+        return []
+    now = file_record(record, every)
+    diffs = []
+    if saved.get("record") != now["record"]:
+        shown = ", ".join(saved["record"]) if saved.get("record") else "every field"
+        diffs.append(f"record {shown}, not {', '.join(now['record']) if now['record'] else 'every field'}")
+    if saved.get("every") != now["every"]:
+        diffs.append(f"every {saved.get('every') or 'unset'}, not {now['every'] or 'unset'}")
+    return diffs
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The one checkpoint ``path`` names now: ``path`` itself if it is a checkpoint, else the newest
+    complete checkpoint in it. A run decides this once, before its processes start, and every rank
+    loads exactly that checkpoint (one committed later is not used).
+
+    Raises:
+        CheckpointError: No checkpoint there.
+    """
+    return _resolve(Path(path))
+
+
+def agree_checkpoint(path: str | os.PathLike[str], comm: Comm) -> Path:
+    """:func:`resolve_checkpoint` on every rank of ``comm`` (a collective), rank 0's choice for all:
+    a directory of checkpoints in which a newer one is committed while the ranks look gives the
+    same checkpoint on every rank. A rank that finds none raises its error; the others say which
+    rank failed.
+    """
+    error: CheckpointError | None = None
+    found = Path(path)
+    try:
+        found = resolve_checkpoint(path)
+        step = checkpoint_step(found)
+    except CheckpointError as e:
+        error, step = e, -1
+    if comm.world_size == 1:
+        if error is not None:
+            raise error
+        return found
+    got = comm.all_gather_rows({"s": torch.tensor([[step]], dtype=torch.int64)}, rows_per_rank=1)["s"][:, 0].tolist()
+    if error is not None:
+        raise error
+    failed = [r for r, s in enumerate(got) if s < 0]
+    if failed:
+        raise CheckpointError(f"checkpoint {os.fspath(path)}: rank{'s' * (len(failed) > 1)} "
+                              f"{', '.join(map(str, failed))} cannot read it (see that rank's error)")
+    if got[0] != step:
+        if found == Path(path):
+            raise CheckpointError(f"checkpoint {found}: rank 0 read step {got[0]}, rank {comm.rank} step {step} "
+                                  "(the checkpoint changed while the ranks read it)")
+        found = step_dir(path, got[0])
+    return found
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of the checkpoint ``path`` (a checkpoint directory), checked to be one this version reads."""
+    return _manifest(_resolve(Path(path)))[1]
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

@@ -54,8 +54,13 @@ checkpoint directory, or a directory of them: the newest complete one, every che
 backends and optional packages, with advice when something is missing (``--json``: machine-readable).
 
 Exit status: 0 on success, 2 for a configuration error (unknown model or parameter,
-bad value, malformed config file), 1 for any other error (unwritable output, a
-simulation error flag).
+bad value, malformed config file, a ``--resume`` of a checkpoint saved by another run), 1 for
+any other error (unwritable output, an output file or checkpoint directory that another running
+process writes, a simulation error flag).
+
+A run holds locks on its ``--out`` and checkpoint directory (:mod:`agentsim.locks`), taken before
+``--resume DIR`` is resolved to the newest complete checkpoint there, once: every process loads
+that one. The workers of ``--nprocs`` die with the command (:mod:`agentsim.lifeline`).
 """
 
 from __future__ import annotations
@@ -110,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
                           "up to N times (under torchrun, use its --max-restarts)")
     run.add_argument("--resume", metavar="DIR",
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
-                          "--steps stays the run's total")
+                          "--steps stays the run's total; --agents, --seed, --set, --sync-every, --record and "
+                          "--every must be those of the run that saved it")
     run.add_argument("--check", action="store_true", default=None,
                      help="check mode: check every substep call against the contract (row order, reach, "
                           "sums over one process's agents, env combines, env indices, uids); several times slower")
@@ -422,7 +428,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``agentsim run``: one process, ``--nprocs`` local processes, or one rank under torchrun."""
     from .catalog import get_model
     from .config import load_config
-    from .engine import Simulation
 
     cfg = load_config(args.config) if args.config else {}
     model_name = args.model or cfg.get("model")
@@ -443,7 +448,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = pick("out", None)
     record = args.record.split(",") if args.record else cfg.get("record")
     nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
-    resume, start, checkpoints = _checkpoint_options(pick, steps)
+    checkpoints = _checkpoint_settings(pick)
+    # The locks on --out and the checkpoint directory first (rank 0 under torchrun), then --resume:
+    # a killed run that wrote them has stopped by the time the checkpoint to resume is chosen.
+    from .locks import hold
+
+    rank0 = world_size_from_env() == 1 or os.environ.get("RANK", "0") == "0"
+    with hold(out if rank0 else None, checkpoints["checkpoint_dir"] if rank0 else None):
+        return _run_locked(args, model, pick, cfg, agents, steps, seed, every, out, record, nprocs, partition,
+                           timeout, sync_every, options, checkpoints)
+
+
+def _run_locked(args: argparse.Namespace, model: Any, pick: Callable[[str, Any], Any], cfg: dict[str, Any],
+                agents: Any, steps: Any, seed: Any, every: Any, out: Any, record: Any, nprocs: int, partition: str,
+                timeout: float, sync_every: int, options: dict[str, Any], checkpoints: dict[str, Any]) -> int:
+    """``agentsim run`` once its output is locked: resume, run, report."""
+    from .engine import Simulation
+
+    resume, start = _resume_option(pick, steps, checkpoints["checkpoint_dir"])
+    if resume is not None and nprocs == 1 and world_size_from_env() == 1:
+        from .distributed.launch import check_resume  # refused before the model is built
+
+        check_resume(resume, model, agents=agents, seed=seed, sync_every=sync_every, record=record, every=every,
+                     append=out is not None and os.path.isfile(out))
     max_restarts = pick("max_restarts", 0)
     if max_restarts and nprocs == 1:
         raise ConfigError("--max-restarts restarts the processes of --nprocs W (W > 1); under torchrun use "
@@ -472,6 +499,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .distributed.process_group import process_group
 
         with process_group(timeout=timeout, device=device) as comm:
+            if resume is not None:  # every rank the checkpoint rank 0 chose, and its step
+                from .checkpoint import agree_checkpoint, checkpoint_step
+
+                resume = str(agree_checkpoint(resume, comm))
+                start = checkpoint_step(resume)
+                steps = total - start
             sim = Simulation(model, agents=agents, seed=seed, device=device, comm=comm, partition=partition,
                              sync_every=sync_every, resume=resume, check=check, **options)
             result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0,
@@ -523,9 +556,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.identical else 1
 
 
-def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[str | None, int, dict[str, Any]]:
-    """--resume (the checkpoint, its step) and --checkpoint-every/--checkpoint-dir/--keep, checked."""
-    from .checkpoint import check_keep, checkpoint_step, latest_checkpoint
+def _checkpoint_settings(pick: Callable[[str, Any], Any]) -> dict[str, Any]:
+    """--checkpoint-every/--checkpoint-dir/--keep/--checkpoint-async, checked."""
+    from .checkpoint import check_keep
 
     every, directory, keep = pick("checkpoint_every", None), pick("checkpoint_dir", None), pick("keep", None)
     asynchronous = pick("checkpoint_async", False)
@@ -540,18 +573,30 @@ def _checkpoint_options(pick: Callable[[str, Any], Any], steps: int) -> tuple[st
     check_keep(keep, "--keep")
     if every is not None and directory is None:
         directory = "checkpoints"
+    return {"checkpoint_every": every, "checkpoint_dir": directory, "keep": keep, "checkpoint_async": asynchronous}
+
+
+def _resume_option(pick: Callable[[str, Any], Any], steps: int, directory: str | None) -> tuple[str | None, int]:
+    """--resume as ONE checkpoint (the newest complete one in DIR, now), and its step. Every rank
+    loads exactly that checkpoint, so one committed later (by a run still writing there) is not used.
+    Under torchrun each rank resolves it and rank 0's choice is used by all
+    (:func:`agentsim.checkpoint.agree_checkpoint`).
+    """
+    from .checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
+
     resume = pick("resume", None)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if resume is None and restarted > 0 and directory is not None and latest_checkpoint(directory) is not None:
         resume = directory  # torchrun restarted this worker: go on from the newest checkpoint
     start = 0
     if resume is not None:
+        if world_size_from_env() == 1:
+            resume = str(resolve_checkpoint(resume))
         start = checkpoint_step(resume)
         if isinstance(steps, int) and start > steps:
             raise ConfigError(f"--resume: the checkpoint is at step {start}, past --steps {steps} (--steps is the "
                               f"run's total: give at least {start})")
-    return resume, start, {"checkpoint_every": every, "checkpoint_dir": directory, "keep": keep,
-                           "checkpoint_async": asynchronous}
+    return resume, start
 
 
 def _distributed_options(args: argparse.Namespace,

@@ -43,6 +43,7 @@ from .contract import ContractChecks, checked_env, plain
 from .errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from .io.recording import Recorder, check_every, recording
 from .locality import LocalityOrder
+from .locks import lock_on_rank0
 from .memory import check_memory
 from .model import Model
 from .params import Params
@@ -282,9 +283,10 @@ class Simulation:
             :meth:`parameter_gradients`, which every rank calls together and which adds the
             ranks' parts (``loss.backward()`` alone may leave ranks waiting).
         resume: A checkpoint (:meth:`save_checkpoint`; a checkpoint directory or a directory of
-            them, the newest complete one) to start from instead of the initial state: saved
-            on any number of ranks, with either partitioner; of the same model, parameters and
-            seed (else a :class:`~agentsim.checkpoint.CheckpointError`). The run then
+            them, the newest complete one, rank 0's choice on every rank) to start from instead
+            of the initial state: saved on any number of ranks, with either partitioner; by the
+            same run: model, parameters, seed, ``agents``, substeps and ``sync_every`` (else a
+            :class:`~agentsim.checkpoint.CheckpointError` listing the differences). The run then
             continues the trajectory of the run that saved it, bit for bit.
         partition_options: For ``partition="spatial"``: ``layout``, ``balance_every``,
             ``balance_threshold``, ``bins``, ``overlap``.
@@ -354,13 +356,17 @@ class Simulation:
         self.model.validate_state(state)
         check_positions(state, space)
         self.resumed_from: str | None = None
+        self.resume_manifest: dict[str, Any] | None = None  # the manifest of the checkpoint resumed
+        self.file_settings: dict[str, Any] | None = None  # the trajectory's record/every (for checkpoints)
         if resume is not None:  # the saved agents replace init's, before the partitioner places them
-            from .checkpoint import read_checkpoint
+            from .checkpoint import agree_checkpoint, read_checkpoint
 
-            saved = read_checkpoint(resume)
-            saved.check_run(self.model, state, self.params, self.seed)
+            # One checkpoint for every rank (rank 0's choice): a newer one committed meanwhile is not used.
+            saved = read_checkpoint(agree_checkpoint(resume, self.comm))
+            saved.check_run(self.model, state, self.params, self.seed, self.n_agents, self.sync_every)
             state = saved.state(like=state)
             self.resumed_from = str(saved.path)
+            self.resume_manifest = saved.manifest
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
         self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm)
@@ -715,7 +721,7 @@ class Simulation:
     def run(self, steps: int, out: str | os.PathLike[str] | None = None, *, record: Iterable[str] | None = None,
             every: int | None = None, progress: bool = False, checkpoint_every: int | None = None,
             checkpoint_dir: str | os.PathLike[str] | None = None, keep: int | None = None,
-            checkpoint_async: bool = False, append: bool = False) -> RunResult:
+            checkpoint_async: bool = False, append: bool = False, lock: bool = True) -> RunResult:
         """Run ``steps`` steps; optionally stream a trajectory to the HDF5 file ``out``.
 
         Args:
@@ -734,7 +740,12 @@ class Simulation:
             append: Continue the existing file ``out`` of the run this simulation resumed (see
                 ``resume``): its rows and frames from the current step on are dropped and written
                 again, and frames follow the schedule of one run from step 0 to the new last step,
-                so the file ends as that run's file would.
+                so the file ends as that run's file would. Its ``record`` and ``every`` must be those of
+                the run that saved the checkpoint (else a :class:`~agentsim.checkpoint.CheckpointError`).
+            lock: Rank 0 holds the locks of ``out`` and ``checkpoint_dir`` for the run (see
+                :mod:`agentsim.locks`): another run writing either makes this one fail at once with a
+                :class:`~agentsim.locks.LockedError` naming it. False: the caller holds them (the
+                workers of :func:`agentsim.launch`, whose launcher does).
 
         The file is flushed after the first step, then every second
         (:data:`~agentsim.io.recording.FLUSH_SECONDS`) and at every checkpoint: a run killed at
@@ -748,8 +759,29 @@ class Simulation:
             if checkpoint_dir is None:
                 raise ConfigError("checkpoint_every needs a checkpoint_dir (where the checkpoints go)")
         start = self.state.step
+        record = None if record is None else list(record)
         if append and (out is None or not os.path.isfile(out)):
             raise OutputError(f"append: no trajectory file to continue at {out!r}")
+        if append and self.resume_manifest is not None:
+            from .checkpoint import CheckpointError, file_differences, mismatch_message
+
+            diffs = file_differences(self.resume_manifest, record, every)
+            if diffs:
+                raise CheckpointError(mismatch_message(self.resumed_from or "", diffs))
+        locks = lock_on_rank0(self.comm, out, checkpoint_dir) if lock else []
+        try:
+            return self._run(steps, out, record, every, progress, checkpoint_every, checkpoint_dir, keep,
+                             checkpoint_async, append, start)
+        finally:
+            for taken in reversed(locks):
+                taken.release()
+
+    def _run(self, steps: int, out: str | os.PathLike[str] | None, record: Iterable[str] | None, every: int | None,
+             progress: bool, checkpoint_every: int | None, checkpoint_dir: str | os.PathLike[str] | None,
+             keep: int | None, checkpoint_async: bool, append: bool, start: int) -> RunResult:
+        from .checkpoint import file_record
+
+        self.file_settings = None if out is None else file_record(record, every)
         # Frames at done = 0, every `every` steps and at the end, counted from the run's origin: this
         # run's start, or, continuing a file, step 0 of the run the file holds.
         origin, span = (0, start + steps) if append else (start, steps)

@@ -134,11 +134,17 @@ def unfinished(d: Path) -> list[str]:
     return [*RUN, "boids", "--agents", "40", "--steps", "4", "--resume", str(d / "ck")]
 
 
-def edit_manifest(change: Callable[[dict], None], *run: str) -> Callable[[Path], list[str]]:
+def edit_manifest(change: Callable[[dict], None], *run: str, reseal: bool = False) -> Callable[[Path], list[str]]:
+    """Change a checkpoint's manifest; ``reseal``: with its checksum recomputed (a manifest written so)."""
     def setup(d: Path) -> list[str]:
+        from agentsim.checkpoint import manifest_checksum
+
         path = checkpoint(d) / "manifest.json"
         manifest = json.loads(path.read_text())
         change(manifest)
+        if reseal:
+            manifest.pop("checksum", None)
+            manifest["checksum"] = manifest_checksum(manifest)
         path.write_text(json.dumps(manifest))
         return [*RUN, *run, "--resume", str(d / "ck")]
     return setup
@@ -820,7 +826,42 @@ CASES += [
 ]
 
 # ---- cases: killed parents, locks and resumes
-CASES += []
+def locked_by_another(target: str, kind: str, *run: str) -> Callable[[Path], list[str]]:
+    """Another running process holds the lock of DIR/target (a file, or a checkpoint directory)."""
+    import os
+    import subprocess
+
+    def setup(d: Path) -> list[str]:
+        code = ("import sys, time; from agentsim.locks import lock_run; "
+                "lock_run(sys.argv[1]) if sys.argv[2] == 'file' else lock_run(None, sys.argv[1]); "
+                "print('ready', flush=True); time.sleep(60)")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                            os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen([sys.executable, "-c", code, str(d / target), kind], stdout=subprocess.PIPE,
+                                text=True, env=env)
+        WRITERS.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return [a.replace("DIR", str(d)) for a in run]
+    return setup
+
+
+CASES += [
+    Case("resume-other-agents", "checkpoint", "--resume with another --agents than the run that saved it",
+         resume_as("boids", "--agents", "50", "--steps", "4"), 2, "step-00000002 was saved with agents 40, not 50"),
+    Case("resume-two-differences", "checkpoint", "--resume with another --agents and --seed",
+         resume_as("boids", "--agents", "50", "--steps", "4", "--seed", "3"), 2,
+         "was saved with seed 0, not 3; agents 40, not 50 (a resume continues the run that saved the checkpoint"),
+    Case("resume-older-manifest", "checkpoint", "--resume of a checkpoint whose manifest does not record its run",
+         edit_manifest(lambda m: m.pop("run"), "boids", "--agents", "40", "--steps", "4", reseal=True), 2,
+         "is of an older format: its manifest does not record the run that saved it"),
+    Case("out-locked", "trajectory file", "--out that another running process is writing",
+         locked_by_another("run.h5", "file", *RUN, "boids", "--agents", "40", "--out", "DIR/run.h5"), 1,
+         "trajectory file 'DIR/run.h5' is being written by another run: pid"),
+    Case("ckpt-dir-locked", "checkpoint", "--checkpoint-dir that another running process is writing",
+         locked_by_another("ck", "dir", *RUN, "boids", "--agents", "40", "--checkpoint-every", "1",
+                           "--checkpoint-dir", "DIR/ck"), 1,
+         "checkpoint directory 'DIR/ck' is being written by another run: pid"),
+]
 
 # ---- cases: hangs, leaks and memory
 def _closed_port() -> int:

@@ -41,17 +41,19 @@ import torch.multiprocessing as mp
 
 from .. import errors
 from ..catalog import BUILTIN, get_model, is_file_reference, module_reference
-from ..checkpoint import checkpoint_step, latest_checkpoint
+from ..checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from ..comm import Comm
 from ..engine import RunResult, Simulation, check_agents, check_seed, check_steps
 from ..errors import AgentsimError, ConfigError
 from ..io.recording import check_every
+from ..lifeline import die_with_parent
+from ..locks import lock_run
 from ..model import Model
 from ..partition import check_run_partition
 from .comm import FAILURE_GRACE_SECONDS
 from .process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
 
-__all__ = ["LaunchResult", "launch", "model_ref", "resolve_model", "run_ranks"]
+__all__ = ["LaunchResult", "check_resume", "launch", "model_ref", "resolve_model", "run_ranks"]
 
 # After a first failure, how long to collect the other ranks' reports: long enough for a rank whose
 # collective failed to ask who never arrived (FAILURE_GRACE_SECONDS) and report it.
@@ -68,7 +70,8 @@ def _describe_error(e: BaseException) -> dict[str, Any]:
 
 
 def _worker(rank: int, world_size: int, port: int, timeout: float, device: str | None,
-            fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection) -> None:
+            fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection, parent: int) -> None:
+    die_with_parent(parent)  # a launcher killed with SIGKILL takes its workers with it
     torch.set_num_threads(1)
     try:
         comm = init(rank, world_size, "127.0.0.1", port, timeout=timeout, device=device, host_store=False)
@@ -151,7 +154,8 @@ def _stop(procs: Sequence[Any], finished: bool) -> None:
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (), *,
-              timeout: float = DEFAULT_TIMEOUT, device: str | None = None) -> list[Any]:
+              timeout: float = DEFAULT_TIMEOUT, device: str | None = None,
+              started: Callable[[list[int]], None] | None = None) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``world_size`` new local processes; return their results.
 
     Args:
@@ -162,6 +166,10 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
         args: Further arguments for ``fn`` (picklable).
         timeout: Seconds a collective waits before it fails (the process group's timeout).
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank).
+        started: Called with the workers' pids once they are all started.
+
+    The workers die with this process (:func:`agentsim.lifeline.die_with_parent`): a launcher
+    killed with SIGKILL leaves no worker running.
 
     Returns:
         The return values in rank order.
@@ -184,11 +192,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
         for rank in range(world_size):
             parent, child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker, name=f"agentsim-rank-{rank}", daemon=True,
-                            args=(rank, world_size, store.port, timeout, device, fn, args, child))
+                            args=(rank, world_size, store.port, timeout, device, fn, args, child, os.getpid()))
             p.start()
             child.close()
             procs.append(p)
             conns.append(parent)
+        if started is not None:
+            started([p.pid for p in procs if p.pid is not None])
         results = _collect(procs, conns, world_size)
         finished = True
         return results
@@ -332,8 +342,9 @@ def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str]
     sim = Simulation(resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
                      partition=run["partition"], sync_every=run["sync_every"], resume=run["resume"],
                      check=run.get("check", False), **run["options"])
+    # The launcher holds the locks on the output file and checkpoint directory for the job.
     result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"], append=run["append"],
-                     **run["checkpoints"])
+                     lock=False, **run["checkpoints"])
     if comm.rank != 0:
         return None
     result.state = None  # stays on the ranks
@@ -370,7 +381,10 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         layout, balance_every, balance_threshold, bins, overlap: Options of ``partition="spatial"``
             (:class:`~agentsim.distributed.spatial.SpatialPartition`).
         resume: Start from this checkpoint (see :class:`Simulation <agentsim.engine.Simulation>`);
-            ``steps`` more steps follow.
+            ``steps`` more steps follow. A directory of checkpoints is resolved here, once, to its
+            newest complete checkpoint, which every rank loads (one committed later is not used);
+            a checkpoint of another run (model, agents, seed, parameters, substeps, ``sync_every``,
+            and when appending ``record``/``every``) is refused here, listing the differences.
         checkpoint_every, checkpoint_dir, keep, checkpoint_async, append: As for :meth:`Simulation.run
             <agentsim.engine.Simulation.run>`.
         max_restarts: When a rank fails (dies, or raises), stop the others and start all ranks
@@ -381,12 +395,17 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             full), which stops the run at once.
         check: The check mode (see :class:`Simulation <agentsim.engine.Simulation>`).
 
+    This process holds the locks of ``out`` and ``checkpoint_dir`` (:mod:`agentsim.locks`) for the
+    whole job, restarts included, and its workers die with it (:mod:`agentsim.lifeline`).
+
     Returns:
         Rank 0's :class:`~agentsim.engine.RunResult`; its ``state`` is None (it stays on the ranks),
         except with ``world_size=1``, which runs here.
 
     Raises:
         ConfigError: A bad argument (checked here, before any process starts).
+        CheckpointError: ``resume`` is missing, unreadable, or of another run.
+        LockedError: Another running process writes ``out`` or ``checkpoint_dir``.
         AgentsimError: A rank failed; the message names it, with its traceback or exit code.
 
     Examples:
@@ -419,19 +438,61 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     resume = None if resume is None else os.fspath(resume)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
-    if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
-        return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
-                          resume=resume, check=check).run(steps, out=path, record=fields, every=every,
-                                                          append=append, **checkpoints)
-    run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
-           "partition": partition, "sync_every": sync_every, "device": device, "options": options,
-           "resume": resume, "checkpoints": checkpoints, "append": append, "check": check}
-    total = steps + (0 if resume is None else checkpoint_step(resume))
+    # This process holds the locks on the file and the checkpoints for the whole job (restarts
+    # included), taken before the checkpoint to resume is chosen: a killed run's workers are gone by then.
+    locks = lock_run(path, checkpoints["checkpoint_dir"])
+    try:
+        if resume is not None:  # one checkpoint for every rank, chosen now; refused here if of another run
+            resume = str(resolve_checkpoint(resume))
+            check_resume(resume, resolved, agents=agents, seed=seed, sync_every=sync_every,
+                         record=fields, every=every, append=append)
+        if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
+            return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
+                              resume=resume, check=check).run(steps, out=path, record=fields, every=every,
+                                                              append=append, **checkpoints)
+        run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
+               "partition": partition, "sync_every": sync_every, "device": device, "options": options,
+               "resume": resume, "checkpoints": checkpoints, "append": append, "check": check}
+        results = _run_attempts(ref, run, world_size, timeout, device, max_restarts, locks)
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+    result: RunResult = results[0]
+    result.model = resolved
+    return result
+
+
+def check_resume(checkpoint: str | os.PathLike[str], model: Model, *, agents: int, seed: int, sync_every: int,
+                 record: Iterable[str] | None = None, every: int | None = None, append: bool = False) -> None:
+    """Refuse (:class:`~agentsim.checkpoint.CheckpointError`) to resume ``checkpoint`` with a run
+    that is not the one that saved it, listing every difference (before any process starts).
+    """
+    from ..checkpoint import CheckpointError, file_differences, mismatch_message, read_manifest, run_differences
+
+    manifest = read_manifest(checkpoint)
+    if manifest["model"] != model.name:
+        raise CheckpointError(f"checkpoint {checkpoint} is of model '{manifest['model']}', not '{model.name}'")
+    diffs = run_differences(checkpoint, manifest, model, model.params, seed, agents, sync_every)
+    if append:
+        diffs += file_differences(manifest, None if record is None else list(record), every)
+    if diffs:
+        raise CheckpointError(mismatch_message(checkpoint, diffs))
+
+
+def _run_attempts(ref: tuple[str, dict[str, Any] | None, list[str] | None], run: dict[str, Any], world_size: int,
+                  timeout: float, device: str, max_restarts: int, locks: list[Any]) -> list[Any]:
+    """Run the ranks, restarting them from the newest checkpoint after a failure (``max_restarts`` times)."""
+    checkpoints, path = run["checkpoints"], run["out"]
+    total = run["steps"] + (0 if run["resume"] is None else checkpoint_step(run["resume"]))
+
+    def started(pids: list[int]) -> None:
+        for lock in locks:
+            lock.set_workers(pids)
+
     for attempt in range(max_restarts + 1):
         try:
-            results = run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
-                                device=None if device == "cpu" else device)
-            break
+            return run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
+                             device=None if device == "cpu" else device, started=started)
         except AgentsimError as e:
             if attempt == max_restarts or isinstance(e, errors.OutputError):  # a full disk stays full: no restart
                 raise
@@ -442,6 +503,4 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
             print(f"agentsim: {str(e).splitlines()[0]}\nagentsim: restarting {world_size} ranks from "
                   f"{'step 0' if newest is None else f'the checkpoint of step {start}'} "
                   f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)
-    result: RunResult = results[0]
-    result.model = resolved
-    return result
+    raise AssertionError("unreachable")

@@ -62,6 +62,7 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
     from ..catalog import get_model
     from ..distributed.launch import model_ref, resolve_model, run_ranks
     from ..distributed.process_group import DEFAULT_TIMEOUT
+    from ..locks import hold
 
     if isinstance(model, str):
         model = get_model(model)
@@ -81,14 +82,21 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
                            "progress": progress}
     if world_size == 1:
         return Trainer(model, **kwargs).train(**run)
-    checker = Trainer(model, **kwargs)  # check everything here, before processes start
-    if resume and checkpoint_dir is not None:
-        checker.resume(checkpoint_dir)
-    ref = model_ref(model)
-    resolve_model(ref)
-    results = run_ranks(_train_rank, world_size, (ref, kwargs, run),
-                        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
-                        device=None if device == "cpu" else device)
+    # This process holds the locks of the log and the checkpoints for the job (its workers die with it).
+    with hold(run["out"], run["checkpoint_dir"], what="training log") as locks:
+        checker = Trainer(model, **kwargs)  # check everything here, before processes start
+        if resume and checkpoint_dir is not None:
+            checker.resume(checkpoint_dir)
+        ref = model_ref(model)
+        resolve_model(ref)
+
+        def started(pids: list[int]) -> None:
+            for lock in locks:
+                lock.set_workers(pids)
+
+        results = run_ranks(_train_rank, world_size, (ref, kwargs, {**run, "lock": False}),
+                            timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+                            device=None if device == "cpu" else device, started=started)
     result: TrainResult = results[0]
     result.world_size = world_size
     return result

@@ -280,7 +280,7 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def train(self, updates: int | None = None, *, out: str | os.PathLike[str] | None = None,
               checkpoint_dir: str | os.PathLike[str] | None = None, checkpoint_every: int = 1, keep: int = 3,
-              resume: bool = False, progress: bool = False) -> TrainResult:
+              resume: bool = False, progress: bool = False, lock: bool = True) -> TrainResult:
         """Run updates until ``updates`` (default: the planned number) are done.
 
         Args:
@@ -290,7 +290,22 @@ class Trainer:
             resume: Continue from the newest checkpoint in ``checkpoint_dir``.
             progress: Rank 0 shows a progress bar on a terminal, else prints one line per update
                 to stderr (:func:`format_update`).
+            lock: Rank 0 holds the locks of ``out`` and ``checkpoint_dir`` (:mod:`agentsim.locks`):
+                another run writing either makes this one fail at once, naming it. False: the caller
+                holds them (the workers of :func:`agentsim.learn.train`, whose launcher does).
         """
+        from ..locks import lock_on_rank0
+
+        locks = lock_on_rank0(self.comm, out, checkpoint_dir, what="training log") if lock else []
+        try:
+            return self._train(updates, out, checkpoint_dir, checkpoint_every, keep, resume, progress)
+        finally:
+            for taken in reversed(locks):
+                taken.release()
+
+    def _train(self, updates: int | None, out: str | os.PathLike[str] | None,
+               checkpoint_dir: str | os.PathLike[str] | None, checkpoint_every: int, keep: int, resume: bool,
+               progress: bool) -> TrainResult:
         target = self.updates if updates is None else updates
         if resume:
             if checkpoint_dir is None:
