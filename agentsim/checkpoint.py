@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FORMAT", "Checkpoint", "CheckpointError", "CheckpointWrite", "agree_checkpoint", "atomic_write",
            "check_keep", "checkpoint_step", "file_differences", "file_inside", "file_record", "latest_checkpoint",
-           "load_tensors", "manifest_checksum", "mismatch_message", "read_checkpoint", "read_manifest",
+           "load_tensors", "manifest_checksum", "mismatch_message", "read_checkpoint", "read_manifest", "read_verified",
            "resolve_checkpoint", "run_differences", "run_record", "start_checkpoint", "tensor_bytes",
            "write_checkpoint"]
 
@@ -755,16 +755,24 @@ def _manifest(path: Path) -> tuple[Path, dict[str, Any]]:
     return path, manifest
 
 
-def _load(path: Path, entry: Mapping[str, Any], shard: bool = True) -> Any:
-    file = file_inside(path, entry["file"], f"checkpoint {path}: {MANIFEST}")
+def read_verified(file: Path, sha256: object, label: str) -> bytes:
+    """The bytes of ``file`` after checking them against their SHA-256 (hex) from a manifest;
+    ``label`` names the file in the CheckpointError of an unreadable or changed file.
+    """
     try:
         data = file.read_bytes()
     except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: cannot read {entry['file']} ({e.strerror})") from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"checkpoint {path}: {entry['file']} does not match its checksum (corrupt or "
-                              "changed after the checkpoint was written)")
-    obj = load_tensors(data, f"checkpoint {path}: {entry['file']}")
+        raise CheckpointError(f"{label} cannot be read ({e.strerror})") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise CheckpointError(f"{label} does not match its checksum (corrupt or changed after the checkpoint was "
+                              "written)")
+    return data
+
+
+def _load(path: Path, entry: Mapping[str, Any], shard: bool = True) -> Any:
+    label = f"checkpoint {path}: {entry['file']}"
+    data = read_verified(file_inside(path, entry["file"], f"checkpoint {path}: {MANIFEST}"), entry["sha256"], label)
+    obj = load_tensors(data, label)
     tables = obj.values() if shard and isinstance(obj, dict) else [obj]
     if not isinstance(obj, dict) or not all(isinstance(t, dict) and all(
             isinstance(k, str) and isinstance(v, Tensor) for k, v in t.items()) for t in tables):

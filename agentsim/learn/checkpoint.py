@@ -31,13 +31,20 @@ Examples:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import CheckpointError, atomic_write, file_inside, load_tensors, manifest_checksum, tensor_bytes
+from ..checkpoint import (
+    CheckpointError,
+    atomic_write,
+    file_inside,
+    load_tensors,
+    manifest_checksum,
+    read_verified,
+    tensor_bytes,
+)
 from ..errors import OutputError
 
 __all__ = ["FORMAT", "load_latest", "save"]
@@ -100,14 +107,7 @@ def load_latest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
                               "again, or finish it with the agentsim that started it")
     manifest = _manifest(manifest_path)
     path = file_inside(where, manifest["file"], f"checkpoint manifest '{manifest_path}'")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint '{path}' cannot be read ({e.strerror})") from None
-    if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
-        raise CheckpointError(f"checkpoint '{path}' does not match its checksum (corrupt or changed after the "
-                              "checkpoint was written)")
-    state = load_tensors(data, f"checkpoint '{path}'")
+    state = load_tensors(read_verified(path, manifest["sha256"], f"checkpoint '{path}'"), f"checkpoint '{path}'")
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
         raise CheckpointError(f"'{path}' is not an agentsim PPO checkpoint of version {VERSION}")
     if state.get("update") != manifest["update"] or manifest["file"] != f"ppo-{manifest['update']:06d}.pt":
