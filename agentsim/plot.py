@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import h5py
@@ -137,6 +137,25 @@ def _page_title(title: str, page: int, pages: int) -> str:
     return title if pages == 1 else f"{title} (page {page} of {pages})"
 
 
+def _paged(plt: Any, metrics: list[str], width: float, height: float, title: str,
+           draw: Callable[[Any, Any, str], None], first: Callable[[Any], None] | None = None) -> list[Any]:
+    """One figure per page of :data:`PAGE` metrics: ``draw(fig, ax, metric)`` fills each panel,
+    ``first(ax)`` finishes a page's first panel (a legend); the pages are titled ``title``.
+    """
+    pages = _pages(metrics)
+    figs = []
+    for number, page in enumerate(pages, 1):
+        fig, axes = _grid(plt, len(page), width, height)
+        figs.append(fig)
+        for ax, metric in zip(axes, page, strict=True):
+            draw(fig, ax, metric)
+        if first is not None:
+            first(axes[0])
+        fig.suptitle(_page_title(title, number, len(pages)))
+        fig.tight_layout()
+    return figs
+
+
 def _study_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]:
     from .study import read_study
 
@@ -156,26 +175,20 @@ def _study_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]
     q = [float(x) for x in data.quantiles]
     title = (f"{data.spec['model']} study: median and {q[0]:.0%}-{q[-1]:.0%} band over replicates "
              f"({len(data.runs)} runs, {data.spec['agents']:,} agents each)")
-    pages = _pages(metrics)
-    figs = []
-    for number, page in enumerate(pages, 1):
-        fig, axes = _grid(plt, len(page), 5.2, 4.0)
-        figs.append(fig)
-        for ax, metric in zip(axes, page, strict=True):
-            for band, color in zip(data.bands.values(), colors, strict=True):
-                steps = band["step"][len(q) // 2]
-                low, mid, high = band[metric][0], band[metric][len(q) // 2], band[metric][-1]
-                label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
-                                  for k, v in band["params"].items()) or "all runs"
-                ax.fill_between(steps, low, high, color=color, alpha=0.22, linewidth=0)
-                ax.plot(steps, mid, color=color, label=f"{label} ({band['runs']} runs)")
-            ax.set_xlabel("step")
-            ax.set_ylabel(f"{metric} (per run)")
-            ax.set_title(metric)
-        axes[0].legend(frameon=False, fontsize=8)
-        fig.suptitle(_page_title(title, number, len(pages)))
-        fig.tight_layout()
-    return figs
+
+    def draw(fig: Any, ax: Any, metric: str) -> None:
+        for band, color in zip(data.bands.values(), colors, strict=True):
+            steps = band["step"][len(q) // 2]
+            low, mid, high = band[metric][0], band[metric][len(q) // 2], band[metric][-1]
+            label = ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
+                              for k, v in band["params"].items()) or "all runs"
+            ax.fill_between(steps, low, high, color=color, alpha=0.22, linewidth=0)
+            ax.plot(steps, mid, color=color, label=f"{label} ({band['runs']} runs)")
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{metric} (per run)")
+        ax.set_title(metric)
+
+    return _paged(plt, metrics, 5.2, 4.0, title, draw, first=lambda ax: ax.legend(frameon=False, fontsize=8))
 
 
 def _trajectory_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]:
@@ -194,21 +207,16 @@ def _trajectory_figures(path: str, plt: Any, selected: list[str] | None) -> list
         raise OutputError(f"cannot plot '{path}': the trajectory has no metrics")
     m = traj.metrics
     steps = m.get("step", np.arange(len(m[metrics[0]])))
-    pages = _pages(metrics)
-    figs = []
-    for number, page in enumerate(pages, 1):
-        fig, axes = _grid(plt, len(page), 4.6, 3.8)
-        figs.append(fig)
-        for ax, key in zip(axes, page, strict=True):
-            if np.ndim(m[key]) == 2:
-                _heatmap(fig, ax, steps, m[key], traj.edges.get(key), key)
-            else:
-                ax.plot(steps, m[key])
-                ax.set_xlabel("step")
-                ax.set_title(key)
-        fig.suptitle(_page_title(_title(traj), number, len(pages)))
-        fig.tight_layout()
-    return figs
+
+    def draw(fig: Any, ax: Any, key: str) -> None:
+        if np.ndim(m[key]) == 2:
+            _heatmap(fig, ax, steps, m[key], traj.edges.get(key), key)
+        else:
+            ax.plot(steps, m[key])
+            ax.set_xlabel("step")
+            ax.set_title(key)
+
+    return _paged(plt, metrics, 4.6, 3.8, _title(traj), draw)
 
 
 def _title(traj: Any) -> str:
