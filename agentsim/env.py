@@ -72,13 +72,13 @@ def changed_cells(old: Tensor, new: Tensor) -> Tensor:
 
 
 def raised_cells(old: Tensor, new: Tensor, cells: Tensor, combine: str) -> Tensor:
-    """Of the changed ``cells``, those whose change breaks a ``"min"`` (raised) or ``"max"``
-    (lowered) combine; empty for the others.
+    """``[m]`` bool over the changed ``cells``: True where the change breaks a ``"min"`` (raised) or
+    ``"max"`` (lowered) combine; all False for the others.
     """
     if combine not in ("min", "max"):
-        return cells[:0]
+        return torch.zeros(cells.shape, dtype=torch.bool, device=cells.device)
     o, n = old.reshape(-1)[cells], new.reshape(-1)[cells]
-    return cells[n > o] if combine == "min" else cells[n < o]
+    return n > o if combine == "min" else n < o
 
 
 def merge_layer(old: Tensor, cells: Tensor, values: Tensor, combine: str) -> tuple[Tensor, int | None]:

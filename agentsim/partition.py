@@ -251,9 +251,7 @@ class IdentityPartition:
         for name, old in before.items():
             new, mode = state.env[name], substep.env_combine(name)
             cells = changed_cells(old, new)
-            raised = torch.zeros(cells.shape, dtype=torch.bool, device=cells.device)
-            raised[torch.isin(cells, raised_cells(old, new, cells, mode))] = True
-            mine = {"cell": cells, "value": new.reshape(-1)[cells], "raised": raised}
+            mine = {"cell": cells, "value": new.reshape(-1)[cells], "raised": raised_cells(old, new, cells, mode)}
             got = gather_with_grad(comm, mine, self.grad_links)  # the other ranks' rows
             every = {k: torch.cat([mine[k], got[k].to(mine[k].device)]) for k in mine}
             merged, conflict = merge_layer(old, every["cell"], every["value"], mode)
