@@ -2,7 +2,7 @@
 
 A model is populations of agents (tensors by field), an ``init`` that builds them, and
 substeps: vectorized functions over agent tensors that declare the fields they read and
-write, run in order every step, on one process or many (:mod:`agentsim.partition`).
+write, run in order every step, on one process or many (:mod:`agentsim.distributed.partition`).
 Everything a model author needs is importable from here::
 
     import agentsim as asim
@@ -13,12 +13,19 @@ See the README for a tour.
 
 from __future__ import annotations
 
-from . import ops
-from .catalog import get_model
-from .context import Context, InitContext, MetricsContext
-from .distributed.launch import LaunchResult, launch
-from .engine import RunResult, Simulation
-from .errors import (
+from agentsim._version import __version__
+from agentsim.core import ops
+from agentsim.core.catalog import get_model
+from agentsim.core.context import Context, InitContext, MetricsContext
+from agentsim.core.grouping import rank_in_group, sort_by_group
+from agentsim.core.metrics import Metric
+from agentsim.core.model import Model
+from agentsim.core.params import REQUIRED, Param, Params, ParamSpec
+from agentsim.core.random import CounterRNG, StepRNG
+from agentsim.core.state import FieldSpec, Population, State
+from agentsim.core.substep import Registry, Substep
+from agentsim.engine.simulation import RunResult, Simulation
+from agentsim.errors import (
     AgentsimError,
     CollectiveError,
     ConfigError,
@@ -28,20 +35,12 @@ from .errors import (
     SimulationError,
     UnknownParameterError,
 )
-from .grouping import rank_in_group, sort_by_group
-from .metrics import Metric
-from .model import Model
-from .params import REQUIRED, Param, Params, ParamSpec
-from .random import CounterRNG, StepRNG
-from .runs import run
-from .space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
-from .space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
-from .space.grid import Grid
-from .state import FieldSpec, Population, State
-from .study import Study, read_study, sweep
-from .substep import Registry, Substep
-
-__version__ = "0.2.0"
+from agentsim.runner.api import run
+from agentsim.runner.launch import LaunchResult, launch
+from agentsim.space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
+from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
+from agentsim.space.grid import Grid
+from agentsim.study import Study, read_study, sweep
 
 __all__ = [
     "REQUIRED",

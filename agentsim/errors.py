@@ -31,7 +31,7 @@ class SimulationError(AgentsimError, RuntimeError):
 
 class ContractError(SimulationError):
     """A model broke the contract that makes results the same on any number of processes, found by
-    the check mode (:mod:`agentsim.contract`): the message names the step, substep, field and agents.
+    the check mode (:mod:`agentsim.engine.contract`): the message names the step, substep, field and agents.
     """
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .errors import ConfigError, OutputError, did_you_mean
+from agentsim.errors import ConfigError, OutputError, did_you_mean
 
 __all__ = ["PAGE", "animate_file", "plot_file", "plot_pages"]
 
@@ -77,7 +77,7 @@ def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
     try:
         f = h5py.File(path, "r")
     except OSError as e:  # truncated, locked by a writer, ...: as `agentsim inspect` says it
-        from .io.hdf5 import _why
+        from agentsim.io.hdf5 import _why
 
         raise OutputError(f"cannot plot '{path}': {_why(e)}") from e
     with f:
@@ -157,7 +157,7 @@ def _paged(plt: Any, metrics: list[str], width: float, height: float, title: str
 
 
 def _study_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]:
-    from .study import read_study
+    from agentsim.study import read_study
 
     data = read_study(path)
     if not data.bands:
@@ -192,7 +192,7 @@ def _study_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]
 
 
 def _trajectory_figures(path: str, plt: Any, selected: list[str] | None) -> list[Any]:
-    from .io.hdf5 import read_trajectory
+    from agentsim.io.hdf5 import read_trajectory
 
     traj = read_trajectory(path)
     names = [k for k in traj.metrics if k != "step"]
@@ -393,7 +393,7 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
     import matplotlib.pyplot as plt
     from matplotlib.animation import FFMpegWriter, FuncAnimation, PillowWriter
 
-    from .io.hdf5 import read_trajectory
+    from agentsim.io.hdf5 import read_trajectory
 
     path, out = os.fspath(path), os.fspath(out)
     suffix = os.path.splitext(out)[1].lower()

@@ -3,7 +3,7 @@
 For ``--model`` at ``--agents`` agents, ``--steps`` steps with a checkpoint every ``--every``
 steps (``keep=2``, into a temporary directory on the same disk as ``--tmp``), each mode runs
 ``--repeats`` times, alternating, on 1 process and on each of ``--world-sizes`` (gloo,
-:func:`agentsim.distributed.launch`):
+:func:`agentsim.runner.launch`):
 
 - ``none``: no checkpoints (the baseline of the same run);
 - ``sync``: ``checkpoint_every`` (the step waits while every rank writes its shard and rank 0
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import git_commit
 
 import agentsim as asim
-from agentsim.distributed.launch import launch
+from agentsim.runner.launch import launch
 
 MODES = ("none", "sync", "async")
 

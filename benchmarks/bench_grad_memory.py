@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_models import git_commit
 
 import agentsim as asim
-from agentsim.distributed.autograd import sum_over_ranks
+from agentsim.grad.autograd import sum_over_ranks
 
 PARAMS = {"steps_per_day": 4, "relax": "straight_through"}
 

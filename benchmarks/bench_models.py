@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentsim import Simulation, get_model
-from agentsim.catalog import BUILTIN
+from agentsim.core.catalog import BUILTIN
 
 
 def git_commit() -> str:

@@ -102,7 +102,7 @@ def _optimize_seconds(comm: Any, people: int, horizon: int) -> dict[str, float] 
 
 
 def _alone_worker(people: int, horizon: int, barrier: Any, queue: Any) -> None:
-    from agentsim.comm import LocalComm
+    from agentsim.core.comm import LocalComm
 
     torch.set_num_threads(1)
     trainer = Trainer(_model(), agents=2 * people, seed=1, updates=2, config=_config(horizon), comm=LocalComm())
@@ -126,8 +126,8 @@ def _side_by_side(people: int, horizon: int, procs: int) -> float:
 
 def scaling(people: int, horizon: int, repeats: int) -> dict[str, Any]:
     """W = 1, W = 2 and two independent half-size trainers, alternating, medians of ``repeats``."""
-    from agentsim.comm import LocalComm
-    from agentsim.distributed import run_ranks
+    from agentsim.core.comm import LocalComm
+    from agentsim.runner.launch import run_ranks
 
     rounds = []
     for _ in range(repeats):

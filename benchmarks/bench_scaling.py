@@ -3,7 +3,7 @@
     python benchmarks/bench_scaling.py boids --agents 100000 --steps 20   # -> benchmarks/results/
 
 Same as ``agentsim bench --scaling MODEL``; writes JSON with device, torch version, git
-commit and world size (see :mod:`agentsim.distributed.bench`). Not part of the test run.
+commit and world size (see :mod:`agentsim.runner.bench`). Not part of the test run.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentsim.distributed.bench import format_scaling, scaling
+from agentsim.runner.bench import format_scaling, scaling
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Each trial starts a fresh process that runs ``--model`` with ``--agents`` agents and saves a
 checkpoint after every step (``keep=2``), so that most of its time is spent writing shards and
 manifests; once the first checkpoint is complete, it is SIGKILLed at a random moment. The trial
-passes when :func:`agentsim.checkpoint.read_checkpoint` reads the newest complete checkpoint
+passes when :func:`agentsim.io.checkpoint.read_checkpoint` reads the newest complete checkpoint
 (every checksum verified) and a simulation resumes from it. Also reported: the seconds a
 checkpoint of this size takes (the overhead per saved step), from the same process's log.
 
@@ -45,7 +45,7 @@ for _ in range(1000):
 def trial(workdir: Path, model: str, agents: int, rng: random.Random, window: float,
           asynchronous: bool = False) -> dict[str, Any]:
     import agentsim as asim
-    from agentsim.checkpoint import latest_checkpoint, read_checkpoint
+    from agentsim.io.checkpoint import latest_checkpoint, read_checkpoint
 
     ckpt = workdir / "ckpt"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, model, str(agents), str(ckpt), str(int(asynchronous))],

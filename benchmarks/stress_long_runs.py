@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import agentsim as asim
-from agentsim.engine import Simulation
+from agentsim.engine.simulation import Simulation
 from agentsim.errors import NetworkError
 
 

@@ -80,7 +80,7 @@ def reference(workdir: Path, steps: int, every: int) -> tuple[dict[str, Any], fl
     out, ckpt = workdir / "reference.h5", workdir / "reference-ckpt"
     proc = subprocess.Popen(_cli("--steps", str(steps), "--nprocs", "2", "--out", str(out),
                                  "--checkpoint-every", str(every), "--checkpoint-dir", str(ckpt)), env=_env())
-    from agentsim.checkpoint import latest_checkpoint
+    from agentsim.io.checkpoint import latest_checkpoint
 
     while latest_checkpoint(ckpt) is None and proc.poll() is None:
         time.sleep(0.01)
@@ -95,7 +95,7 @@ def trial(workdir: Path, steps: int, every: int, kill_after: float, want: dict[s
     """One kill of the launcher, the immediate resume and its checks (see the module docstring)."""
     import h5py
 
-    from agentsim.checkpoint import checkpoint_step, latest_checkpoint
+    from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint
 
     out, ckpt = workdir / "run.h5", workdir / "ckpt"
     marker = uuid.uuid4().hex

@@ -25,7 +25,7 @@ Usage::
     python benchmarks/stress_untrusted_files.py --trials 200 --out benchmarks/results/untrusted_files.json
     python benchmarks/stress_untrusted_files.py --trials 20 --subprocess   # a fresh `agentsim` per resume
 
-By default the command runs in this process (``agentsim.cli.main``, stderr captured; an exception
+By default the command runs in this process (``agentsim.cli.main.main``, stderr captured; an exception
 that escapes it counts as a traceback); ``--subprocess`` runs ``python -m agentsim`` instead.
 """
 
@@ -106,7 +106,7 @@ def agentsim(argv: list[str], use_subprocess: bool) -> tuple[int, str]:
     if use_subprocess:
         proc = subprocess.run([sys.executable, "-m", "agentsim", *argv], capture_output=True, text=True, timeout=300)
         return proc.returncode, proc.stderr
-    from agentsim.cli import main
+    from agentsim.cli.main import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -203,7 +203,7 @@ def _manifest_path(ck: Path, kind: str) -> Path:
 
 def _reseal(ck: Path, kind: str, changed: Path | None = None) -> None:
     """Make the manifest match ``changed``'s bytes and itself (what a forger would do)."""
-    from agentsim.checkpoint import manifest_checksum
+    from agentsim.io.checkpoint import manifest_checksum
 
     path = _manifest_path(ck, kind)
     m = json.loads(path.read_text())
@@ -271,7 +271,7 @@ def corrupt(ck: Path, kind: str, work: Path, marker: Path, rng: random.Random) -
         path.write_text(json.dumps(m))
         sealed = rng.random() < 0.5
         if sealed:
-            from agentsim.checkpoint import manifest_checksum
+            from agentsim.io.checkpoint import manifest_checksum
 
             m["checksum"] = manifest_checksum(m)
             path.write_text(json.dumps(m))
@@ -301,7 +301,7 @@ def corrupt(ck: Path, kind: str, work: Path, marker: Path, rng: random.Random) -
             return f"pointer {src.name} is a link outside"
         entry["file"] = f"../{'../' if kind == 'sim' else ''}outside/{src.name}" if choice == "dotdot" \
             else str(outside / src.name)
-        from agentsim.checkpoint import manifest_checksum
+        from agentsim.io.checkpoint import manifest_checksum
 
         m["checksum"] = manifest_checksum(m)
         path.write_text(json.dumps(m))

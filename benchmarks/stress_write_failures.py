@@ -100,7 +100,7 @@ def trial(k: int, rng: random.Random, workdir: Path) -> dict:
     inspect = subprocess.run([sys.executable, "-m", "agentsim", "inspect", str(out)], env=env,
                              capture_output=True, text=True) if out.exists() else None
     inspect_says_complete = inspect is not None and inspect.returncode == 0 and ", completed" in inspect.stdout
-    from agentsim.checkpoint import latest_checkpoint
+    from agentsim.io.checkpoint import latest_checkpoint
 
     newest = latest_checkpoint(ck)
     failed_step = None

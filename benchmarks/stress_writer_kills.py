@@ -69,7 +69,7 @@ def reference(workdir: Path, steps: int) -> tuple[dict[str, np.ndarray], float]:
 
 def trial(workdir: Path, steps: int, every: int, kill_after: float, want: dict[str, np.ndarray]) -> dict[str, Any]:
     """One kill and its checks (see the module docstring)."""
-    from agentsim.checkpoint import checkpoint_step, latest_checkpoint
+    from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint
     from agentsim.io.hdf5 import read_trajectory
 
     out, ckpt = workdir / "run.h5", workdir / "ckpt"

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import h5py
 import matplotlib.pyplot as plt
 
-from agentsim.cli import main as agentsim_main
+from agentsim.cli.main import main as agentsim_main
 
 
 def main() -> None:

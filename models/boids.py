@@ -21,7 +21,7 @@ then uid), so results do not depend on row order or on how boids are split over 
 They are computed chunk by chunk (:func:`~agentsim.space.continuous.radius_pair_chunks`),
 which keeps the working set in cache and gives the same sums, from the displacements the
 search computed anyway (``with_delta=True``), one dim at a time (the sums add the pairs of a boid
-in pair order, as :func:`agentsim.ops.scatter_sum` does: :func:`agentsim.ops.scatter_sum_columns`).
+in pair order, as :func:`agentsim.core.ops.scatter_sum` does: :func:`agentsim.core.ops.scatter_sum_columns`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from collections.abc import Mapping
 
 import torch
 
-from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, ops, radius_pair_chunks
+from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, radius_pair_chunks
+from agentsim.core import ops
 
 model = Model(
     "boids",

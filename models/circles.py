@@ -28,7 +28,8 @@ from collections.abc import Mapping
 
 import torch
 
-from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, ops, radius_pair_chunks
+from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, radius_pair_chunks
+from agentsim.core import ops
 
 PI = 3.141  # FLAME GPU 2's constant in the force (not math.pi): same forces as its benchmark
 

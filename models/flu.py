@@ -14,7 +14,7 @@ at 24, 1.669 / 0.443 for the ODE); the default, 24 steps a day, is an hour.
 ``schools`` independent copies of the school run side by side in one simulation (agents
 ``agents / schools`` per school, disjoint uids, so independent draws): an ensemble of
 replicates in one vectorized run. ``i`` and ``s`` are float fields (1/0 in a hard run) so that
-gradients can pass the draws (``relax``, see :mod:`agentsim.relax`); ``logp`` accumulates the
+gradients can pass the draws (``relax``, see :mod:`agentsim.grad.relax`); ``logp`` accumulates the
 log-probability of each boy's draws, for the score-function estimator.
 
 Metrics per step: ``S``, ``I``, ``R`` summed over every school (divide by ``schools`` for the
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from agentsim import ConfigError, Context, InitContext, MetricsContext, Model, Param
-from agentsim.relax import MODES, bernoulli
+from agentsim.grad.relax import MODES, bernoulli
 
 model = Model(
     "flu",

@@ -18,7 +18,7 @@ import math
 import torch
 
 from agentsim import Box, Context, InitContext, MetricsContext, Model, Param
-from agentsim.metrics import ExactSum, sum_of_squares
+from agentsim.core.metrics import ExactSum, sum_of_squares
 
 model = Model(
     "randomwalk",

@@ -23,7 +23,8 @@ import math
 
 import torch
 
-from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param, ops
+from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
+from agentsim.core import ops
 
 model = Model(
     "schelling",

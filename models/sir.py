@@ -39,11 +39,11 @@ from agentsim import (
     erdos_renyi,
     from_edge_list_csv,
     layered_contacts,
-    ops,
     watts_strogatz,
 )
-from agentsim.params import Params
-from agentsim.random import mix64_int, stream_id
+from agentsim.core import ops
+from agentsim.core.params import Params
+from agentsim.core.random import mix64_int, stream_id
 
 S, I, R = 0, 1, 2  # noqa: E741  the compartments' names
 

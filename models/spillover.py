@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from agentsim import Context, Graph, InitContext, MetricsContext, Model, Param, erdos_renyi
-from agentsim.random import mix64_int, stream_id
+from agentsim.core.random import mix64_int, stream_id
 
 from .sir import I, R, S, infection_table
 

@@ -50,8 +50,9 @@ from typing import Any
 
 import torch
 
-from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param, ops, rank_in_group
-from agentsim.random import StepRNG
+from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param, rank_in_group
+from agentsim.core import ops
+from agentsim.core.random import StepRNG
 
 MAX_CAPACITY = 4  # the book's landscape: capacities 0..4
 DIRECTIONS = ((-1, 0), (1, 0), (0, 1), (0, -1))  # N, S, E, W as (drow, dcol)

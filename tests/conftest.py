@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from equivalence import reference_runs, run_on_subgroups
 
-from agentsim.distributed import run_ranks
+from agentsim.runner.launch import run_ranks
 
 
 @pytest.fixture

@@ -106,7 +106,7 @@ def reference_runs(cases: list[Case], out_dir: str) -> dict[str, dict[str, Any]]
 
 
 def check_figures(perf: list[dict[str, float]], what: str) -> None:
-    """One entry per step; a step's collectives fit in its seconds (one window, agentsim.perf)."""
+    """One entry per step; a step's collectives fit in its seconds (one window, agentsim.engine.perf)."""
     assert len(perf) == STEPS, what
     for step, p in enumerate(perf, 1):
         assert 0 <= p["comm/seconds_max"] <= p["rank_step_seconds/max"], (what, step, p)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentsim.cli import main
+from agentsim.cli.main import main
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
 RUN = ["run", "--quiet", "--steps", "3"]
@@ -137,7 +137,7 @@ def unfinished(d: Path) -> list[str]:
 def edit_manifest(change: Callable[[dict], None], *run: str, reseal: bool = False) -> Callable[[Path], list[str]]:
     """Change a checkpoint's manifest; ``reseal``: with its checksum recomputed (a manifest written so)."""
     def setup(d: Path) -> list[str]:
-        from agentsim.checkpoint import manifest_checksum
+        from agentsim.io.checkpoint import manifest_checksum
 
         path = checkpoint(d) / "manifest.json"
         manifest = json.loads(path.read_text())
@@ -433,7 +433,7 @@ def config_check(d: Path) -> list[str]:
 
 
 CASES += [
-    # ---------------------------------------------------------------- env layers (agentsim.env)
+    # ---------------------------------------------------------------- env layers (agentsim.core.env)
     Case("env-combine-not-written", "model definition", "combine names a layer the substep does not write",
          grid_case("g_cnw", """
          @model.substep(reads=["a.cell"], writes=["a.w"], combine={"env.food": "add"})
@@ -644,7 +644,7 @@ CASES += [
          @model.substep(writes=["a.x"], neighbors={"a": ["pos"]}, reach="2*visoin")
          def look(ctx): pass
          """), 2, "reach '2*visoin' is not a parameter"),
-    # ---------------------------------------------------------------- the check mode (agentsim.contract)
+    # ---------------------------------------------------------------- the check mode (agentsim.engine.contract)
     Case("check-reach-short", "check mode", "--check: a substep reads agents beyond its declared reach",
          grid_case("g_rs", """
          @model.substep(reads=["a.cell"], writes=["a.w"], neighbors={"a": ["cell"]}, reach="moore:1")
@@ -751,7 +751,7 @@ class _Payload:
 
 
 def _reseal(manifest: dict) -> dict:
-    from agentsim.checkpoint import manifest_checksum
+    from agentsim.io.checkpoint import manifest_checksum
 
     return {**manifest, "checksum": manifest_checksum({k: v for k, v in manifest.items() if k != "checksum"})}
 
@@ -832,7 +832,7 @@ def locked_by_another(target: str, kind: str, *run: str) -> Callable[[Path], lis
     import subprocess
 
     def setup(d: Path) -> list[str]:
-        code = ("import sys, time; from agentsim.locks import lock_run; "
+        code = ("import sys, time; from agentsim.io.locks import lock_run; "
                 "lock_run(sys.argv[1]) if sys.argv[2] == 'file' else lock_run(None, sys.argv[1]); "
                 "print('ready', flush=True); time.sleep(60)")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),

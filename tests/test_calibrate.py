@@ -12,10 +12,10 @@ import torch
 import agentsim as asim
 from agentsim.calibrate import Objective, Series, calibrate, fit, read_series
 from agentsim.calibrate.estimators import crn_difference, pathwise, score_function, spsa
-from agentsim.cli import main
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
-from agentsim.relax import bernoulli, categorical
+from agentsim.cli.main import main
+from agentsim.core.comm import LocalComm
+from agentsim.grad.relax import bernoulli, categorical
+from agentsim.runner.launch import run_ranks
 
 FLU = asim.get_model("flu")
 DATA = read_series("data/boarding_school_flu.csv", "in_bed")

@@ -1,4 +1,4 @@
-"""The check mode (agentsim.contract): each mistake of bad_models.py, silently wrong on several
+"""The check mode (agentsim.engine.contract): each mistake of bad_models.py, silently wrong on several
 processes, stops a one-process run in check mode at the substep, with the field, the agents and
 a hint; correct models pass it with the bits of a run without it.
 """
@@ -10,7 +10,7 @@ import torch
 
 import agentsim as asim
 from agentsim import ConfigError, ContractError, FieldAccessError, Simulation, SimulationError, get_model
-from agentsim.distributed import run_ranks
+from agentsim.runner.launch import run_ranks
 
 
 def run_checked(ref: str, agents: int = 20, steps: int = 4, **kw):

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import agentsim as asim
-from agentsim.checkpoint import CheckpointError, atomic_write, latest_checkpoint, read_checkpoint
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
+from agentsim.core.comm import LocalComm
+from agentsim.io.checkpoint import CheckpointError, atomic_write, latest_checkpoint, read_checkpoint
+from agentsim.runner.launch import run_ranks
 
 AGENTS = {"boids": 600, "wolfsheep": 300}
 SEED = 5
@@ -160,7 +160,7 @@ def _final_line(capsys) -> str:
 
 @pytest.mark.timeout(300)
 def test_the_cli_saves_checkpoints_and_resumes_on_other_process_counts(tmp_path, capsys):
-    from agentsim.cli import main
+    from agentsim.cli.main import main
 
     common = ["wolfsheep", "--agents", "300", "--seed", "5"]
     assert main(["run", *common, "--steps", "10"]) == 0
@@ -187,7 +187,7 @@ def test_the_cli_saves_checkpoints_and_resumes_on_other_process_counts(tmp_path,
     (["--max-restarts", "2"], "--max-restarts restarts the processes of --nprocs W"),
 ])
 def test_bad_checkpoint_options_get_clear_messages(args, message, capsys, tmp_path, monkeypatch):
-    from agentsim.cli import main
+    from agentsim.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["run", "wolfsheep", "--agents", "50", "--steps", "2", "--quiet", *args]) == 2
@@ -195,7 +195,7 @@ def test_bad_checkpoint_options_get_clear_messages(args, message, capsys, tmp_pa
 
 
 def test_resuming_past_the_total_steps_is_refused(tmp_path, capsys):
-    from agentsim.cli import main
+    from agentsim.cli.main import main
 
     assert main(["run", "boids", "--agents", "50", "--steps", "3", "--quiet", "--checkpoint-every", "3",
                  "--checkpoint-dir", str(tmp_path)]) == 0
@@ -264,7 +264,7 @@ def test_asynchronous_checkpoints_write_the_same_files_as_synchronous_ones(tmp_p
 
 
 def _break_writes(monkeypatch_target, rank_to_break):
-    import agentsim.checkpoint as ck
+    import agentsim.io.checkpoint as ck
 
     def fail(obj):
         raise OSError(28, "No space left on device")
@@ -299,7 +299,7 @@ def test_a_failed_background_write_raises_on_every_rank(tmp_path):
 
 
 def test_the_cli_writes_asynchronous_checkpoints_equal_to_synchronous_ones(tmp_path):
-    from agentsim.cli import main
+    from agentsim.cli.main import main
 
     for mode, extra in (("sync", []), ("async", ["--checkpoint-async"])):
         assert main(["run", "boids", "--agents", "80", "--steps", "5", "--quiet", "--checkpoint-every", "2",

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agentsim import Simulation, get_model
-from agentsim.catalog import BUILTIN
-from agentsim.cli import main
+from agentsim.cli.main import main
+from agentsim.core.catalog import BUILTIN
 from agentsim.io.hdf5 import read_trajectory
 
 

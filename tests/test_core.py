@@ -19,7 +19,7 @@ from agentsim import (
     SimulationError,
     UnknownParameterError,
 )
-from agentsim.grouping import rank_in_group
+from agentsim.core.grouping import rank_in_group
 
 
 def make_model(substeps=("grow", "breed", "cull"), **extra_steps):
@@ -263,7 +263,7 @@ def test_param_bounds_and_choices_write_their_own_messages():
     with pytest.raises(ConfigError, match=r"parameter 'death': expected a value in \[0, 1\] \(got 2.0\)"):
         model.configure(params={"death": 2.0})
     assert model.configure(params={"death": "0.5"}).params["death"] == 0.5
-    table = asim.params.ParamTable({
+    table = asim.core.params.ParamTable({
         "rate": Param(0.5, "a rate", gt=0, lt=1), "k": Param(3, "a count", ge=1),
         "mode": Param("a", "a mode", choices=["a", "b"]), "on": Param(True, "a switch"),
         "n": Param(type=int, doc="required count"),
@@ -350,7 +350,7 @@ def test_context_is_built_from_explicit_parts_with_no_engine_inside(sync_every):
         ctx = seen["ctx"]
         assert not any(isinstance(o, Simulation) for o in reachable(ctx)), "the context reaches the engine"
     assert ctx.step == 2 and ctx.rng.stream == "look" and isinstance(ctx.params, asim.Params)
-    assert ctx.space is sim.space is None and isinstance(ctx.effects, asim.context.Effects)
+    assert ctx.space is sim.space is None and isinstance(ctx.effects, asim.core.context.Effects)
 
 
 def test_a_simulation_that_stopped_with_an_error_refuses_to_go_on():
@@ -376,11 +376,11 @@ def test_misspelt_keywords_and_the_identity_partitioner_on_several_ranks_are_err
     with pytest.raises(ConfigError, match="unexpected option 'sort_evry'.*Perhaps you meant 'sort_every'"):
         Simulation(make_model(), agents=5, sort_evry=5)
 
-    class TwoRanks(asim.comm.LocalComm):
+    class TwoRanks(asim.core.comm.LocalComm):
         world_size = 2
 
     with pytest.raises(ConfigError, match="the identity partitioner keeps every agent on its rank; with 2 ranks"):
-        Simulation(make_model(), agents=5, comm=TwoRanks(), partition=asim.partition.IdentityPartition())
+        Simulation(make_model(), agents=5, comm=TwoRanks(), partition=asim.distributed.partition.IdentityPartition())
 
 
 def test_env_layers_through_ctx_env_and_ctx_of_env():

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (agentsim.cpu_kernels) against torch ops and brute-force loops."""
+"""The compiled CPU kernels (agentsim._native.kernels) against torch ops and brute-force loops."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 
-from agentsim import cpu_kernels, native, ops
+from agentsim._native import build as native
+from agentsim._native import kernels as cpu_kernels
+from agentsim.core import ops
 from agentsim.errors import ConfigError
 from agentsim.space.graph import Graph
 
@@ -110,7 +112,7 @@ def test_fixed_sum_declines_what_it_does_not_cover():
 def test_without_a_compiler_the_torch_ops_run_with_one_warning(tmp_path):
     code = ("import torch, warnings\n"
             "from agentsim.space.graph import erdos_renyi\n"
-            "from agentsim import metrics\n"
+            "from agentsim.core import metrics\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    g = erdos_renyi(2000, 5.0, seed=1)\n"
@@ -124,7 +126,7 @@ def test_without_a_compiler_the_torch_ops_run_with_one_warning(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1"]
     counts, total = torch.load(tmp_path / "out.pt")
-    from agentsim import metrics
+    from agentsim.core import metrics
     from agentsim.space.graph import erdos_renyi
 
     assert torch.equal(counts, erdos_renyi(2000, 5.0, seed=1).count_neighbors_in(torch.arange(0, 2000, 3)))
@@ -421,7 +423,7 @@ def test_cell_sort_is_a_stable_sort_by_cell_and_uid(built, cell_dtype):
 def test_sum_of_squares_is_the_exact_sum_of_squared_norm(built, torch_ops, monkeypatch, dtype, k):
     # One pass gives fixed_sum(squared_norm(x)) bit for bit: near-2**51 blocks (the fallback), a
     # NaN, any thread count (small pieces), and without the kernel.
-    from agentsim.metrics import METRIC_FRAC_BITS, ExactSum, sum_of_squares
+    from agentsim.core.metrics import METRIC_FRAC_BITS, ExactSum, sum_of_squares
 
     monkeypatch.setattr(cpu_kernels, "_PARALLEL_MIN", 500)
     g = torch.Generator().manual_seed(k)
@@ -445,9 +447,9 @@ def test_sum_of_squares_is_the_exact_sum_of_squared_norm(built, torch_ops, monke
 
 def test_a_metric_may_return_an_exact_sum():
     # sum and mean of an ExactSum metric equal those of the per-agent values it sums.
-    from agentsim.context import MetricsContext
-    from agentsim.metrics import Metric, local_sums, metric_row, sum_of_squares
-    from agentsim.state import FieldSpec, Population, State
+    from agentsim.core.context import MetricsContext
+    from agentsim.core.metrics import Metric, local_sums, metric_row, sum_of_squares
+    from agentsim.core.state import FieldSpec, Population, State
 
     disp = torch.tensor([[1.0, 2.0], [-3.0, 0.5], [0.25, 0.0]])
     walkers = Population("walker", {"disp": FieldSpec(torch.float32, (2,))}, {"uid": torch.arange(3), "disp": disp})

@@ -25,10 +25,11 @@ from equivalence import (
 
 import agentsim as asim
 from agentsim import AgentsimError, ConfigError, Simulation, get_model, launch
-from agentsim.cli import main as cli_main
-from agentsim.comm import LocalComm
-from agentsim.distributed import DataPartition, run_ranks
+from agentsim.cli.main import main as cli_main
+from agentsim.core.comm import LocalComm
+from agentsim.distributed import DataPartition
 from agentsim.distributed.comm import pack_rows, row_counts, unpack_rows
+from agentsim.runner.launch import run_ranks
 
 PARTITION = "data"
 # Agents per model: small, but enough for every rank to hold agents, neighbors across

@@ -16,11 +16,11 @@ import torch
 from equivalence import WORLD_SIZES, Case, check_figures, check_same_as_reference, run_cases
 
 from agentsim import ConfigError, Simulation, get_model
-from agentsim.comm import LocalComm
+from agentsim.core.comm import LocalComm
+from agentsim.core.state import FieldSpec, Population, State
 from agentsim.distributed import SpatialPartition
 from agentsim.space.continuous import Box
 from agentsim.space.grid import Grid
-from agentsim.state import FieldSpec, Population, State
 
 PARTITION = "spatial"
 CROWDED = {"init_extent": 0.25}
@@ -124,7 +124,7 @@ def test_spatial_partition_options_are_checked():
 @pytest.mark.slow  # 14 process starts: python -m pytest -m slow
 @pytest.mark.timeout(120)
 def test_bench_scaling_writes_its_figures(tmp_path, capsys):
-    from agentsim.cli import main as cli_main
+    from agentsim.cli.main import main as cli_main
 
     path = str(tmp_path / "scaling.json")
     assert cli_main(["bench", "--scaling", "randomwalk", "--agents", "400", "--steps", "3", "--warmup", "1",

@@ -1,4 +1,4 @@
-"""Env layers as distributed state (agentsim.env): models that read and write grid layers give the
+"""Env layers as distributed state (agentsim.core.env): models that read and write grid layers give the
 one-process bits on 1-4 ranks with either partitioner, or stop with an error that says what to
 declare. The models are in env_models.py, written as a user would from the README.
 """
@@ -10,8 +10,8 @@ import torch
 from equivalence import Case, check_same_as_reference, reference_runs, run_on_subgroups
 
 from agentsim import ConfigError, Simulation, SimulationError, Substep, get_model
-from agentsim.distributed import run_ranks
-from agentsim.env import changed_cells, merge_layer
+from agentsim.core.env import changed_cells, merge_layer
+from agentsim.runner.launch import run_ranks
 
 CASES = [
     Case("probe", "env_models:probe", 8),

@@ -13,9 +13,9 @@ import torch
 
 import agentsim as asim
 from agentsim import Box, Context, InitContext, Model, Param, radius_pairs
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
-from agentsim.distributed.autograd import sum_over_ranks
+from agentsim.core.comm import LocalComm
+from agentsim.grad.autograd import sum_over_ranks
+from agentsim.runner.launch import run_ranks
 
 swarm = Model("swarm", params={
     "pull": Param(0.2, "weight of the neighbors' mean displacement", ge=0),

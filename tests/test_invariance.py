@@ -1,4 +1,4 @@
-"""``agentsim check`` (agentsim.invariance): every reference model is identical on 1, 2 and 3
+"""``agentsim check`` (agentsim.runner.invariance): every reference model is identical on 1, 2 and 3
 processes with each partitioner, shuffled and resumed; models that are not are reported at their
 first difference with a hint.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentsim.catalog import BUILTIN
-from agentsim.cli import main
-from agentsim.invariance import check_model
+from agentsim.cli.main import main
+from agentsim.core.catalog import BUILTIN
+from agentsim.runner.invariance import check_model
 
 SMALL = {"agents": 120, "steps": 6}
 

@@ -19,11 +19,11 @@ from agentsim.models.spillover import MODEL as SPILLOVER
 
 import agentsim as asim
 from agentsim import ConfigError
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
+from agentsim.core.comm import LocalComm
 from agentsim.learn import PPOConfig, Trainer
 from agentsim.learn import trainer as trainer_mod
 from agentsim.learn.ppo import ppo_loss
+from agentsim.runner.launch import run_ranks
 
 SMALL = PPOConfig(horizon=8, hidden=(16,), minibatches=2, epochs=2)
 UPDATES = 3
@@ -260,7 +260,7 @@ def test_observation_and_action_fields_are_checked():
 def test_rule_and_random_actors_and_same_actions_for_any_row_order():
     from agentsim.models.spillover import protect_if_exposed
 
-    from agentsim.policy import NetworkActor, PolicyNet
+    from agentsim.core.policy import NetworkActor, PolicyNet
 
     rule = asim.Simulation(SPILLOVER, agents=200, seed=1, policies={"protect": protect_if_exposed}).run(10)
     assert rule.metrics["protecting"].max() > 0

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import agentsim as asim
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
+from agentsim.core.comm import LocalComm
+from agentsim.core.policy import PolicyNet, sample
+from agentsim.core.random import CounterRNG
 from agentsim.learn import PPOConfig, Trainer
 from agentsim.learn.hooks import GradientSync, chunk_bounds
 from agentsim.learn.ppo import ppo_loss
 from agentsim.learn.rollout import Rollout, gae
-from agentsim.policy import PolicyNet, sample
-from agentsim.random import CounterRNG
+from agentsim.runner.launch import run_ranks
 
 
 def test_discrete_sampling_follows_the_softmax_and_reports_its_log_probability():

@@ -18,8 +18,8 @@ import pytest
 import torch.distributed as dist
 
 import agentsim as asim
-from agentsim.comm import LocalComm
-from agentsim.distributed import TorchComm, run_ranks
+from agentsim.distributed import TorchComm
+from agentsim.runner.launch import run_ranks
 
 HERE = Path(__file__).parent
 GOLDEN = json.loads((HERE / "baselines" / "legacy_readme_walk.json").read_text())
@@ -58,8 +58,8 @@ def test_the_old_readme_example_runs_as_written_and_warns(tmp_path, monkeypatch)
 
 
 def run_legacy_everywhere(comm, out_dir: str) -> dict[str, dict[str, str]] | None:
-    """The legacy model on ranks {0, 1}, {0, 1, 2} and all four, with both partitioners (and once
-    through the deprecated DistributedSimulation); rank 0 returns every file's digests."""
+    """The legacy model on ranks {0, 1}, {0, 1, 2} and all four, with both partitioners; rank 0
+    returns every file's digests."""
     model = legacy_model().configure(params=RUN["params"])
     groups = {w: dist.new_group(list(range(w))) for w in (2, 3, 4)}
     got = {}
@@ -67,8 +67,6 @@ def run_legacy_everywhere(comm, out_dir: str) -> dict[str, dict[str, str]] | Non
         if comm.rank < w:
             sub = TorchComm(group=group)
             runs = [("data", asim.Simulation), ("spatial", asim.Simulation)]
-            if w == 2:
-                runs.append(("data-deprecated", asim.distributed.DistributedSimulation))
             for name, cls in runs:
                 partition = name.split("-")[0]
                 with warnings.catch_warnings():
@@ -89,7 +87,7 @@ def test_the_old_readme_model_gives_its_old_bits_on_1_to_4_ranks(tmp_path):
         RUN["steps"], out=one)
     assert digests(one) == GOLDEN["sha256"]
     got = run_ranks(run_legacy_everywhere, 4, (str(tmp_path),), timeout=60.0)[0]
-    assert len(got) == 7
+    assert len(got) == 6
     for what, files in got.items():
         assert files == GOLDEN["sha256"], what
 
@@ -106,8 +104,6 @@ def test_each_legacy_form_warns_and_names_its_replacement():
         asim.Param(1.0, float, "x")
     with pytest.warns(DeprecationWarning, match=r"check=..., expect=...\) is deprecated.*ge=, gt=, le=, lt="):
         asim.Param(1.0, "x", check=lambda v: v > 0, expect="> 0")
-    with pytest.warns(DeprecationWarning, match=r"DistributedSimulation is deprecated.*Simulation\(model"):
-        asim.distributed.DistributedSimulation(asim.get_model("randomwalk"), agents=5, comm=LocalComm())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         registry = asim.Registry()

@@ -11,10 +11,10 @@ import time
 import pytest
 
 import agentsim as asim
-from agentsim.cli import main
-from agentsim.engine import PERF_WINDOW, Simulation
+from agentsim.cli.main import main
+from agentsim.engine.memory import check_memory, estimate_bytes, format_bytes
+from agentsim.engine.simulation import PERF_WINDOW, Simulation
 from agentsim.errors import ConfigError, NetworkError
-from agentsim.memory import check_memory, estimate_bytes, format_bytes
 
 
 def rss() -> int:
@@ -101,9 +101,9 @@ def test_the_estimate_is_cheap_scales_with_agents_and_can_be_turned_off(monkeypa
     total, per_agent = got
     assert 8 <= per_agent < 1000 and total >= per_agent * 10**9 * 0.9
     with pytest.raises(ConfigError, match="needs about"):
-        check_memory(model, model.params, 10**10, asim.engine.resolve_device("cpu"))
+        check_memory(model, model.params, 10**10, asim.engine.simulation.resolve_device("cpu"))
     monkeypatch.setenv("AGENTSIM_MEMORY_CHECK", "0")
-    check_memory(model, model.params, 10**10, asim.engine.resolve_device("cpu"))  # no check
+    check_memory(model, model.params, 10**10, asim.engine.simulation.resolve_device("cpu"))  # no check
 
 
 def test_runs_that_fit_are_not_refused():

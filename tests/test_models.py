@@ -9,7 +9,7 @@ from agentsim.models.boids import flock_headings
 from agentsim.models.sir import edge_based_reference
 
 from agentsim import Simulation, get_model
-from agentsim.catalog import BUILTIN
+from agentsim.core.catalog import BUILTIN
 
 
 def sorted_agents(sim, pop):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import agentsim as asim
-from agentsim.distributed import run_ranks
+from agentsim.runner.launch import run_ranks
 
 TIMEOUT = 2.0  # the process group's timeout (seconds)
 

@@ -1,4 +1,4 @@
-"""agentsim.ops against Python-loop references; order independence of the exact sums."""
+"""agentsim.core.ops against Python-loop references; order independence of the exact sums."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentsim import ops
+from agentsim.core import ops
 from agentsim.errors import ConfigError
 
 DIM_SIZE = 7  # targets 5 and 6 get no rows below: empty segments
@@ -294,7 +294,7 @@ def test_flatnonzero_matches_torch_nonzero():
     lambda: torch.rand(0, 2),
 ])
 def test_take_rows_equals_index_select(make):
-    from agentsim.ops import take_rows
+    from agentsim.core.ops import take_rows
 
     src = make()
     index = torch.randint(0, max(src.shape[0], 1), (70,)) if src.shape[0] else torch.zeros(0, dtype=torch.int64)

@@ -14,12 +14,13 @@ from equivalence import assert_same_bits, sorted_fields
 
 import agentsim as asim
 from agentsim import ConfigError, FieldAccessError, Simulation, Substep, get_model
-from agentsim.comm import LocalComm
-from agentsim.distributed import SpatialPartition, run_ranks
+from agentsim.core.comm import LocalComm
+from agentsim.core.state import FieldSpec, Population, State
+from agentsim.distributed import SpatialPartition
 from agentsim.distributed import overlap as overlap_mod
 from agentsim.distributed.comm import TorchComm
+from agentsim.runner.launch import run_ranks
 from agentsim.space.continuous import Box, radius_pairs
-from agentsim.state import FieldSpec, Population, State
 
 AGENTS, STEPS, SEED = 800, 8, 5
 

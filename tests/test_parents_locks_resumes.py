@@ -19,10 +19,10 @@ import h5py
 import pytest
 from equivalence import assert_same_bits, h5_datasets
 
-from agentsim import locks
-from agentsim.checkpoint import CheckpointError
-from agentsim.cli import main
-from agentsim.locks import LockedError, lock_file, lock_run
+from agentsim.cli.main import main
+from agentsim.io import locks
+from agentsim.io.checkpoint import CheckpointError
+from agentsim.io.locks import LockedError, lock_file, lock_run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["run", "randomwalk", "--quiet", "--agents", "300"]
@@ -57,7 +57,7 @@ def _marked(marker: str) -> list[int]:
 
 def _holder(target: Path, kind: str) -> subprocess.Popen[str]:
     """Another process holding the lock of ``target`` (a file or a checkpoint directory) until killed."""
-    code = ("import sys, time; from agentsim.locks import lock_run; "
+    code = ("import sys, time; from agentsim.io.locks import lock_run; "
             "lock_run(sys.argv[1]) if sys.argv[2] == 'file' else lock_run(None, sys.argv[1]); "
             "print('ready', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(target), kind], stdout=subprocess.PIPE, text=True,
@@ -103,7 +103,7 @@ def test_the_workers_of_a_killed_run_die_with_it_and_stop_writing(tmp_path):
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["prctl", "watchdog"])
 def test_a_process_that_called_die_with_parent_dies_with_its_parent(fallback):
-    child = ("import sys, time, agentsim.lifeline as l\n"
+    child = ("import sys, time, agentsim.runner.lifeline as l\n"
              f"if {fallback}: l.parent_death_signal = lambda *a: False\n"
              "print(l.die_with_parent(int(sys.argv[1])), flush=True); time.sleep(60)\n")
     parent = ("import os, subprocess, sys, time\n"
@@ -132,7 +132,7 @@ def test_a_process_that_called_die_with_parent_dies_with_its_parent(fallback):
 
 
 def test_die_with_parent_exits_at_once_when_the_parent_is_already_gone():
-    code = "import agentsim.lifeline as l; l.die_with_parent(1); print('survived')"
+    code = "import agentsim.runner.lifeline as l; l.die_with_parent(1); print('survived')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert done.returncode == 1 and "survived" not in done.stdout
 
@@ -144,7 +144,7 @@ def test_a_checkpoint_committed_after_the_launch_decided_is_not_used(tmp_path, m
     between the command line's choice and the ranks' loading (as when a killed run's workers were
     still checkpointing). The ranks load the chosen one: the run ends at its --steps, with the
     uninterrupted run's file."""
-    import agentsim.distributed.launch as launch_module
+    import agentsim.runner.launch as launch_module
 
     assert main([*QUIET, "--steps", "30", "--out", str(tmp_path / "ref.h5")]) == 0
     assert main([*QUIET, "--steps", "30", "--checkpoint-every", "10", "--checkpoint-dir", str(tmp_path / "full")]) == 0
@@ -169,7 +169,7 @@ def test_a_checkpoint_committed_after_the_launch_decided_is_not_used(tmp_path, m
 
 
 def _agree(comm, directory):
-    import agentsim.checkpoint as ck
+    import agentsim.io.checkpoint as ck
 
     if comm.rank == 0:  # rank 0 looked before step 20 was committed, rank 1 after
         real = ck.resolve_checkpoint
@@ -179,7 +179,7 @@ def _agree(comm, directory):
 
 @pytest.mark.timeout(120)
 def test_under_torchrun_every_rank_loads_the_checkpoint_rank_0_chose(tmp_path):
-    from agentsim.distributed import run_ranks
+    from agentsim.runner.launch import run_ranks
 
     assert main([*QUIET, "--steps", "20", "--checkpoint-every", "10", "--checkpoint-dir", str(tmp_path / "ck")]) == 0
     got = run_ranks(_agree, 2, (str(tmp_path / "ck"),), timeout=30)
@@ -324,7 +324,7 @@ def test_a_manifest_of_an_older_format_is_refused(tmp_path, capsys):
     manifest = ck / "step-00000004" / "manifest.json"
     data = json.loads(manifest.read_text())
     del data["run"], data["checksum"]
-    from agentsim.checkpoint import manifest_checksum
+    from agentsim.io.checkpoint import manifest_checksum
 
     data["checksum"] = manifest_checksum(data)  # a manifest written without 'run', checksum and all
     manifest.write_text(json.dumps(data))

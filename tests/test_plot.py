@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentsim.cli import main
+from agentsim.cli.main import main
 from agentsim.plot import plot_file
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import agentsim as asim  # noqa: E402
-from agentsim.checkpoint import check_keep  # noqa: E402
-from agentsim.config import KEYS, load_config  # noqa: E402
 from agentsim.distributed.process_group import check_timeout  # noqa: E402
-from agentsim.engine import check_agents, check_seed, check_steps  # noqa: E402
+from agentsim.engine.simulation import check_agents, check_seed, check_steps  # noqa: E402
 from agentsim.errors import ConfigError, OutputError  # noqa: E402
+from agentsim.io.checkpoint import check_keep  # noqa: E402
+from agentsim.io.config import KEYS, load_config  # noqa: E402
 from agentsim.io.recording import check_every  # noqa: E402
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from agentsim.random import GOLDEN, CounterRNG, mix64, mix64_int
+from agentsim.core.random import GOLDEN, CounterRNG, mix64, mix64_int
 
 MASK = (1 << 64) - 1
 
@@ -95,10 +95,10 @@ def test_bad_arguments():
         CounterRNG(1).uniform(torch.arange(3), 0, 1.5)
 
 
-# ---------------------------------------------------------------- the compiled kernel (agentsim.rng_kernel)
+# ---------------------------------------------------------------- the compiled kernel (agentsim._native.rng)
 @pytest.fixture(scope="module")
 def built_kernel():
-    from agentsim.rng_kernel import kernel
+    from agentsim._native.rng import kernel
 
     k = kernel()
     if k is None:
@@ -138,7 +138,7 @@ def test_kernel_takes_any_id_layout(built_kernel):
 
 
 def test_box_muller_is_the_textbook_transform_to_a_few_ulp():
-    from agentsim.rng_kernel import box_muller
+    from agentsim._native.rng import box_muller
 
     g = torch.Generator().manual_seed(0)
     u1 = torch.cat([torch.rand(1_000_000, dtype=torch.float64, generator=g),
@@ -191,7 +191,8 @@ def test_without_a_compiler_the_eager_path_runs_with_a_warning(tmp_path):
     import subprocess
     import sys
 
-    code = ("import torch, warnings; from agentsim.random import CounterRNG; from agentsim import rng_kernel\n"
+    code = ("import torch, warnings; from agentsim.core.random import CounterRNG\n"
+            "from agentsim._native import rng as rng_kernel\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
             "    z = CounterRNG(1).normal(torch.arange(5000), 3, 's')\n"

@@ -1,4 +1,4 @@
-"""sync_every > 1: stale neighbor reads by the snapshot rule of agentsim.snapshot.
+"""sync_every > 1: stale neighbor reads by the snapshot rule of agentsim.distributed.snapshot.
 
 A tiny model with values worked out by hand checks the rule itself (refresh steps,
 stored values for own and other rows, deaths visible until the next refresh, births
@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 import agentsim as asim
 from agentsim import ConfigError, Population, Simulation, State
-from agentsim.distributed import TorchComm, run_ranks
-from agentsim.snapshot import NeighborSnapshots
+from agentsim.distributed import TorchComm
+from agentsim.distributed.snapshot import NeighborSnapshots
+from agentsim.runner.launch import run_ranks
 
 MODEL = asim.Model("snapshot_probe")
 

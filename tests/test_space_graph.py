@@ -12,13 +12,7 @@ import torch
 import agentsim.space.graph as graph_module
 import agentsim.space.graph.network as network_module
 from agentsim.errors import ConfigError, OutputError
-from agentsim.space.graph import (
-    Graph,
-    erdos_renyi,
-    from_edge_list_csv,
-    layered_contacts,
-    watts_strogatz,
-)
+from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
 
 
 def edge_set(g: Graph) -> set[tuple[int, int]]:

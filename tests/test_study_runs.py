@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import agentsim as asim
-from agentsim.cli import main
+from agentsim.cli.main import main
 from agentsim.study import Study, StudyError, read_study, study_status
 
 TESTS = str(Path(__file__).resolve().parent)

@@ -13,9 +13,9 @@ from equivalence import STEPS, WORLD_SIZES, Case, check_figures, check_same_as_r
 from equivalence import run_on_subgroups as run_partition_on_subgroups
 
 from agentsim import Simulation
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
-from agentsim.random import CounterRNG
+from agentsim.core.comm import LocalComm
+from agentsim.core.random import CounterRNG
+from agentsim.runner.launch import run_ranks
 
 SMALL = {"density": 0.3, "vision_max": 4}  # 14 x 14 cells for 60 agents: crowded, many contests
 

@@ -15,7 +15,7 @@ from agentsim.models.spillover import MODEL as SPILLOVER
 from agentsim.models.spillover import protect_if_exposed
 
 from agentsim import ConfigError
-from agentsim.info import collect, format_info, recommendations
+from agentsim.cli.info import collect, format_info, recommendations
 from agentsim.learn import PPOConfig, Trainer, evaluate, plot_training, train
 from agentsim.learn.checkpoint import load_latest
 from agentsim.learn.trainer import bf16_supported
@@ -119,7 +119,7 @@ def test_evaluate_and_plot(tmp_path):
 
 
 def test_evaluate_gives_the_same_returns_on_two_ranks():
-    from agentsim.distributed import run_ranks
+    from agentsim.runner.launch import run_ranks
 
     one = evaluate(SPILLOVER, protect_if_exposed, agents=300, seeds=[3], horizon=6)
     two = run_ranks(_evaluate_rank, 2, timeout=60.0)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import agentsim as asim
-from agentsim.catalog import get_model
-from agentsim.distributed.launch import model_ref
+from agentsim.core.catalog import get_model
+from agentsim.runner.launch import model_ref
 
 # The substep and init live in one module, the model in another (as when a model reuses a library
 # of substeps): worker processes must find the model by its own module, not its first substep's.
@@ -47,7 +47,7 @@ def x(state):
 """
 # The agentsim command with neither the working directory nor PYTHONPATH on sys.path (-I), as the
 # installed `agentsim` script runs.
-CLI = [sys.executable, "-I", "-c", "import sys; from agentsim.cli import main; sys.exit(main(sys.argv[1:]))"]
+CLI = [sys.executable, "-I", "-c", "import sys; from agentsim.cli.main import main; sys.exit(main(sys.argv[1:]))"]
 
 
 def write_model(where: Path, module: str, steps: str = "steps_lib", name: str = "walkers") -> None:

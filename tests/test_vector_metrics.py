@@ -14,10 +14,10 @@ import torch
 
 import agentsim as asim
 from agentsim import ConfigError, Metric, Model, Param, Simulation
-from agentsim.context import MetricsContext
+from agentsim.core.context import MetricsContext
+from agentsim.core.metrics import METRIC_FRAC_BITS, Histogram, histogram_counts, local_sums, metric_row
+from agentsim.core.state import FieldSpec, Population, State
 from agentsim.io.hdf5 import read_trajectory
-from agentsim.metrics import METRIC_FRAC_BITS, Histogram, histogram_counts, local_sums, metric_row
-from agentsim.state import FieldSpec, Population, State
 
 INF = float("inf")
 EDGES = (-INF, -1.0, 0.0, 0.5, 1.0, INF)
@@ -205,7 +205,7 @@ def test_bad_metric_values_are_refused():
             local_sums([metric], mc)
     bad = Model("m")
     with pytest.raises(ConfigError, match=r"derived metric 'd': expected a number or a vector \[K\]"):
-        metric_row(0, local_sums([], mc), [], [asim.metrics.Derived("d", lambda m: np.ones((2, 2)))])
+        metric_row(0, local_sums([], mc), [], [asim.core.metrics.Derived("d", lambda m: np.ones((2, 2)))])
     assert bad.metric_names() == []
 
 

@@ -19,13 +19,13 @@ import h5py
 import pytest
 
 import agentsim as asim
-from agentsim.checkpoint import latest_checkpoint
-from agentsim.cli import main
-from agentsim.comm import LocalComm
-from agentsim.distributed import run_ranks
+from agentsim.cli.main import main
+from agentsim.core.comm import LocalComm
 from agentsim.errors import AgentsimError, OutputError
 from agentsim.io import recording
+from agentsim.io.checkpoint import latest_checkpoint
 from agentsim.io.faults import ENV
+from agentsim.runner.launch import run_ranks
 
 STEPS = 30
 # Writes of a randomwalk run of 50 agents, every step recorded and flushed (FLUSH_SECONDS = 0):
@@ -198,7 +198,7 @@ def test_rows_a_failed_flush_sized_but_never_filled_are_not_read(tmp_path, capsy
     import h5py
     import numpy as np
 
-    from agentsim.cli import main
+    from agentsim.cli.main import main
     from agentsim.io.hdf5 import read_trajectory
 
     path = tmp_path / "run.h5"

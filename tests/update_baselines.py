@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentsim import Simulation, get_model
-from agentsim.catalog import BUILTIN
+from agentsim.core.catalog import BUILTIN
 
 PATH = Path(__file__).parent / "baselines" / "models.json"
 CONFIG = {"agents": 600, "steps": 12, "seed": 7}

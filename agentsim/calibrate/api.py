@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..comm import Comm, LocalComm
-from ..errors import ConfigError
-from ..model import Model
-from .data import Series
-from .fit import FitResult, fit
-from .objective import Objective
+from agentsim.calibrate.data import Series
+from agentsim.calibrate.fit import FitResult, fit
+from agentsim.calibrate.objective import Objective
+from agentsim.core.comm import Comm, LocalComm
+from agentsim.core.model import Model
+from agentsim.errors import ConfigError
 
 __all__ = ["calibrate"]
 
@@ -38,9 +38,9 @@ def calibrate(model: Model | str, data: Series, fit_params: Sequence[str], metri
         >>> calibrate("flu", data, ["beta", "gamma"], "I", agents=763 * 16, params={"schools": 16},
         ...           replicates="school", takeoff=20, aggregate="each")  # doctest: +SKIP
     """
-    from ..catalog import get_model
-    from ..distributed.launch import model_ref, run_ranks
-    from ..distributed.process_group import DEFAULT_TIMEOUT
+    from agentsim.core.catalog import get_model
+    from agentsim.distributed.process_group import DEFAULT_TIMEOUT
+    from agentsim.runner.launch import model_ref, run_ranks
 
     if isinstance(model, str):
         model = get_model(model)
@@ -65,7 +65,7 @@ def _fit_rank(comm: Comm, model: Model, settings: dict[str, Any], options: dict[
 
 
 def _fit_on_rank(comm: Comm, ref: Any, settings: dict[str, Any], options: dict[str, Any]) -> FitResult | None:
-    from ..distributed.launch import resolve_model
+    from agentsim.runner.launch import resolve_model
 
     result = _fit_rank(comm, resolve_model(ref), settings, options)
     return result if comm.rank == 0 else None

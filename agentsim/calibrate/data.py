@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from ..errors import ConfigError
+from agentsim.errors import ConfigError
 
 __all__ = ["Series", "read_series"]
 

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
-from ..random import CounterRNG
-from .objective import Objective
+from agentsim.calibrate.objective import Objective
+from agentsim.core.random import CounterRNG
+from agentsim.errors import ConfigError
 
 __all__ = ["crn_difference", "pathwise", "score_function", "spsa"]
 

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..distributed.autograd import reach_exchanges, sum_gradients
-from ..errors import ConfigError
-from ..random import CounterRNG
-from .objective import Objective
+from agentsim.calibrate.objective import Objective
+from agentsim.core.random import CounterRNG
+from agentsim.errors import ConfigError
+from agentsim.grad.autograd import reach_exchanges, sum_gradients
 
 __all__ = ["METHODS", "FitResult", "fit", "plot_fit"]
 

@@ -34,15 +34,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import ops
-from ..comm import Comm, LocalComm
-from ..context import MetricsContext
-from ..distributed.autograd import sum_over_ranks
-from ..engine import Simulation
-from ..errors import ConfigError, did_you_mean
-from ..metrics import Derived, ExactSum, Metric
-from ..model import Model
-from .data import Series
+from agentsim.calibrate.data import Series
+from agentsim.core import ops
+from agentsim.core.comm import Comm, LocalComm
+from agentsim.core.context import MetricsContext
+from agentsim.core.metrics import Derived, ExactSum, Metric
+from agentsim.core.model import Model
+from agentsim.engine.simulation import Simulation
+from agentsim.errors import ConfigError, did_you_mean
+from agentsim.grad.autograd import sum_over_ranks
 
 __all__ = ["LOSSES", "Objective", "loss_value"]
 
@@ -396,7 +396,7 @@ class _Unusable(Exception):
 @dataclass
 class _Part:
     """This rank's values of one metric: replicate ``key`` ``[n]`` and ``values`` ``[n]`` or
-    ``[n, K]``; or (``exact``) an :class:`~agentsim.metrics.ExactSum`'s ``[1]`` int64 fixed-point
+    ``[n, K]``; or (``exact``) an :class:`~agentsim.core.metrics.ExactSum`'s ``[1]`` int64 fixed-point
     total with its ``n_values``.
     """
 

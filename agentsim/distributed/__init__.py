@@ -23,7 +23,7 @@ Options: ``--timeout SECONDS`` (default 60): how long a collective waits for the
 other ranks before failing, so a dead or stuck rank never hangs the run. If a
 worker raises or dies, :func:`agentsim.launch` stops the others and raises an
 :class:`~agentsim.errors.AgentsimError` naming the rank, with its traceback or exit
-code (:func:`~agentsim.distributed.launch.run_ranks` does the same for any function
+code (:func:`~agentsim.runner.launch.run_ranks` does the same for any function
 ``fn(comm, ...)``). Under torchrun, torchrun stops and (with ``--max-restarts``) restarts all
 workers; the process group is built under a per-attempt store prefix
 (``TORCHELASTIC_RESTART_COUNT``) so a restart does not read the failed attempt's keys.
@@ -34,7 +34,7 @@ and the one engine with a partitioner::
     with process_group() as comm:
         result = Simulation(model, agents, seed, comm=comm, partition="spatial").run(100)
 
-The engine and the partitioners meet in one protocol: :mod:`agentsim.partition`.
+The engine and the partitioners meet in one protocol: :mod:`agentsim.distributed.partition`.
 
 Partitioners
 ------------
@@ -74,7 +74,7 @@ assigned from the global ranking of the parents' uids, and metric sums are exact
 (fixed point for floats). ``/perf`` (timings, bytes, agents per rank) and the
 ``world_size`` attribute differ, by design.
 
-Contract for model authors (true of the built-in models; :mod:`agentsim.contract` checks it
+Contract for model authors (true of the built-in models; :mod:`agentsim.engine.contract` checks it
 with ``check=True``, and ``agentsim check`` compares runs on 1, 2 and 3 processes): read other
 agents only through ``ctx.neighbors``, and declare a ``reach`` that covers every such read;
 call ``ctx.spawn`` / ``ctx.kill`` / ``ctx.flag`` unconditionally (with empty inputs when
@@ -82,7 +82,7 @@ nothing happens), since each is a collective step on some rank; within a substep
 neighbor fields before writing the same field (halo rows hold the values from the start of
 the substep). Env layers are whole on every rank with either partitioner: after a substep
 that writes them and runs on agents, every rank's changes are applied on every rank with the
-layer's declared combine (``"set"``, ``"add"``, ``"min"``, ``"max"``; :mod:`agentsim.env`), so
+layer's declared combine (``"set"``, ``"add"``, ``"min"``, ``"max"``; :mod:`agentsim.core.env`), so
 a substep reads env at any cell, whatever its reach; ranks that ``"set"`` one cell to different
 values stop the step with an error that says what to declare. For the spatial partitioner
 also: an agent's position is the field ``pos`` (Box) or ``cell`` (Grid), or its uid is its node
@@ -101,16 +101,16 @@ The neighbor refresh period in steps. ``sync_every=1`` (the default) refreshes h
 before every neighbor substep: exact. ``sync_every=K > 1`` (data partitioner, or one
 process) exchanges halos only every K steps; in between, every value read through
 ``ctx.neighbors`` comes from the last refresh, by a rule that one process applies too
-(:mod:`agentsim.snapshot`), so the result is still the same on any number of ranks --
+(:mod:`agentsim.distributed.snapshot`), so the result is still the same on any number of ranks --
 stale by design, not by partition.
 
 Performance figures
 -------------------
-:attr:`RunResult.perf <agentsim.engine.RunResult.perf>` (and the file's ``/perf``, written by
-rank 0; :mod:`agentsim.perf`): per step, bytes sent, seconds in collectives, halo rows and
+:attr:`RunResult.perf <agentsim.engine.simulation.RunResult.perf>` (and the file's ``/perf``, written by
+rank 0; :mod:`agentsim.engine.perf`): per step, bytes sent, seconds in collectives, halo rows and
 bytes, max/mean agents per rank (before and after balancing), step time (slowest rank and
 mean), migrations; a CLI run prints a summary.
-:mod:`agentsim.distributed.bench` (``agentsim bench --scaling``, ``benchmarks/bench_scaling.py``)
+:mod:`agentsim.runner.bench` (``agentsim bench --scaling``, ``benchmarks/bench_scaling.py``)
 measures speedup, parallel efficiency and the communication share of W=2 against W=1.
 
 Not built yet
@@ -123,26 +123,22 @@ Not built yet
 
 from __future__ import annotations
 
-from ..partition import PARTITIONS, make_partition
-from .comm import CommStats, TorchComm
-from .data import DataPartition
-from .launch import LaunchResult, run_ranks  # launch(): agentsim.launch (this name is the module)
-from .process_group import from_env, process_group, shutdown
-from .simulation import DistributedSimulation
-from .spatial import LAYOUTS, SpatialPartition
+from agentsim.distributed.comm import CommStats, TorchComm
+from agentsim.distributed.data import DataPartition
+from agentsim.distributed.partition import PARTITIONS
+from agentsim.distributed.partitioners import make_partition
+from agentsim.distributed.process_group import from_env, process_group, shutdown
+from agentsim.distributed.spatial import LAYOUTS, SpatialPartition
 
 __all__ = [
     "LAYOUTS",
     "PARTITIONS",
     "CommStats",
     "DataPartition",
-    "DistributedSimulation",
-    "LaunchResult",
     "SpatialPartition",
     "TorchComm",
     "from_env",
     "make_partition",
     "process_group",
-    "run_ranks",
     "shutdown",
 ]

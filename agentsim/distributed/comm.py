@@ -1,4 +1,4 @@
-"""The :class:`~agentsim.comm.Comm` protocol over ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
+"""The :class:`~agentsim.core.comm.Comm` protocol over ``torch.distributed`` (gloo on CPU, NCCL on CUDA).
 
 Every exchange of agent rows is two collectives: one for the row counts (one int64
 per rank) and one for the payload. All fields of one exchange travel in ONE buffer:
@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..comm import CommStats, Work, row_counts
-from ..errors import CollectiveError
+from agentsim.core.comm import CommStats, Work, row_counts
+from agentsim.errors import CollectiveError
 
 __all__ = ["FAILURE_GRACE_SECONDS", "CommStats", "TorchComm", "pack_rows", "row_counts", "unpack_rows"]
 

@@ -15,7 +15,7 @@
   receives the ``uid`` and those fields of all agents of ``pop`` on the other ranks
   (one packed all_gather per population). Models see local rows, then these rows.
   In a differentiable run (``grad=``) the float fields are joined to the autograd graph,
-  so gradients return to the agents' ranks (:mod:`agentsim.distributed.autograd`).
+  so gradients return to the agents' ranks (:mod:`agentsim.grad.autograd`).
 
 Every rank thus sees every agent exactly as one process would, so results are
 bitwise identical to a one-process run (the models key every random draw by uid or
@@ -23,7 +23,7 @@ cell and never depend on row order). The cost: each rank receives every agent's
 neighbor fields before each neighbor substep.
 
 ``sync_every`` > 1 (stale neighbor reads, refreshed every K steps) is implemented by the
-engine, not here (:mod:`agentsim.snapshot`): between refreshes the engine does not ask
+engine, not here (:mod:`agentsim.distributed.snapshot`): between refreshes the engine does not ask
 for halos and reads its snapshot, and one process applies the same rule, so results
 still match on any number of ranks.
 """
@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
-from ..comm import Comm
-from ..context import Halos
-from ..params import Params
-from ..partition import IdentityPartition
-from ..state import UID, State
-from ..substep import Substep
-from .autograd import gather_with_grad
+from agentsim.core.comm import Comm
+from agentsim.core.context import Halos
+from agentsim.core.params import Params
+from agentsim.core.state import UID, State
+from agentsim.core.substep import Substep
+from agentsim.distributed.partition import IdentityPartition
+from agentsim.grad.autograd import gather_with_grad
 
 __all__ = ["DataPartition"]
 
@@ -50,8 +50,8 @@ class DataPartition(IdentityPartition):
     """Agents split by uid blocks; env replicated; halos hold every other rank's agents.
 
     Examples:
-        >>> from agentsim.comm import LocalComm
-        >>> from agentsim.engine import Simulation
+        >>> from agentsim.core.comm import LocalComm
+        >>> from agentsim.engine.simulation import Simulation
         >>> from agentsim.models.randomwalk import MODEL
         >>> sim = Simulation(MODEL, agents=10, seed=0)
         >>> state = DataPartition().place(sim.state, sim.space, MODEL.substeps, sim.params, LocalComm())

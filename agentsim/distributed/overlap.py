@@ -2,7 +2,7 @@
 
 Scope (:func:`overlap_plan`): the spatial partitioner on a continuous space with
 several ranks and ``sync_every=1``, and a model with one population ``P`` whose first
-substep ``S`` is ``agentwise`` (see :mod:`agentsim.substep`) and reads neighbors of ``P``
+substep ``S`` is ``agentwise`` (see :mod:`agentsim.core.substep`) and reads neighbors of ``P``
 within a length ``reach``; no other substep reads neighbors, none has births or deaths.
 ``SpatialPartition(overlap=False)`` turns it off. Boids qualifies.
 
@@ -30,7 +30,7 @@ as one leaving, lies farther than reach from it). Then the rank waits for the ex
 of a border and for the arrivals, with the agents near them and the halo as neighbors,
 and keeps those values. ``S`` being agentwise, each agent gets the values of one run over
 all agents: results keep their bits (the tests compare them with one process and with
-``overlap=False``). A flag of ``S`` is per agent (see :meth:`agentsim.context.Context.flag`):
+``overlap=False``). A flag of ``S`` is per agent (see :meth:`agentsim.core.context.Context.flag`):
 the first run's flags count for the agents whose values it keeps, the second's for the
 rest. After the second run the leaving agents leave and the arriving ones take their
 rows (:meth:`OverlapExchange.merge`; row order never changes results).
@@ -43,10 +43,10 @@ its sender overflowed). The first exchange agrees on sizes first.
 
 The exchange waits at once (no overlap) outside ``run`` and on load-balancing steps; at
 the last step of a ``run`` and before a trajectory frame the run loop completes it right
-after the step (:meth:`~agentsim.partition.Partitioner.settle`). The run loop records a
+after the step (:meth:`~agentsim.distributed.partition.Partitioner.settle`). The run loop records a
 step's metrics when its figures arrive (during the next step), so a NaN flag raises on
 every rank at the same point, after the first substep of the next step, naming its step.
-Rows due for the cell sort (:mod:`agentsim.locality`) are sorted at the end of the step,
+Rows due for the cell sort (:mod:`agentsim.engine.locality`) are sorted at the end of the step,
 before the exchange is posted, so that the sort does not make the next step wait.
 
 Tested with gloo on CPU (tests/test_overlap.py, tests/test_distributed_spatial.py); the
@@ -62,16 +62,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from ..comm import Comm, Work
-from ..context import Flag
-from ..ops import flatnonzero, take_rows
-from ..partition import PERF_FIGURES, CallSubstep, StepReport
-from ..state import UID, Population, State
-from ..substep import Substep, resolve_reach
-from .comm import pack_rows, unpack_rows
+from agentsim.core.comm import Comm, Work
+from agentsim.core.context import Flag
+from agentsim.core.ops import flatnonzero, take_rows
+from agentsim.core.state import UID, Population, State
+from agentsim.core.substep import Substep, resolve_reach
+from agentsim.distributed.comm import pack_rows, unpack_rows
+from agentsim.distributed.partition import PERF_FIGURES, CallSubstep, StepReport
 
 if TYPE_CHECKING:
-    from .spatial import SpatialPartition
+    from agentsim.distributed.spatial import SpatialPartition
 
 __all__ = ["MIN_CAPACITY", "OverlapExchange", "overlap_plan"]
 

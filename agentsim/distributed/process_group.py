@@ -16,7 +16,7 @@ waits at most ``timeout`` too: no store at ``MASTER_ADDR:MASTER_PORT`` (an unkno
 listening) or ranks that never arrive raise a :class:`~agentsim.errors.NetworkError` naming the
 address, the rank and the timeout.
 
-World size 1 builds no process group at all: :class:`~agentsim.comm.LocalComm`.
+World size 1 builds no process group at all: :class:`~agentsim.core.comm.LocalComm`.
 
 Shutdown (:func:`shutdown`): barrier then ``destroy_process_group`` after a
 successful run (one run in six aborted at exit without it); after an error,
@@ -34,9 +34,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..comm import Comm, LocalComm
-from ..errors import ConfigError, NetworkError
-from .comm import TorchComm
+from agentsim.core.comm import Comm, LocalComm
+from agentsim.distributed.comm import TorchComm
+from agentsim.errors import ConfigError, NetworkError
 
 __all__ = ["DEFAULT_TIMEOUT", "check_timeout", "from_env", "init", "process_group", "shutdown", "world_size_from_env"]
 
@@ -82,7 +82,7 @@ def init(rank: int, world_size: int, addr: str, port: int, *, restart_count: int
     td = timedelta(seconds=timeout)
     where = f"process group rendezvous at {addr}:{port} (MASTER_ADDR:MASTER_PORT), rank {rank} of {world_size}"
     if not host_store:  # the store's host first, within the timeout (torch's own client retries past it)
-        from ..netcheck import reach
+        from agentsim.distributed.netcheck import reach
 
         reach(f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}", timeout, where)
     try:

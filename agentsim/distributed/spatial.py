@@ -14,7 +14,7 @@
   column) cell coordinates with integer borders (strips are blocks of rows); an agent's
   owner is the owner of its ``cell``. Env layers are whole on every rank, as on the data
   partitioner: after a substep that writes them, every rank's changes are applied on every
-  rank with the layer's declared combine (:mod:`agentsim.env`), so a substep may read env
+  rank with the layer's declared combine (:mod:`agentsim.core.env`), so a substep may read env
   cells anywhere, whatever its reach;
 - a :class:`~agentsim.space.graph.Graph` (agents placed by ``uid``: nodes that never move):
   contiguous uid blocks; the nodes adjacent to a rank's nodes are its ghosts.
@@ -44,7 +44,7 @@ differentiable run (``grad=``), which exchanges substep by substep.
 
 Differentiable runs: halo rows, migrating agents and env cells received from another
 rank carry the gradient that reaches them back to their sender
-(:mod:`agentsim.distributed.autograd`), so gradients equal the one-process ones.
+(:mod:`agentsim.grad.autograd`), so gradients equal the one-process ones.
 
 Load balancing (``balance_every=K > 0``): every K steps, when the largest per-rank
 agent count exceeds ``balance_threshold`` times the mean, borders are recomputed from
@@ -61,19 +61,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..comm import Comm
-from ..context import Halos
-from ..errors import ConfigError, did_you_mean
-from ..ops import flatnonzero
-from ..params import Params
-from ..partition import IdentityPartition, SplitRun, StepReport
-from ..space.base import Space, check_reaches
-from ..state import UID, Population, State
-from ..substep import Substep, resolve_reach
-from . import regions as geo
-from .autograd import exchange_with_grad, gather_with_grad
-from .overlap import OverlapExchange, overlap_plan
-from .regions import LAYOUTS, Regions
+from agentsim.core.comm import Comm
+from agentsim.core.context import Halos
+from agentsim.core.ops import flatnonzero
+from agentsim.core.params import Params
+from agentsim.core.state import UID, Population, State
+from agentsim.core.substep import Substep, resolve_reach
+from agentsim.distributed import regions as geo
+from agentsim.distributed.overlap import OverlapExchange, overlap_plan
+from agentsim.distributed.partition import IdentityPartition, SplitRun, StepReport
+from agentsim.distributed.regions import LAYOUTS, Regions
+from agentsim.errors import ConfigError, did_you_mean
+from agentsim.grad.autograd import exchange_with_grad, gather_with_grad
+from agentsim.space.base import Space, check_reaches
 
 __all__ = ["LAYOUTS", "SpatialPartition"]
 
@@ -99,8 +99,8 @@ class SpatialPartition(IdentityPartition):
         halo_rows, halo_bytes: Halo rows and bytes this rank received since the last report.
 
     Examples:
-        >>> from agentsim.comm import LocalComm
-        >>> from agentsim.engine import Simulation
+        >>> from agentsim.core.comm import LocalComm
+        >>> from agentsim.engine.simulation import Simulation
         >>> from agentsim.models.boids import MODEL
         >>> sim = Simulation(MODEL, agents=10, seed=0)
         >>> part = SpatialPartition("rcb")

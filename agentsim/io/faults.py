@@ -10,7 +10,7 @@ trajectory writer starts closing the file.
 What a "write" is: for an HDF5 file (trajectory, study file) one ``write()`` call of the HDF5
 library on the file (the file is then opened through h5py's ``fileobj`` driver, so HDF5 sees the
 failure exactly as it sees ``ENOSPC``); for a checkpoint one file written by
-:func:`agentsim.checkpoint.atomic_write`, or the creation of a checkpoint's directory.
+:func:`agentsim.io.checkpoint.atomic_write`, or the creation of a checkpoint's directory.
 
 Normal runs pay one ``os.environ`` lookup per file opened (:func:`write_fault`); nothing else.
 Being read from the environment, the hook reaches spawned worker processes too.

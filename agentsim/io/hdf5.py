@@ -81,8 +81,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
-from .faults import FailingFile, Fault, write_fault
+from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
+from agentsim.io.faults import FailingFile, Fault, write_fault
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
 
@@ -232,7 +232,7 @@ def _json_default(value: Any) -> Any:
 
 
 def _versions() -> dict[str, str]:
-    from .. import __version__
+    from agentsim._version import __version__
 
     return {
         "agentsim": __version__,

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ..errors import ConfigError, did_you_mean
-from ..state import UID, State
-from ..substep import ENV
-from .hdf5 import TrajectoryWriter
+from agentsim.core.state import UID, State
+from agentsim.core.substep import ENV
+from agentsim.errors import ConfigError, did_you_mean
+from agentsim.io.hdf5 import TrajectoryWriter
 
 __all__ = ["FLUSH_SECONDS", "Frame", "Recorder", "Recording", "recording"]
 

@@ -16,12 +16,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..comm import Comm
-from ..errors import ConfigError, OutputError
-from ..model import Model
-from ..partition import check_run_partition
-from .ppo import PPOConfig
-from .trainer import Trainer, TrainResult
+from agentsim.core.comm import Comm
+from agentsim.core.model import Model
+from agentsim.distributed.partitioners import check_run_partition
+from agentsim.errors import ConfigError, OutputError
+from agentsim.learn.ppo import PPOConfig
+from agentsim.learn.trainer import Trainer, TrainResult
 
 __all__ = ["plot_training", "train"]
 
@@ -38,7 +38,7 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
     see :mod:`agentsim.learn.trainer`).
 
     Args:
-        model: A :class:`~agentsim.model.Model` or a model name (``"spillover"``, ``"pkg.mod:ATTR"``).
+        model: A :class:`~agentsim.core.model.Model` or a model name (``"spillover"``, ``"pkg.mod:ATTR"``).
         agents, updates, seed: Agents per episode, planned updates, training seed.
         world_size: Local processes (gloo on CPU, NCCL on CUDA), one torch thread each.
         config: PPO hyperparameters (:class:`~agentsim.learn.ppo.PPOConfig`).
@@ -59,10 +59,10 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
         ConfigError: A bad argument (checked before any process starts).
         AgentsimError: A rank failed (the message names it).
     """
-    from ..catalog import get_model
-    from ..distributed.launch import model_ref, resolve_model, run_ranks
-    from ..distributed.process_group import DEFAULT_TIMEOUT
-    from ..locks import hold
+    from agentsim.core.catalog import get_model
+    from agentsim.distributed.process_group import DEFAULT_TIMEOUT
+    from agentsim.io.locks import hold
+    from agentsim.runner.launch import model_ref, resolve_model, run_ranks
 
     if isinstance(model, str):
         model = get_model(model)
@@ -103,7 +103,7 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
 
 
 def _train_rank(comm: Comm, ref: Any, kwargs: dict[str, Any], run: dict[str, Any]) -> TrainResult | None:
-    from ..distributed.launch import resolve_model
+    from agentsim.runner.launch import resolve_model
 
     result = Trainer(resolve_model(ref), comm=comm, **kwargs).train(**run)
     return result if comm.rank == 0 else None
@@ -157,7 +157,7 @@ def plot_training(history: Sequence[Mapping[str, float]] | str | os.PathLike[str
 def _rows(history: Sequence[Mapping[str, float]] | str | os.PathLike[str]) -> list[dict[str, float]]:
     if not isinstance(history, (str, os.PathLike)):
         return [dict(r) for r in history]
-    from ..io.hdf5 import read_trajectory
+    from agentsim.io.hdf5 import read_trajectory
 
     traj = read_trajectory(history)
     m = traj.metrics

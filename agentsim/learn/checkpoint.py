@@ -7,7 +7,7 @@ A checkpoint of update ``u`` is two files:
   numbers and strings only);
 - ``ppo-<u>.json``, its manifest: the format, the version, the update, the file's name and
   SHA-256, and ``checksum``, the SHA-256 of the manifest's other fields as canonical JSON
-  (:func:`agentsim.checkpoint.manifest_checksum`).
+  (:func:`agentsim.io.checkpoint.manifest_checksum`).
 
 Each is written to a temporary file in the same directory, flushed to disk (``fsync``), then
 renamed into place, the manifest after the state, and only then is ``latest`` (a text file with
@@ -17,7 +17,7 @@ in place and named. Older checkpoints beyond ``keep`` are removed.
 Loading checks that ``latest`` and the manifest name files inside the directory (no absolute
 path, no ``..``, no link to elsewhere), the manifest's checksum and the state's SHA-256, and loads
 the state with ``torch.load(..., weights_only=True)``: a file that asks for anything but tensors
-and plain data is refused (a :class:`~agentsim.checkpoint.CheckpointError`) before anything in
+and plain data is refused (a :class:`~agentsim.io.checkpoint.CheckpointError`) before anything in
 it runs. Checkpoints of version 1 (one pickled file, no checksums) are refused as of an older
 format.
 
@@ -36,7 +36,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import (
+from agentsim.errors import OutputError
+from agentsim.io.checkpoint import (
     CheckpointError,
     atomic_write,
     file_inside,
@@ -45,7 +46,6 @@ from ..checkpoint import (
     read_verified,
     tensor_bytes,
 )
-from ..errors import OutputError
 
 __all__ = ["FORMAT", "load_latest", "save"]
 

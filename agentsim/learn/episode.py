@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import ops
-from ..comm import Comm, LocalComm
-from ..engine import Simulation, check_agents, check_seed, check_steps
-from ..errors import ConfigError
-from ..model import Model
-from ..policy import Actor, PolicySpec
-from .rollout import to_owners
+from agentsim.core import ops
+from agentsim.core.comm import Comm, LocalComm
+from agentsim.core.model import Model
+from agentsim.core.policy import Actor, PolicySpec
+from agentsim.engine.simulation import Simulation, check_agents, check_seed, check_steps
+from agentsim.errors import ConfigError
+from agentsim.learn.rollout import to_owners
 
 __all__ = ["EpisodeRewards", "evaluate", "exact_sums", "policy_spec", "run_episode"]
 
@@ -130,7 +130,7 @@ def evaluate(model: Model, actor: Actor | Any = "random", *, agents: int | None 
              comm: Comm | None = None, device: str = "cpu", partition: str | None = None,
              **partition_options: Any) -> list[float]:
     """The mean return per agent of one episode per seed, with ``actor`` choosing the policy's
-    actions: a trained :class:`~agentsim.policy.PolicyNet`, an actor, a rule ``obs -> actions``, or
+    actions: a trained :class:`~agentsim.core.policy.PolicyNet`, an actor, a rule ``obs -> actions``, or
     ``"random"``. On several ranks (``comm``) every rank gets the same list.
     """
     model = model.configure(params=params) if params else model

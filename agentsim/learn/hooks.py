@@ -2,7 +2,7 @@
 or DistributedDataParallel on a process group of its own with an optional compression hook; timed.
 
 **Exact** (``sync="exact"``): the trainer computes the gradient of each *chunk* of a minibatch
-(the rows of one tile of :data:`~agentsim.policy.TILE` uids, at most :data:`CHUNK` rows; a tile
+(the rows of one tile of :data:`~agentsim.core.policy.TILE` uids, at most :data:`CHUNK` rows; a tile
 always sits whole on one rank, so the chunks and their gradients do not depend on the number of
 ranks) and :meth:`GradientSync.reduce_exact` sums them in int64 fixed point, over chunks and over
 ranks: integer sums are associative, so the result has the same bits on any number of ranks. The
@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm import Comm
-from ..errors import ConfigError
+from agentsim.core.comm import Comm
+from agentsim.errors import ConfigError
 
 __all__ = ["CHUNK", "COMPRESSIONS", "GradientSync", "chunk_bounds"]
 
@@ -157,7 +157,7 @@ class GradientSync:
         if self.comm.world_size > 1:
             peak = self.comm.all_gather_rows({"peak": peak[None]}, rows_per_rank=1)["peak"].amax(0)
         if not bool(torch.isfinite(peak).all()):  # every rank sees the gathered peak: all raise together
-            from ..errors import SimulationError
+            from agentsim.errors import SimulationError
 
             raise SimulationError("gradient is not finite (NaN or inf) on some rank: lower the learning rate "
                                   "or check the reward and observations for NaN")

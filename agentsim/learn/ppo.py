@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
-from ..policy import PolicyNet, gaussian_logp
-from .hooks import COMPRESSIONS
+from agentsim.core.policy import PolicyNet, gaussian_logp
+from agentsim.errors import ConfigError
+from agentsim.learn.hooks import COMPRESSIONS
 
 __all__ = ["PPOConfig", "ppo_loss"]
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..comm import Comm
-from ..policy import TILE, Step
+from agentsim.core.comm import Comm
+from agentsim.core.policy import TILE, Step
 
 __all__ = ["Rollout", "gae", "owner_of", "to_owners"]
 
 
 def owner_of(uid: Tensor, world_size: int) -> Tensor:
-    """``[n]`` int64 training owner of each uid: tiles of :data:`~agentsim.policy.TILE` uids, dealt
+    """``[n]`` int64 training owner of each uid: tiles of :data:`~agentsim.core.policy.TILE` uids, dealt
     out in turn.
     """
     return torch.div(uid, TILE, rounding_mode="floor") % world_size
@@ -66,7 +66,7 @@ class Rollout:
         """Bring every sample and reward to its training owner and join them (a collective).
 
         Args:
-            steps: What this rank's actor recorded (one :class:`~agentsim.policy.Step` per step).
+            steps: What this rank's actor recorded (one :class:`~agentsim.core.policy.Step` per step).
             rewards: ``(step, uid [k], reward [k], done [k] bool)`` of this rank's agents after each
                 step.
             like: An empty step of the right dtypes and shapes (for ranks that recorded nothing).

@@ -3,9 +3,9 @@ ranks (to rounding: parameters after several updates agree within 1e-6 relative)
 
 One update:
 
-1. **Collect**: one episode of ``horizon`` steps of an ordinary :class:`~agentsim.engine.Simulation`
+1. **Collect**: one episode of ``horizon`` steps of an ordinary :class:`~agentsim.Simulation`
    (any partitioner; births, deaths and migration included) whose policy substep acts with the
-   current network (:class:`~agentsim.policy.NetworkActor`, recording, no autograd), with the
+   current network (:class:`~agentsim.core.policy.NetworkActor`, recording, no autograd), with the
    episode seed ``f(seed, update)``. After each step every rank records its agents' rewards.
 2. **Gather**: samples and rewards move to each agent's training owner and are joined by
    (uid, step) (:mod:`agentsim.learn.rollout`); GAE per uid; advantages normalized with their mean
@@ -43,20 +43,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import ops
-from ..checkpoint import CheckpointError
-from ..comm import Comm, LocalComm
-from ..engine import check_agents, check_seed
-from ..errors import ConfigError, SimulationError
-from ..model import Model
-from ..policy import TILE, NetworkActor, PolicyNet, Step, one_thread
-from ..progress import progress_bar
-from ..random import CounterRNG, mix64_int, stream_id
-from . import checkpoint
-from .episode import exact_sums, mean_return, policy_spec, reward_of, run_episode
-from .hooks import GradientSync, chunk_bounds
-from .ppo import PPOConfig, ppo_loss
-from .rollout import Rollout, gae
+from agentsim.core import ops
+from agentsim.core.comm import Comm, LocalComm
+from agentsim.core.model import Model
+from agentsim.core.policy import TILE, NetworkActor, PolicyNet, Step, one_thread
+from agentsim.core.random import CounterRNG, mix64_int, stream_id
+from agentsim.engine.progress import progress_bar
+from agentsim.engine.simulation import check_agents, check_seed
+from agentsim.errors import ConfigError, SimulationError
+from agentsim.io.checkpoint import CheckpointError
+from agentsim.learn import checkpoint
+from agentsim.learn.episode import exact_sums, mean_return, policy_spec, reward_of, run_episode
+from agentsim.learn.hooks import GradientSync, chunk_bounds
+from agentsim.learn.ppo import PPOConfig, ppo_loss
+from agentsim.learn.rollout import Rollout, gae
 
 _FIGURE_BITS = 20  # fixed-point bits of the logged loss sums (|sum| < 2**42)
 
@@ -107,7 +107,7 @@ class Trainer:
         updates: The planned number of updates (the learning rate anneals to 0 over them).
         config: PPO hyperparameters.
         comm: This rank's communication (default: one process).
-        partition, partition_options: The episodes' partitioner (as for :class:`~agentsim.engine.Simulation`).
+        partition, partition_options: The episodes' partitioner (as for :class:`~agentsim.Simulation`).
         device: ``"cpu"`` or ``"cuda"``.
         params: Parameter overrides of the model.
     """
@@ -190,7 +190,7 @@ class Trainer:
         self.net.train()
         self.sync.take_seconds()
         t1 = time.perf_counter()
-        with one_thread():  # the same bits whatever the thread count (see agentsim.policy)
+        with one_thread():  # the same bits whatever the thread count (see agentsim.core.policy)
             sums = self._optimize(batch_all, rollout.uid, update)
         t_update = time.perf_counter() - t1
         seconds_reduce = self.sync.take_seconds()
@@ -290,11 +290,11 @@ class Trainer:
             resume: Continue from the newest checkpoint in ``checkpoint_dir``.
             progress: Rank 0 shows a progress bar on a terminal, else prints one line per update
                 to stderr (:func:`format_update`).
-            lock: Rank 0 holds the locks of ``out`` and ``checkpoint_dir`` (:mod:`agentsim.locks`):
+            lock: Rank 0 holds the locks of ``out`` and ``checkpoint_dir`` (:mod:`agentsim.io.locks`):
                 another run writing either makes this one fail at once, naming it. False: the caller
                 holds them (the workers of :func:`agentsim.learn.train`, whose launcher does).
         """
-        from ..locks import lock_on_rank0
+        from agentsim.io.locks import lock_on_rank0
 
         locks = lock_on_rank0(self.comm, out, checkpoint_dir, what="training log") if lock else []
         try:
@@ -450,7 +450,7 @@ class _TrainingLog:
     _PERF = ("collect_seconds", "update_seconds", "allreduce_seconds", "agent_steps_per_s", "scaling_efficiency")
 
     def __init__(self, out: str | os.PathLike[str], trainer: Trainer) -> None:
-        from ..io.hdf5 import TrajectoryWriter
+        from agentsim.io.hdf5 import TrajectoryWriter
 
         ident = trainer.identity()
         self.writer = TrajectoryWriter(out, model=f"{ident['model']}:{ident['policy']}",

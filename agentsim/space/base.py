@@ -40,12 +40,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from ..errors import ConfigError
-from ..substep import Substep, resolve_reach
+from agentsim.core.substep import Substep, resolve_reach
+from agentsim.errors import ConfigError
 
 __all__ = ["REACH_KINDS", "SortKey", "Space", "check_reaches"]
 
-# Neighbor reaches (see agentsim.substep.resolve_reach): "global" fits any space.
+# Neighbor reaches (see agentsim.core.substep.resolve_reach): "global" fits any space.
 REACH_KINDS = ("global", "length", "cell", "moore", "graph")
 
 SortKey = Callable[[Tensor], Tensor]

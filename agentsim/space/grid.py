@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from agentsim import cpu_kernels
+from agentsim._native import kernels as cpu_kernels
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space.base import SortKey
 

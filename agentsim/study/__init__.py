@@ -9,8 +9,8 @@
   combination. See :mod:`agentsim.study.study` and :mod:`agentsim.study.store`.
 """
 
-from .store import StudyFile, read_study, study_status
-from .study import Study, StudyError, StudyResult
-from .sweep import grid, run_one, sweep
+from agentsim.study.store import StudyFile, read_study, study_status
+from agentsim.study.study import Study, StudyError, StudyResult
+from agentsim.study.sweep import grid, run_one, sweep
 
 __all__ = ["Study", "StudyError", "StudyFile", "StudyResult", "grid", "read_study", "run_one", "study_status", "sweep"]

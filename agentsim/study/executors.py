@@ -14,7 +14,7 @@ the same study file.
   retries off so that attempts are counted here). Connects to ``address`` (a running cluster) or
   starts a local instance with ``workers`` CPUs; Ray is imported only here. A dying worker fails
   its own task only. Before Ray connects, the address must accept a TCP connection within
-  ``connect_timeout`` seconds (default 15; :func:`agentsim.netcheck.reach`): a closed port or an
+  ``connect_timeout`` seconds (default 15; :func:`agentsim.distributed.netcheck.reach`): a closed port or an
   unknown host fails with a :class:`~agentsim.errors.NetworkError` naming the address, instead
   of Ray retrying for minutes.
 """
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, NetworkError
-from ..netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout, reach
+from agentsim.distributed.netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout, reach
+from agentsim.errors import ConfigError, NetworkError
 
 __all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "make_executor"]
 

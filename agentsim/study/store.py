@@ -37,9 +37,9 @@ from typing import Any, TypeVar, cast
 import h5py
 import numpy as np
 
-from ..errors import AgentsimError, ConfigError, OutputError, write_cause
-from ..io.faults import write_fault
-from ..io.hdf5 import detach_file, injected_error, open_for_writing
+from agentsim.errors import AgentsimError, ConfigError, OutputError, write_cause
+from agentsim.io.faults import write_fault
+from agentsim.io.hdf5 import detach_file, injected_error, open_for_writing
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -41,15 +41,15 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..catalog import get_model
-from ..engine import Simulation, check_agents, check_steps
-from ..errors import AgentsimError, ConfigError
-from ..model import Model
-from ..netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout
-from ..progress import progress_bar
-from .executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
-from .store import StudyFile, read_study, status_path
-from .sweep import grid
+from agentsim.core.catalog import get_model
+from agentsim.core.model import Model
+from agentsim.distributed.netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout
+from agentsim.engine.progress import progress_bar
+from agentsim.engine.simulation import Simulation, check_agents, check_steps
+from agentsim.errors import AgentsimError, ConfigError
+from agentsim.study.executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
+from agentsim.study.store import StudyFile, read_study, status_path
+from agentsim.study.sweep import grid
 
 __all__ = ["ERROR_POLICIES", "Study", "StudyError", "StudyResult", "execute_run"]
 
@@ -108,7 +108,7 @@ def execute_run(model_ref: str, params: dict[str, Any], seed: int, agents: int, 
         options = dict(options)
         nprocs = options.pop("nprocs", 1)
         if nprocs > 1:  # a multi-rank run (the same metrics as one process, bit for bit)
-            from ..distributed.launch import launch
+            from agentsim.runner.launch import launch
 
             result = launch(model_ref, nprocs, agents=agents, steps=steps, seed=seed, params=params, device=device,
                             **options)
@@ -134,9 +134,9 @@ class Study:
         seed: The study seed (with ``replicates``).
         agents, steps: Of every run.
         device: Of every run.
-        options: Further options of every run: :class:`~agentsim.engine.Simulation` options, or,
+        options: Further options of every run: :class:`~agentsim.engine.simulation.Simulation` options, or,
             with ``nprocs`` > 1, each run on that many processes with the options of
-            :func:`~agentsim.distributed.launch.launch` (``partition``, ``layout``,
+            :func:`~agentsim.runner.launch.launch` (``partition``, ``layout``,
             ``balance_every``, ...): the same metrics as one process, bit for bit.
 
     Examples:
@@ -150,7 +150,7 @@ class Study:
                  replicates: int | None = None, seed: int = 0, agents: int | None = None, steps: int = 100,
                  device: str = "cpu", options: Mapping[str, Any] | None = None) -> None:
         if isinstance(model, Model):
-            from ..distributed.launch import model_ref
+            from agentsim.runner.launch import model_ref
 
             ref, overrides, _ = model_ref(model)
             if overrides:

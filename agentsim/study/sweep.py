@@ -20,10 +20,10 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..catalog import get_model
-from ..engine import Simulation
-from ..errors import ConfigError
-from ..model import Model
+from agentsim.core.catalog import get_model
+from agentsim.core.model import Model
+from agentsim.engine.simulation import Simulation
+from agentsim.errors import ConfigError
 
 
 def grid(params: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -54,7 +54,7 @@ def sweep(model: Model | str, params: Mapping[str, Sequence[Any]], seeds: Iterab
     """Run every combination of ``params`` for every seed; one record per run.
 
     Args:
-        model: A :class:`~agentsim.model.Model` or a model name.
+        model: A :class:`~agentsim.core.model.Model` or a model name.
         params: Parameter name to the list of values to try (validated before any run).
         seeds: Seeds per combination.
         agents, steps: Size and length of every run.

@@ -65,8 +65,8 @@ Examples:
 
 from __future__ import annotations
 
-from .box import Box
-from .cells import CellGrid
-from .search import NeighborList, PairChunk, Pairs, radius_pair_chunks, radius_pairs
+from agentsim.space.continuous.box import Box
+from agentsim.space.continuous.cells import CellGrid
+from agentsim.space.continuous.search import NeighborList, PairChunk, Pairs, radius_pair_chunks, radius_pairs
 
 __all__ = ["Box", "CellGrid", "NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_pairs"]

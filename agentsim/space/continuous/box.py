@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from agentsim import cpu_kernels
+from agentsim._native import kernels as cpu_kernels
 from agentsim.errors import ConfigError
 from agentsim.space.base import SortKey
+from agentsim.space.continuous.cells import CellGrid, wrap_dim
 
 __all__ = ["Box", "min_image", "wrap_dim"]
 
@@ -29,14 +30,6 @@ def min_image(d: Tensor, length: float, inplace: bool = False) -> Tensor:
     q.round_()
     q *= length
     return d.sub_(q) if inplace else d - q
-
-
-def wrap_dim(x: Tensor, length: float) -> Tensor:
-    """Periodic wrap of coordinates along one dim into ``[0, L)``: ``remainder(x, L)``,
-    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0.
-    """
-    r = torch.remainder(x, length)
-    return r.masked_fill_(r >= length, 0.0)
 
 
 @dataclass(frozen=True)
@@ -124,7 +117,7 @@ class Box:
         ``wrap(pos + delta)`` and is returned.
 
         The same bits as ``pos.add_(delta)`` then :meth:`wrap`; on the CPU a periodic box does it
-        in one pass (:func:`agentsim.cpu_kernels.add_wrap`) instead of five.
+        in one pass (:func:`agentsim._native.kernels.add_wrap`) instead of five.
 
         Args:
             pos: Positions ``[n, ndim]`` float, overwritten (length units).
@@ -167,6 +160,12 @@ class Box:
         """Side lengths of the first two dims: the region coordinates of a spatial partition."""
         return self.size[0], self.size[1]
 
+    def with_query_limit(self, radius: float, why: str) -> Box:
+        """This box, refusing radius searches beyond ``radius`` (length units) with ``why`` in the
+        error: a substep's searches must stay within the reach it declares.
+        """
+        return replace(self, query_limit=(radius, why))
+
     def region_coords(self, position: Tensor, axis: int | None = None) -> Tensor:
         """The first two coordinates of ``position`` ``[n, ndim]`` as float64, ``[n, 2]`` (or
         ``[n]`` for one ``axis``); a 3D box is cut in x and y only.
@@ -177,7 +176,5 @@ class Box:
         """Row-major cell ids in the :class:`~agentsim.space.continuous.cells.CellGrid` of the
         largest length reach (the cells the radius search visits); None without one.
         """
-        from .cells import CellGrid  # cells.py builds on Box
-
         lengths = [value for kind, value in reaches if kind == "length" and value > 0]
         return CellGrid(self, max(lengths)).cell_id if lengths else None

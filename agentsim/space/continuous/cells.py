@@ -6,13 +6,24 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from agentsim.errors import ConfigError
 
-from .box import Box, wrap_dim
+if TYPE_CHECKING:
+    from agentsim.space.continuous.box import Box
+
+
+def wrap_dim(x: Tensor, length: float) -> Tensor:
+    """Periodic wrap of coordinates along one dim into ``[0, L)``: ``remainder(x, L)``,
+    with the remainder of a tiny negative ``x``, which rounds to exactly L, set to 0.
+    """
+    r = torch.remainder(x, length)
+    return r.masked_fill_(r >= length, 0.0)
+
 
 __all__ = ["MAX_CELLS", "CellGrid", "check_radius"]
 

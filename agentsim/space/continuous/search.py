@@ -14,12 +14,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentsim import cpu_kernels
+from agentsim._native import kernels as cpu_kernels
+from agentsim.core.ops import flatnonzero
 from agentsim.errors import ConfigError, FieldAccessError
-from agentsim.ops import flatnonzero
-
-from .box import Box, min_image
-from .cells import CellGrid, check_radius
+from agentsim.space.continuous.box import Box, min_image
+from agentsim.space.continuous.cells import CellGrid, check_radius
 
 __all__ = ["NeighborList", "PairChunk", "Pairs", "radius_pair_chunks", "radius_pairs"]
 

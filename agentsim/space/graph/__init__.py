@@ -13,7 +13,7 @@ tensor, aligned with ``indices``, gives each directed entry a small integer
 layer id (household, workplace, ...), the same in both directions.
 
 Generators (all vectorized; no Python loop over nodes, households or
-workplaces) draw every random number from :class:`agentsim.random.CounterRNG`
+workplaces) draw every random number from :class:`agentsim.core.random.CounterRNG`
 at ``step = 0`` with ids ``arange(...)`` of the edges or nodes being drawn, so a
 graph is a pure function of its arguments and seed:
 
@@ -50,8 +50,8 @@ Examples:
 
 from __future__ import annotations
 
-from .edgelist import from_edge_list_csv
-from .generators import LAYERED_NAMES, erdos_renyi, layered_contacts, watts_strogatz
-from .network import Graph
+from agentsim.space.graph.edgelist import from_edge_list_csv
+from agentsim.space.graph.generators import LAYERED_NAMES, erdos_renyi, layered_contacts, watts_strogatz
+from agentsim.space.graph.network import Graph
 
 __all__ = ["LAYERED_NAMES", "Graph", "erdos_renyi", "from_edge_list_csv", "layered_contacts", "watts_strogatz"]

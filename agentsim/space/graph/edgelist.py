@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from agentsim.errors import ConfigError, OutputError
-
-from .network import Graph, build_csr, check_int
+from agentsim.space.graph.network import Graph, build_csr, check_int
 
 __all__ = ["from_edge_list_csv"]
 

@@ -1,6 +1,6 @@
 """Graph generators: all vectorized (no Python loop over nodes, households or workplaces).
 
-Every random number comes from :class:`agentsim.random.CounterRNG` at ``step = 0`` with ids
+Every random number comes from :class:`agentsim.core.random.CounterRNG` at ``step = 0`` with ids
 ``arange(...)`` of the edges or nodes being drawn, so a graph is a pure function of its
 arguments and seed.
 """
@@ -14,11 +14,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentsim import cpu_kernels
+from agentsim._native import kernels as cpu_kernels
+from agentsim.core.random import CounterRNG
 from agentsim.errors import ConfigError
-from agentsim.random import CounterRNG
-
-from .network import CHUNK, Graph, build_csr, check_float, check_int, numpy_int64
+from agentsim.space.graph.network import CHUNK, Graph, build_csr, check_float, check_int, numpy_int64
 
 __all__ = ["LAYERED_NAMES", "erdos_renyi", "layered_contacts", "watts_strogatz"]
 

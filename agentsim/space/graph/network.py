@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from agentsim import cpu_kernels
+from agentsim._native import kernels as cpu_kernels
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space.base import SortKey
 

@@ -1,0 +1,3 @@
+"""The package version (a leaf module, so that any layer may read it)."""
+
+__version__ = "0.3.0"

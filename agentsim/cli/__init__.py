@@ -1,0 +1,1 @@
+"""The ``agentsim`` command line (:mod:`agentsim.cli.main`)."""

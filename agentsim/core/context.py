@@ -1,0 +1,444 @@
+"""What model code sees: the :class:`Context` of a substep, the :class:`InitContext` of ``init``
+and the :class:`MetricsContext` of a metric.
+
+A :class:`Context` is built by the engine for one substep call from explicit parts: the
+state the substep runs on, the step, read-only parameters, a random generator bound to
+the step (default stream: the substep's name), the space, the device and a function that
+gives the neighbor view of a population. It holds no reference to the engine. Its views
+enforce the substep's declaration: a read of an undeclared field or a write of a field
+not in ``writes`` raises :class:`~agentsim.errors.FieldAccessError` naming the substep.
+Births, deaths and error flags requested with :meth:`Context.spawn`, :meth:`Context.kill`
+and :meth:`Context.flag` are collected in :attr:`Context.effects`, a public value that the
+engine applies when the substep returns (so all tensors keep one length during a call).
+
+Examples:
+    >>> import torch
+    >>> from agentsim.core.params import Params
+    >>> from agentsim.core.random import CounterRNG
+    >>> from agentsim.core.state import FieldSpec, Population, State
+    >>> from agentsim.core.substep import Substep
+    >>> def cull(ctx): ctx.kill("cell", ctx["cell"]["size"] > 1.0)
+    >>> step = Substep(cull, reads=["cell.size"], deaths=["cell"])
+    >>> cells = Population("cell", {"size": FieldSpec(torch.float32)},
+    ...                    {"uid": torch.arange(3), "size": torch.tensor([0.5, 2.0, 1.5])})
+    >>> ctx = Context(step, State({"cell": cells}), step=1, params=Params({}), rng=CounterRNG(0).at(1, "cull"),
+    ...               space=None, device=torch.device("cpu"), neighbors=None)
+    >>> step(ctx)
+    >>> [(d.population, d.dies.tolist()) for d in ctx.effects.deaths]
+    [('cell', [False, True, True])]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, overload
+
+import torch
+from torch import Tensor
+
+from agentsim.core.params import Params
+from agentsim.core.random import StepRNG
+from agentsim.core.state import UID, FieldSpec, Population, State, converted
+from agentsim.core.substep import ENV, Substep, resolve_reach
+from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
+
+__all__ = ["Birth", "Context", "Death", "Effects", "EnvView", "Flag", "InitContext", "MetricsContext",
+           "NeighborView", "PopulationView"]
+
+Halos = Mapping[str, Mapping[str, Tensor]]  # population -> field -> rows of other ranks' agents
+
+
+class Flag(NamedTuple):
+    """An error condition recorded by a substep (raised once per step, on every rank).
+
+    Attributes:
+        message: ``"substep: what"``.
+        condition: Bool tensor: ``[]`` (set anywhere), or ``[n]`` per agent when the engine runs
+            an agentwise substep for a subset of its agents.
+    """
+
+    message: str
+    condition: Tensor
+
+
+class Birth(NamedTuple):
+    """Children to add: one per parent uid ``[m]``, with every field but ``uid`` ``[m, ...]``."""
+
+    population: str
+    parent_uid: Tensor
+    fields: Mapping[str, Tensor]
+
+
+class Death(NamedTuple):
+    """Agents to remove: ``dies`` is a bool mask ``[n]`` over the population's rows."""
+
+    population: str
+    dies: Tensor
+
+
+@dataclass
+class Effects:
+    """What a substep asked for besides its writes: births, deaths and error flags."""
+
+    births: list[Birth] = field(default_factory=list)
+    deaths: list[Death] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+
+
+class PopulationView:
+    """Checked access to one population's fields for one substep."""
+
+    def __init__(self, pop: Population, substep: Substep) -> None:
+        self._pop = pop
+        self._substep = substep
+        self._readable = substep.readable(pop.name)
+        self._writable = substep.writable(pop.name)
+
+    @property
+    def n(self) -> int:
+        """Number of agents (rows) this substep runs for."""
+        return self._pop.n
+
+    def __len__(self) -> int:
+        return self._pop.n
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._readable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' reads '{self._pop.name}.{key}' but does not declare it "
+                f"(declared reads: {sorted(self._readable)}); add '{self._pop.name}.{key}' to reads="
+            )
+        return self._pop[key]
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        if key not in self._writable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' writes '{self._pop.name}.{key}' but does not declare it "
+                f"(declared writes: {sorted(self._writable) or 'none'}); add '{self._pop.name}.{key}' to writes="
+            )
+        self._pop[key] = value
+
+
+class EnvView:
+    """Checked access to environment tensors (``env.<name>`` references)."""
+
+    def __init__(self, env: dict[str, Tensor], substep: Substep) -> None:
+        self._env = env
+        self._substep = substep
+        self._readable = substep.readable(ENV) - {UID}
+        self._writable = substep.writable(ENV)
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._readable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' reads 'env.{key}' but does not declare it "
+                f"(declared: {sorted(self._readable) or 'none'})." + did_you_mean(key, self._env)
+            )
+        return self._env[key]
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        if key not in self._writable:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' writes 'env.{key}' but does not declare it "
+                f"(declared writes: {sorted(self._writable) or 'none'})"
+            )
+        old = self._env[key]
+        if not isinstance(value, Tensor):
+            raise FieldAccessError(f"env.{key}: expected a tensor (got {type(value).__name__})")
+        if tuple(value.shape) != tuple(old.shape):
+            raise FieldAccessError(f"env.{key}: expected shape {list(old.shape)} (got {list(value.shape)})")
+        self._env[key] = converted(f"env.{key}", value, old.dtype)
+
+
+class NeighborView:
+    """Fields of the agents a substep may interact with: local rows first, then halo rows.
+
+    Row ``k < n_local`` is agent ``k`` of the population (the rows of ``ctx[pop]``). On one
+    process there are no halo rows. On several ranks the engine appends the agents of other
+    ranks that are within reach (only the fields the substep declared in ``neighbors``), so
+    ``n_local <= n``. With ``sync_every > 1`` the values come from the last refresh
+    (``local`` overrides the local rows' values; the halo holds every other stored agent;
+    see :mod:`agentsim.distributed.snapshot`).
+    """
+
+    def __init__(self, pop: Population, fields: tuple[str, ...], substep: Substep,
+                 halo: Mapping[str, Tensor] | None = None, local: Mapping[str, Tensor] | None = None) -> None:
+        self._pop = pop
+        self._fields = set(fields) | {UID}
+        self._substep = substep
+        self._halo = halo or {}
+        self._local = local
+        self.n_local = pop.n
+
+    @property
+    def n(self) -> int:
+        """Local plus halo rows."""
+        uid = self._halo.get(UID)
+        return self.n_local + (0 if uid is None else uid.shape[0])
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._fields:
+            raise FieldAccessError(
+                f"substep '{self._substep.name}' reads neighbor field '{self._pop.name}.{key}' but declares "
+                f"only neighbors={{'{self._pop.name}': {sorted(self._fields - {UID})}}}"
+            )
+        local = self._pop[key] if self._local is None else self._local[key]
+        if key in self._halo:
+            return torch.cat([local, self._halo[key]])
+        return local
+
+
+NeighborsFn = Callable[[str], NeighborView]
+
+
+class Context:
+    """The argument of every substep.
+
+    Args:
+        substep: The substep being run.
+        state: The state it runs on (this rank's agents, or a subset of them).
+        step: The step being computed (the first step is 1; the state at step 0 is the initial state).
+        params: Read-only resolved parameters.
+        rng: Counter-based random numbers bound to ``step``, default stream the substep's name.
+        space: The model's space (Box, Grid, Graph) or None.
+        device: The device of the state.
+        neighbors: ``neighbors(population) -> NeighborView`` (None: the substep reads no neighbors).
+        policies: Policy name to the actor that chooses its actions (see :mod:`agentsim.core.policy`).
+        per_agent_flags: Keep the conditions of an agentwise substep's flags per agent (``[n]``)
+            instead of reducing them: the engine runs it for a subset of its agents and keeps
+            the flags of the agents whose values it keeps.
+
+    Attributes:
+        effects: The births, deaths and flags requested so far (:class:`Effects`).
+    """
+
+    def __init__(self, substep: Substep, state: State, *, step: int, params: Params, rng: StepRNG, space: Any,
+                 device: torch.device, neighbors: NeighborsFn | None, per_agent_flags: bool = False,
+                 policies: Mapping[str, Any] | None = None) -> None:
+        self.substep = substep
+        self.step = step
+        self.params = params
+        self.rng = rng
+        self.space = _limited(space, substep, params)
+        self.device = device
+        self.effects = Effects()
+        self._state = state
+        self._neighbors = neighbors
+        self._per_agent_flags = per_agent_flags
+        self._policies = policies or {}
+
+    # ctx["env"] (as in 0.1) is ctx.env; the overlap of "env" with str is intended.
+    @overload
+    def __getitem__(self, population: Literal["env"]) -> EnvView: ...  # type: ignore[overload-overlap]
+
+    @overload
+    def __getitem__(self, population: str) -> PopulationView: ...
+
+    def __getitem__(self, population: str) -> PopulationView | EnvView:
+        """The checked view of a population (or, ``"env"``, of the environment)."""
+        if population == ENV:
+            return self.env
+        pop = self._state[population]
+        if not self.substep.touches(population):
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' uses population '{population}' without declaring any of its fields"
+            )
+        return PopulationView(pop, self.substep)
+
+    @property
+    def env(self) -> EnvView:
+        """Checked access to the environment tensors."""
+        return EnvView(self._state.env, self.substep)
+
+    def neighbors(self, population: str) -> NeighborView:
+        """The declared neighbor fields of ``population``: local rows then halo rows."""
+        if population not in self.substep.neighbors or self._neighbors is None:
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' asks for neighbors of '{population}' but declares "
+                f"neighbors={dict(self.substep.neighbors)}"
+            )
+        return self._neighbors(population)
+
+    def actor(self, policy: str) -> Any:
+        """The actor of ``policy`` in this run (what a policy substep asks for its actions)."""
+        try:
+            return self._policies[policy]
+        except KeyError:
+            raise ConfigError(f"substep '{self.substep.name}': no actor for policy {policy!r} in this run "
+                              f"(actors: {', '.join(self._policies) or 'none'})") from None
+
+    def spawn(self, population: str, parent_uid: Tensor, fields: Mapping[str, Tensor]) -> None:
+        """Add one child per parent uid (applied when the substep returns).
+
+        Args:
+            population: Where the children go (must be declared in ``births``).
+            parent_uid: ``[m]`` distinct int64 uids of the parents (of any population).
+            fields: Every field of the population except ``uid``, each ``[m, ...]``.
+        """
+        if population not in self.substep.births:
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' spawns into '{population}' but declares "
+                f"births={list(self.substep.births)}")
+        self.effects.births.append(Birth(population, parent_uid, fields))
+
+    def kill(self, population: str, dies: Tensor) -> None:
+        """Remove the agents where the bool mask ``dies`` ``[n]`` is True (applied when the substep returns)."""
+        if population not in self.substep.deaths:
+            raise FieldAccessError(
+                f"substep '{self.substep.name}' kills in '{population}' but declares deaths={list(self.substep.deaths)}"
+            )
+        n = self._state[population].n
+        if dies.dtype != torch.bool or tuple(dies.shape) != (n,):
+            raise FieldAccessError(f"kill('{population}'): expected a bool mask of shape [{n}] "
+                                   f"(got {dies.dtype} {list(dies.shape)})")
+        self.effects.deaths.append(Death(population, dies))
+
+    def flag(self, message: str, condition: Tensor) -> None:
+        """Record an error condition (a bool tensor); checked once per step on all ranks.
+
+        Any shape, except in an ``agentwise`` substep, whose conditions are per agent: ``[n, ...]``
+        with ``n`` the agents of the population it writes (the engine may run it for a subset of
+        them and keeps the flags of the agents whose values it keeps).
+        """
+        name = f"{self.substep.name}: {message}"
+        written = self.substep.written_populations() if self.substep.agentwise else set()
+        if written:
+            pop = next(iter(written))
+            n = self._state[pop].n
+            if condition.dim() == 0 or condition.shape[0] != n:
+                raise FieldAccessError(
+                    f"substep '{self.substep.name}' is agentwise: ctx.flag expects a condition per agent of "
+                    f"'{pop}' (shape [{n}, ...]; got {list(condition.shape)})")
+            if self._per_agent_flags:  # the engine picks the rows it keeps
+                self.effects.flags.append(Flag(name, condition.reshape(n, -1).any(1)))
+                return
+        self.effects.flags.append(Flag(name, condition.any()))
+
+
+class InitContext:
+    """What a model's ``init`` receives: it adds populations and environment layers and returns
+    the space.
+
+    Attributes:
+        n_agents: The number of agents asked for (the model splits them over its populations).
+        params: Read-only resolved parameters.
+        rng: Random numbers at step 0; default stream ``"init"`` (name a stream per use).
+        device: Where the state lives.
+        seed: The run seed.
+
+    Examples:
+        >>> import torch
+        >>> from agentsim.core.random import CounterRNG
+        >>> ic = InitContext(Params({}), 3, CounterRNG(1).at(0, "init"), torch.device("cpu"))
+        >>> uid = ic.uids("walker", 3)
+        >>> ic.add("walker", uid=uid, pos=ic.rng.uniform(uid, "pos", draws=2))
+        >>> ic.state()["walker"]
+        Population('walker', n=3, fields=[uid:int64, pos:float64[2]])
+    """
+
+    def __init__(self, params: Params, n_agents: int, rng: Any, device: torch.device) -> None:
+        self.params = params
+        self.n_agents = n_agents
+        self.rng = rng  # a StepRNG (a CounterRNG for models of the deprecated positional form)
+        self.device = device
+        self._populations: dict[str, Population] = {}
+        self._env: dict[str, Tensor] = {}
+        self._next_uid: dict[str, int] = {}
+
+    @property
+    def seed(self) -> int:
+        """The run seed."""
+        return int(self.rng.seed)
+
+    def uids(self, population: str, n: int) -> Tensor:
+        """``n`` new uids of ``population`` (``[n]`` int64 on the device): the next ``n`` of its
+        counter, which starts at 0. Births continue from the last one reserved.
+
+        A uid is unique within its population, not across populations (sheep 3 and wolf 3 may
+        both exist): a substep that draws for two populations keyed by uid gives each its own
+        stream (or draw index), or sheep 3 and wolf 3 get the same numbers.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"uids({population!r}, n): expected an int n >= 0 (got {n!r})")
+        first = self._next_uid.get(population, 0)
+        self._next_uid[population] = first + n
+        return torch.arange(first, first + n, device=self.device)
+
+    def add(self, population: str, *, uid: Tensor, **fields: Tensor) -> None:
+        """Add a population: ``uid`` ``[n]`` int64 and its fields, each ``[n, ...]``; dtype and
+        per-agent shape of every field are taken from the tensors given.
+        """
+        if population in self._populations:
+            raise ConfigError(f"population '{population}' was already added")
+        if population == ENV:
+            raise ConfigError("'env' names the environment: use add_env() for environment layers")
+        if not isinstance(uid, Tensor) or uid.dim() != 1 or uid.dtype not in (torch.int64, torch.int32):
+            got = f"{uid.dtype} {list(uid.shape)}" if isinstance(uid, Tensor) else type(uid).__name__
+            raise ConfigError(f"add({population!r}): uid must be a [n] int64 tensor (got {got})")
+        for key, value in fields.items():
+            if not isinstance(value, Tensor):
+                raise ConfigError(f"add({population!r}): field '{key}' must be a tensor (got {type(value).__name__})")
+        if uid.numel() > 1 and not bool((uid[1:] > uid[:-1]).all()):  # increasing (ic.uids): distinct, one pass
+            ordered = torch.sort(uid.to(torch.int64)).values
+            repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+            if repeated.numel():
+                raise ConfigError(f"add({population!r}): uid {int(repeated[0])} appears more than once (uids identify "
+                                  f"agents for the whole run and must be distinct; take them from "
+                                  f"ic.uids({population!r}, n))")
+        specs = {UID: FieldSpec(torch.int64), **{k: FieldSpec(v.dtype, tuple(v.shape[1:])) for k, v in fields.items()}}
+        reserved = self._next_uid.get(population, 0)
+        top = int(uid.max()) + 1 if uid.numel() else 0
+        self._populations[population] = Population(population, specs, {UID: uid, **fields},
+                                                   next_uid=max(reserved, top))
+
+    def add_env(self, **layers: Tensor) -> None:
+        """Add environment tensors (grid layers ``[H, W]``, scalars ``[]``, ...)."""
+        for key, value in layers.items():
+            if not isinstance(value, Tensor):
+                raise ConfigError(f"add_env: '{key}' must be a tensor (got {type(value).__name__})")
+            if key in self._env:
+                raise ConfigError(f"environment layer '{key}' was already added")
+            self._env[key] = value
+
+    def state(self) -> State:
+        """The state built by :meth:`add` and :meth:`add_env` (step 0)."""
+        return State(self._populations, self._env)
+
+
+@dataclass
+class MetricsContext:
+    """What a metric function receives: the state (read it as ``state["walker"]["disp"]``),
+    parameters, space and step, and the environment cells this rank owns.
+
+    Environment layers may be replicated or overlap (halo cells) across ranks; use
+    :meth:`owned_env` for metrics so every cell is counted once over all ranks.
+    """
+
+    state: State
+    params: Mapping[str, Any]
+    space: Any
+    step: int
+    owned_env_fn: Callable[[str], Tensor] | None = None
+
+    def __getitem__(self, population: str) -> Population:
+        return self.state[population]
+
+    def owned_env(self, name: str) -> Tensor:
+        """The cells of env layer ``name`` this rank owns, flattened (all of them on one process)."""
+        if self.owned_env_fn is not None:
+            return self.owned_env_fn(name)
+        return self.state.env[name].reshape(-1)
+
+
+def _limited(space: Any, substep: Substep, params: Params) -> Any:
+    """The space a substep sees: one that knows the radius the substep's length reach covers
+    (a Box's ``with_query_limit``: searches beyond it raise), else ``space`` itself.
+    """
+    limit = getattr(space, "with_query_limit", None)
+    if not substep.neighbors or limit is None:
+        return space
+    kind, value = resolve_reach(substep, params)
+    if kind != "length":
+        return space
+    return limit(value, f"substep '{substep.name}' declares reach {substep.reach!r} = {value}")

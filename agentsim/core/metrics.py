@@ -1,0 +1,500 @@
+"""Metrics: per-agent values summed exactly over agents and ranks, so a metric has the same bits
+on any number of ranks.
+
+A :class:`Metric` is a function of the state (a :class:`~agentsim.core.context.MetricsContext`)
+that returns per-agent values: ``[n]`` (or 0-d) for a scalar metric, ``[n, K]`` (a row of K
+values per agent) for a vector metric. The engine sums them over agents and ranks (a vector
+metric column by column): integers and bools in int64, floats in int64 fixed point with
+:data:`METRIC_FRAC_BITS` fractional bits (integer addition is associative, so the order of
+agents and ranks does not matter). A metric may instead return this rank's exact sum itself,
+an :class:`ExactSum` (:func:`sum_of_squares` makes one without a per-agent column; always a
+scalar); calibration fits such a metric only without replicates and gradients.
+``reduce="mean"`` divides that sum (each column's) by the number of values (rows of a vector
+metric) over all ranks; return only the agents that count (``values[mask]``) for a mean over a
+subset.
+
+A vector metric's K is the same on every rank and every step: a rank without agents returns
+``[0, K]``; a K that changes between steps is a :class:`~agentsim.errors.ConfigError` when the
+run records the row (:class:`~agentsim.io.recording.Recorder`). Its value in a metrics row is a
+numpy array ``[K]`` (int64, or float64 for float values and means), so a run's series is
+``[steps + 1, K]``.
+
+A histogram metric, ``Metric(fn, hist=edges)``: ``fn`` returns per-agent values ``[n]`` and
+the metric is the int64 count of values in each bin, a vector of ``K = len(edges) - 1``, as
+``numpy.histogram(values, bins=edges)``: bin ``k`` is ``[edges[k], edges[k + 1])``, the last
+bin is closed, values outside ``[edges[0], edges[-1]]`` and NaN are not counted; the values
+are compared in float64. ``-inf`` and ``inf`` edges make open-ended bins. The counts are
+integer sums, so the same on any number of ranks; the row holds a :class:`Histogram` (the
+counts with their ``edges``), and a trajectory file stores the edges as the dataset's
+``edges`` attribute.
+
+A derived metric is a function of the other metrics' global values (a ratio, a norm): vector
+metrics arrive as numpy arrays; it returns a number or a vector (a 1-D array-like, stored as a
+numpy array).
+
+Every run also reports ``n_<population>``, the number of agents of each population.
+
+Examples:
+    >>> import torch
+    >>> from agentsim.core.context import MetricsContext
+    >>> from agentsim.core.state import FieldSpec, Population, State
+    >>> walkers = Population("walker", {"disp": FieldSpec(torch.float32)},
+    ...                      {"uid": torch.arange(3), "disp": torch.tensor([1.0, -2.0, 3.0])})
+    >>> msd = Metric(lambda state: state["walker"]["disp"].double() ** 2, name="msd", reduce="mean")
+    >>> sums = local_sums([msd], MetricsContext(State({"walker": walkers}), {}, None, 0))
+    >>> metric_row(0, sums, [msd])
+    {'step': 0, 'n_walker': 3, 'msd': 4.666666666666667}
+    >>> parts = Metric(lambda state: torch.stack([state["walker"]["disp"] > 0,
+    ...                                           state["walker"]["disp"] < 0], 1), name="sign")
+    >>> disp = Metric(lambda state: state["walker"]["disp"], name="disp", hist=[-float("inf"), 0, 2, 4])
+    >>> mc = MetricsContext(State({"walker": walkers}), {}, None, 0)
+    >>> row = metric_row(0, local_sums([parts, disp], mc), [parts, disp])
+    >>> row["sign"].tolist(), row["disp"].tolist(), row["disp"].edges
+    ([2, 1], [1, 1, 1], (-inf, 0.0, 2.0, 4.0))
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from agentsim._native import kernels as cpu_kernels
+from agentsim.core import ops
+from agentsim.core.context import MetricsContext
+from agentsim.errors import ConfigError
+
+__all__ = ["METRIC_FRAC_BITS", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
+           "check_edges", "local_sums", "metric_row", "sum_of_squares"]
+
+METRIC_FRAC_BITS = 24
+REDUCTIONS = ("sum", "mean")
+_COUNT = "#count"  # the entry that counts a mean metric's values (metric names cannot hold '#')
+
+MetricFn = Callable[[MetricsContext], Any]
+# One metric's entries in the sums: their names, whether each is a float, their int64 sums ``[k]`` (CPU).
+Block = tuple[list[str], list[bool], Tensor]
+
+
+def check_metric_name(name: object, what: str = "metric") -> str:
+    """A metric name: a non-empty str without ``#`` (reserved) and not ``step``."""
+    if not isinstance(name, str) or not name or "#" in name or name == "step":
+        raise ConfigError(f"{what} name: expected a non-empty str without '#', other than 'step' (got {name!r})")
+    return name
+
+
+def check_edges(edges: object, name: str = "metric") -> tuple[float, ...]:
+    """Histogram bin edges: a sequence of at least 2 strictly increasing numbers (``-inf`` and
+    ``inf`` allowed, NaN not), as floats.
+
+    Args:
+        edges: A list, tuple, 1-D numpy array or tensor.
+        name: The metric's name, for the message.
+
+    Raises:
+        ConfigError: Not such a sequence; the message says what was got.
+
+    Examples:
+        >>> check_edges([0, 1, float("inf")])
+        (0.0, 1.0, inf)
+        >>> check_edges([0, 2, 1], "age")
+        Traceback (most recent call last):
+        ...
+        agentsim.errors.ConfigError: metric 'age' hist: expected strictly increasing bin edges (got [0, 2, 1]: ...
+    """
+    what = f"metric '{name}' hist"
+    if isinstance(edges, Tensor):
+        edges = edges.detach().cpu().tolist()
+    elif isinstance(edges, np.ndarray):
+        edges = edges.tolist()
+    if isinstance(edges, (str, bytes)) or not isinstance(edges, Sequence):
+        raise ConfigError(f"{what}: expected a sequence of at least 2 increasing bin edges, e.g. [0, 10, 20] "
+                          f"(got {edges!r})")
+    values = list(edges)
+    if any(isinstance(e, bool) or not isinstance(e, (int, float, np.integer, np.floating)) for e in values):
+        raise ConfigError(f"{what}: expected numbers as bin edges (got {values!r})")
+    floats = tuple(float(e) for e in values)
+    if len(floats) < 2:
+        raise ConfigError(f"{what}: expected at least 2 bin edges (got {len(floats)}: {values!r})")
+    if any(math.isnan(e) for e in floats):
+        raise ConfigError(f"{what}: expected numbers as bin edges, not NaN (got {values!r})")
+    bad = [i for i in range(1, len(floats)) if not floats[i] > floats[i - 1]]
+    if bad:
+        i = bad[0]
+        raise ConfigError(f"{what}: expected strictly increasing bin edges (got {values!r}: edge {i}, "
+                          f"{values[i]!r}, is not above edge {i - 1}, {values[i - 1]!r})")
+    return floats
+
+
+class ExactSum(NamedTuple):
+    """A metric's value given as this rank's exact sum rather than per-agent values.
+
+    Attributes:
+        total: 0-d int64 tensor, ``sum(round(v * 2**METRIC_FRAC_BITS))`` over this rank's float
+            values ``v`` (round half to even, wrapping int64): what the engine computes from
+            per-agent float values, so the bits are the same on any number of ranks.
+        n_values: How many values (the divisor of ``reduce="mean"``).
+    """
+
+    total: Tensor
+    n_values: int
+
+
+def sum_of_squares(x: Tensor) -> ExactSum:
+    """The metric value of :func:`agentsim.core.ops.squared_norm` ``(x)`` (each row's squared norm in
+    float64, e.g. a squared displacement), as an :class:`ExactSum`: on the CPU one pass over ``x``
+    (:func:`agentsim._native.kernels.squared_norm_fixed_sum`) instead of writing the ``[n]`` float64
+    column and reading it again; the same bits as returning ``ops.squared_norm(x)``.
+
+    Args:
+        x: ``[n, k]`` float per-agent vectors (``k >= 1``).
+
+    Returns:
+        ``ExactSum(total, n)``.
+
+    Examples:
+        >>> s = sum_of_squares(torch.tensor([[3.0, 4.0], [1.0, 0.5]]))
+        >>> int(s.total) * 2.0 ** -METRIC_FRAC_BITS, s.n_values
+        (26.25, 2)
+    """
+    fused = cpu_kernels.squared_norm_fixed_sum(x, METRIC_FRAC_BITS) if isinstance(x, Tensor) else None
+    if fused is None:
+        fused = _exact_sum(ops.squared_norm(x))  # checks x
+    return ExactSum(fused, int(x.shape[0]))
+
+
+class Histogram(np.ndarray):
+    """A histogram metric's value in a metrics row: the int64 counts ``[K]`` (a numpy array) with
+    the bin ``edges`` (``K + 1`` floats) as an attribute; arrays computed from it keep the edges.
+    """
+
+    edges: tuple[float, ...] | None
+
+    def __new__(cls, counts: Any, edges: Sequence[float]) -> Histogram:
+        """The ``counts`` (int64 for a histogram metric) with their ``edges``."""
+        obj = np.asarray(counts).view(cls)
+        obj.edges = tuple(float(e) for e in edges)
+        return obj
+
+    def __array_finalize__(self, obj: Any) -> None:
+        """Views and results of arithmetic keep the edges."""
+        self.edges = getattr(obj, "edges", None)
+
+    def __reduce__(self) -> Any:  # pickled as its counts and edges
+        return Histogram, (np.asarray(self), self.edges or ())
+
+
+class Metric:
+    """One metric: ``fn(state) -> per-agent values``, reduced by ``"sum"`` or ``"mean"``, or counted
+    in histogram bins (see the module docstring).
+
+    Args:
+        fn: The function (its argument is a :class:`~agentsim.core.context.MetricsContext`). It
+            returns ``[n]`` values (or 0-d, or an :class:`ExactSum`) for a scalar metric,
+            ``[n, K]`` for a vector metric of K entries (``[0, K]`` on a rank without agents),
+            ``[n]`` values for a histogram.
+        name: Default: ``fn.__name__``.
+        reduce: ``"sum"`` (exact sum over agents and ranks) or ``"mean"`` (that sum over the
+            number of values, or of rows for ``[n, K]``; NaN when there are none).
+        hist: Bin edges (at least 2 strictly increasing numbers, ``-inf`` / ``inf`` allowed): the
+            metric is the int64 count of values per bin, ``K = len(hist) - 1`` entries, as
+            ``numpy.histogram`` (last bin closed; values outside the edges and NaN not counted).
+            Not with ``reduce="mean"``.
+
+    Raises:
+        ConfigError: A bad name, reduction or edges, or ``hist`` with ``reduce="mean"``.
+    """
+
+    def __init__(self, fn: MetricFn, name: str | None = None, reduce: str = "sum",
+                 hist: Iterable[float] | None = None) -> None:
+        if not callable(fn):
+            raise ConfigError(f"metric: expected a function of the state (got {fn!r})")
+        if reduce not in REDUCTIONS:
+            raise ConfigError(f"metric reduce: expected one of {', '.join(REDUCTIONS)} (got {reduce!r})")
+        self.fn = fn
+        self.name = check_metric_name(name or getattr(fn, "__name__", None))
+        self.reduce = reduce
+        self.hist: tuple[float, ...] | None = None if hist is None else check_edges(hist, self.name)
+        if self.hist is not None and reduce != "sum":
+            raise ConfigError(f"metric '{self.name}': hist counts values per bin, it has no reduce={reduce!r} "
+                              "(valid with hist: reduce='sum'); declare a mean as a separate metric")
+        self._entry_names: dict[int, list[str]] = {}
+        self._edges: dict[torch.device, Tensor] = {}
+
+    def __repr__(self) -> str:
+        edges = self.hist or ()
+        shown = list(edges) if len(edges) <= 6 else f"[{edges[0]!r}, {edges[1]!r}, ..., {edges[-1]!r}]"
+        bins = len(edges) - 1
+        hist = "" if self.hist is None else f", hist={shown} ({bins} bin{'' if bins == 1 else 's'})"
+        return f"Metric({self.name!r}, reduce={self.reduce!r}{hist})"
+
+    def entries(self, k: int) -> list[str]:
+        """The names of a vector metric's ``k`` entries in :class:`MetricSums`: ``name#0`` ... ``name#k-1``."""
+        names = self._entry_names.get(k)
+        if names is None:
+            names = self._entry_names[k] = [f"{self.name}#{j}" for j in range(k)]
+        return names
+
+    def sums(self, mc: MetricsContext) -> list[Block]:
+        """This rank's exact sums of the metric (and, for a mean, its count), as blocks of entries."""
+        value = self.fn(mc)
+        if self.hist is not None:
+            return [self._histogram(value)]
+        if isinstance(value, ExactSum):
+            count = int(value.n_values)
+            block: Block = ([self.name], [True], value.total.to(torch.int64).cpu().reshape(1))
+        elif isinstance(value, Tensor):
+            if value.dim() == 2:
+                k = int(value.shape[1])
+                if k == 0:
+                    raise ConfigError(f"metric '{self.name}': expected [n, K] values with K >= 1 (got shape "
+                                      f"{list(value.shape)})")
+                is_float = value.is_floating_point()
+                block = (self.entries(k), [is_float] * k, _column_sums(value))
+                count = int(value.shape[0])
+            elif value.dim() <= 1:
+                is_float = value.is_floating_point()
+                total = _exact_sum(value) if is_float else _integer_sum(value)
+                block = ([self.name], [is_float], total.reshape(1))
+                count = value.numel()
+            else:
+                raise ConfigError(f"metric '{self.name}': expected per-agent values [n] or rows [n, K] (got shape "
+                                  f"{list(value.shape)}); reshape to [n, -1] for a vector or to [-1] for one sum")
+        else:
+            raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values or an ExactSum "
+                              f"(got {type(value).__name__})")
+        if self.reduce == "sum":
+            return [block]
+        return [block, ([self.name + _COUNT], [False], torch.tensor([count], dtype=torch.int64))]
+
+    def _histogram(self, value: Any) -> Block:
+        """The counts per bin of this rank's values, ``[K]`` int64."""
+        assert self.hist is not None
+        k = len(self.hist) - 1
+        if not isinstance(value, Tensor) or value.dim() != 1:
+            got = f"shape {list(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+            raise ConfigError(f"metric '{self.name}': a hist metric expects per-agent values [n] (got {got})")
+        edges = self._edges.get(value.device)
+        if edges is None:
+            edges = self._edges[value.device] = torch.tensor(self.hist, dtype=torch.float64, device=value.device)
+        return self.entries(k), [False] * k, histogram_counts(value, edges)
+
+
+def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
+    """Counts of ``values`` per bin, as ``numpy.histogram(values, bins=edges)``: bin ``k`` is
+    ``[edges[k], edges[k + 1])``, the last one closed; values outside and NaN are not counted.
+
+    Args:
+        values: ``[n]`` numbers (compared in float64).
+        edges: ``[K + 1]`` float64, strictly increasing, on ``values``' device.
+
+    Returns:
+        ``[K]`` int64 on the CPU.
+
+    Examples:
+        >>> nan, inf = float("nan"), float("inf")
+        >>> histogram_counts(torch.tensor([-1.0, 0.0, 0.5, 1.0, 2.0, nan, inf]),
+        ...                  torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)).tolist()
+        [2, 2]
+    """
+    k = edges.numel() - 1
+    x = values.to(torch.float64).contiguous()
+    inside = (x >= edges[0]) & (x <= edges[-1])  # NaN fails both
+    bins = (torch.bucketize(x, edges, right=True) - 1).clamp_(max=k - 1)  # x == edges[-1]: the last bin
+    return torch.bincount(bins[inside], minlength=k).to(torch.int64).cpu()
+
+
+class LegacyMetrics:
+    """The ``metrics(mc) -> {name: per-agent values}`` function of the deprecated ``Model`` form: sums
+    (of every value, whatever the shape).
+    """
+
+    def __init__(self, fn: Callable[[MetricsContext], Mapping[str, Tensor]]) -> None:
+        self.fn = fn
+        self.reduce = "sum"
+        self.name = ""
+
+    def sums(self, mc: MetricsContext) -> list[Block]:
+        """The function's values, each summed to one entry."""
+        blocks: list[Block] = []
+        for key, value in dict(self.fn(mc)).items():
+            if isinstance(value, ExactSum):
+                blocks.append(([key], [True], value.total.to(torch.int64).cpu().reshape(1)))
+                continue
+            is_float = value.is_floating_point()
+            blocks.append(([key], [is_float], (_exact_sum(value) if is_float else _integer_sum(value)).reshape(1)))
+        return blocks
+
+
+class Derived(NamedTuple):
+    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``
+    (with a name), or, in the deprecated form, ``fn(metrics) -> {name: number}`` (name None).
+    """
+
+    name: str | None
+    fn: Callable[[dict[str, Any]], Any]
+
+
+class MetricSums(NamedTuple):
+    """Exact metric sums: entry names, which entries are floats, ``[k]`` int64 on the CPU (floats in
+    fixed point with :data:`METRIC_FRAC_BITS` fractional bits). A vector metric ``name`` of K
+    entries occupies K consecutive entries ``name#0`` ... ``name#K-1``; a mean's count is the
+    entry ``name#count``.
+    """
+
+    names: list[str]
+    is_float: list[bool]
+    values: Tensor
+
+
+def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) -> MetricSums:
+    """This rank's exact sums of every metric (and ``n_<population>``); sum them over ranks
+    elementwise (int64) for the global sums.
+    """
+    pops = mc.state.populations
+    blocks: dict[str, Block] = {f"n_{name}": ([f"n_{name}"], [False], torch.tensor([pop.n], dtype=torch.int64))
+                                for name, pop in pops.items()}
+    for metric in metrics:  # each metric's values summed and freed before the next is computed
+        for block in metric.sums(mc):
+            blocks[block[0][0]] = block
+    names = [n for block in blocks.values() for n in block[0]]
+    is_float = [f for block in blocks.values() for f in block[1]]
+    return MetricSums(names, is_float, torch.cat([block[2] for block in blocks.values()]))
+
+
+_INT_CHUNK = 1 << 20  # elements converted to int64 at a time (torch's integer sum converts the whole input)
+
+
+def _integer_sum(values: Tensor) -> Tensor:
+    """The int64 sum of integer or bool values, on the CPU, without an int64 copy of them all."""
+    if values.dtype == torch.bool:
+        return torch.count_nonzero(values).cpu()
+    if values.dtype == torch.int64 or values.numel() <= _INT_CHUNK:
+        return values.sum(dtype=torch.int64).cpu()
+    flat = values.reshape(-1)
+    total = torch.zeros((), dtype=torch.int64, device=values.device)
+    for i in range(0, flat.numel(), _INT_CHUNK):
+        total += flat[i:i + _INT_CHUNK].sum(dtype=torch.int64)
+    return total.cpu()
+
+
+def _exact_sum(values: Tensor) -> Tensor:
+    """The int64 fixed-point sum of float values (one pass on the CPU, the same bits as torch's)."""
+    fused = cpu_kernels.fixed_sum(values, METRIC_FRAC_BITS)
+    if fused is not None:
+        return fused
+    return ops.to_fixed(values.to(torch.float64), METRIC_FRAC_BITS).sum().cpu()
+
+
+def _column_sums(values: Tensor) -> Tensor:
+    """``[K]`` int64 on the CPU: each column's exact sum of ``[n, K]`` values (floats in fixed point,
+    the same bits as :func:`_exact_sum` of the column), in row chunks of bounded size.
+    """
+    n, k = values.shape
+    total = torch.zeros(k, dtype=torch.int64, device=values.device)
+    rows = max(1, _INT_CHUNK // k)
+    for i in range(0, n, rows):
+        part = values[i:i + rows]
+        if part.is_floating_point():
+            total += ops.to_fixed(part.to(torch.float64), METRIC_FRAC_BITS).sum(0)
+        else:
+            total += part.sum(0, dtype=torch.int64)
+    return total.cpu()
+
+
+def _vector(value: Any) -> Any:
+    """A derived metric's value: a 1-D array-like as a numpy array, anything else as it is."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu().numpy() if value.dim() >= 1 else value
+    if isinstance(value, (list, tuple)):
+        value = np.asarray(value)
+    return value
+
+
+class _Item(NamedTuple):
+    """One metric of a row: its entries ``start:stop`` of the sums, and how to make its value."""
+
+    name: str
+    start: int
+    stop: int
+    is_float: bool
+    count_at: int | None  # the entry of a mean's count
+    vector: bool
+    hist: tuple[float, ...] | None
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
+            declared: tuple[tuple[str, str, tuple[float, ...] | None], ...]) -> tuple[_Item, ...]:
+    """The metrics of a row from the entry names of the sums (computed once per layout: a
+    histogram of a thousand bins costs no per-entry work at every step).
+    """
+    info = {name: (reduce, hist) for name, reduce, hist in declared}
+    index = {name: i for i, name in enumerate(names)}
+    items: list[_Item] = []
+    i = 0
+    while i < len(names):
+        name = names[i]
+        if name.endswith(_COUNT):
+            i += 1
+            continue
+        base, _, entry = name.rpartition("#")
+        if base in info and entry.isdigit():  # a vector metric's block of entries
+            stop = i + 1
+            while stop < len(names) and names[stop].startswith(base + "#") and names[stop][len(base) + 1:].isdigit():
+                stop += 1
+            reduce, hist = info[base]
+            items.append(_Item(base, i, stop, is_float[i], index[base + _COUNT] if reduce == "mean" else None, True,
+                               hist))
+            i = stop
+            continue
+        mean = name in info and info[name][0] == "mean"
+        items.append(_Item(name, i, i + 1, is_float[i], index[name + _COUNT] if mean else None, False, None))
+        i += 1
+    return tuple(items)
+
+
+def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMetrics],
+               derived: Sequence[Derived] = ()) -> dict[str, Any]:
+    """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
+    divided by their counts; a vector metric as a numpy array ``[K]``, a histogram as a
+    :class:`Histogram`), then the derived ones in order.
+
+    Raises:
+        ConfigError: A derived metric returned an array of more than one dimension.
+    """
+    declared = tuple((m.name, m.reduce, m.hist) for m in metrics if isinstance(m, Metric))
+    raw = sums.values.cpu().numpy()
+    scale = 2.0 ** -METRIC_FRAC_BITS
+    out: dict[str, Any] = {"step": step}
+    for item in _layout(tuple(sums.names), tuple(sums.is_float), declared):
+        count = None if item.count_at is None else int(raw[item.count_at])
+        if item.vector:
+            block = raw[item.start:item.stop]
+            # int64 to float64 rounds to nearest as Python's int-to-float does: the bits of a scalar metric
+            array: np.ndarray = block.astype(np.float64) * scale if item.is_float else block.copy()
+            if count is not None:
+                array = array / count if count else np.full(len(array), np.nan)
+            out[item.name] = Histogram(array, item.hist) if item.hist is not None else array
+            continue
+        value: int | float = int(raw[item.start])
+        if item.is_float:
+            value = value * scale
+        if count is not None:
+            value = value / count if count else float("nan")
+        out[item.name] = value
+    for d in derived:
+        if d.name is None:
+            out.update(d.fn(dict(out)))
+            continue
+        value = _vector(d.fn(dict(out)))
+        if isinstance(value, np.ndarray) and value.ndim > 1:
+            raise ConfigError(f"derived metric '{d.name}': expected a number or a vector [K] (got an array of "
+                              f"shape {list(value.shape)})")
+        out[d.name] = value
+    return out

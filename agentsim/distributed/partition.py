@@ -1,0 +1,353 @@
+"""Partitioners: which rank holds which agents, what each rank sees of the others, and how the
+ranks agree on each step. The one engine (:class:`~agentsim.engine.simulation.Simulation`) runs every
+model through this protocol, on one process or many.
+
+The data flow of a run::
+
+    Model.build (init) -> State  -- Partitioner.place -> this rank's share
+    every step, for each substep s (Simulation.step):
+        halos = Partitioner.halos(state, s)             rows of other ranks' agents s may read
+        effects = s(Context(state, neighbors=halos...)) writes, births, deaths, flags
+        Partitioner.merge_env(state, s, before)         every rank's env changes, combined (agentsim.core.env)
+        engine applies births / deaths (uids from comm.birth_offset)
+        Partitioner.migrate(state, s)                   agents whose owner changed move
+    Partitioner.end_step(report)                        flags, metric sums, figures to every rank
+    Partitioner.reports() -> StepSummary                (now, or with the next step's exchange)
+        engine raises flags, keeps the metrics row;     Partitioner.rebalance(counts)
+    on frame steps: Partitioner.frame(...) -> rank 0 -> io.recording.Recorder -> HDF5
+
+Three partitioners implement it:
+
+- :class:`IdentityPartition` (``partition=None`` on one process): every agent on the one
+  rank; halos empty; nothing migrates; a step's report is its own summary. It is also the
+  base class of the other two, which override what differs;
+- :class:`~agentsim.distributed.data.DataPartition` (``"data"``): agents split by uid blocks;
+- :class:`~agentsim.distributed.spatial.SpatialPartition` (``"spatial"``): regions of space,
+  halos within reach, migration, load balancing, and, for models whose first substep is
+  agentwise, the overlapped exchange (:meth:`Partitioner.split_run`).
+
+Every operation that communicates is a collective: every rank calls it, in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch import Tensor
+
+from agentsim.core.comm import Comm, row_counts
+from agentsim.core.context import Effects, Flag, Halos
+from agentsim.core.env import changed_cells, merge_layer, raised_cells
+from agentsim.core.metrics import MetricSums
+from agentsim.core.params import Params
+from agentsim.core.state import State
+from agentsim.core.substep import Substep
+from agentsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentsim.io.recording import Frame, Recording
+
+__all__ = ["PARTITIONS", "PERF_FIGURES", "SPATIAL_OPTIONS", "IdentityPartition", "Partitioner", "SplitRun",
+           "StepReport", "StepSummary"]
+
+PARTITIONS = ("data", "spatial")
+SPATIAL_OPTIONS = ("layout", "balance_every", "balance_threshold", "bins", "overlap")
+# The figures every rank reports for every step (columns of StepSummary.figures).
+PERF_FIGURES = ("agents", "step_seconds", "comm_seconds", "bytes_sent", "halo_rows", "halo_bytes", "migrated")
+
+# Runs a substep on a (sub)state with the given halos and returns what it asked for; flags
+# of an agentwise substep stay per agent (see Context(per_agent_flags=True)).
+CallSubstep = Callable[[State, Halos], Effects]
+# A run of one substep that overlaps the step's exchange: (state, call, comm) -> flags.
+SplitRun = Callable[[State, CallSubstep, Comm], list[Flag]]
+
+
+@dataclass
+class StepReport:
+    """This rank's account of one step, sent to every rank at the end of the step.
+
+    Attributes:
+        step: The step (the state's step after it).
+        flags: The step's error flags (0-dim bool conditions).
+        figures: This rank's :data:`PERF_FIGURES` (the partitioner fills its own columns).
+        sums: This rank's exact metric sums, when the run records the step's metrics.
+        seconds: This rank's seconds per substep (kept here, not sent).
+    """
+
+    step: int
+    flags: list[Flag]
+    figures: list[float]
+    sums: MetricSums | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def rows(self) -> dict[str, Tensor]:
+        """The report as one-row tensors, the same names, dtypes and shapes on every rank."""
+        rows = {"v": torch.tensor([self.figures], dtype=torch.float64)}
+        if self.flags:
+            rows["flags"] = torch.stack([f.condition for f in self.flags]).to(device="cpu", dtype=torch.bool)[None]
+        if self.sums is not None:
+            rows["sums"] = self.sums.values[None]
+        return rows
+
+    def summary(self, got: Mapping[str, Tensor], at_step_end: bool) -> StepSummary:
+        """What every rank learns from every rank's :meth:`rows` (``[W, ...]``, rank order)."""
+        raised = [f.message for f, up in zip(self.flags, got["flags"].any(0).tolist(), strict=True) if up] \
+            if self.flags else []
+        sums = None
+        if self.sums is not None:
+            sums = MetricSums(self.sums.names, self.sums.is_float, got["sums"].sum(0))
+        return StepSummary(self.step, raised, got["v"], sums, at_step_end, self.seconds)
+
+
+@dataclass
+class StepSummary:
+    """A step as every rank knows it once every rank's report arrived.
+
+    Attributes:
+        step: The step.
+        raised: Messages of the flags set on some rank.
+        figures: ``[W, len(PERF_FIGURES)]`` float64, rank order.
+        sums: The metric sums over ranks, or None.
+        at_step_end: Reduced at the end of its own step (the engine may rebalance then).
+        seconds: This rank's seconds per substep.
+    """
+
+    step: int
+    raised: list[str]
+    figures: Tensor
+    sums: MetricSums | None
+    at_step_end: bool
+    seconds: dict[str, float]
+
+
+class Partitioner(Protocol):
+    """What the engine asks of a partitioner (see the module docstring).
+
+    Attributes:
+        name: The partitioner's name.
+        grad_links: In a differentiable run, the received rows that carry gradients back to
+            other ranks, in the order they arrived (see :mod:`agentsim.grad.autograd`).
+    """
+
+    name: str
+    grad_links: list[Tensor]
+
+    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
+        """Keep this rank's share of the initial state (every rank built the same global state)."""
+        ...
+
+    def halos(self, state: State, substep: Substep, comm: Comm) -> Halos:
+        """Before ``substep``: the rows of other ranks' agents it may read (population to field to
+        ``[m, ...]``; uid and the declared neighbor fields), on every rank.
+        """
+        ...
+
+    def migrate(self, state: State, substep: Substep, comm: Comm) -> None:
+        """After ``substep``: move the agents whose owner changed (with all their fields)."""
+        ...
+
+    def merge_env(self, state: State, substep: Substep, before: Mapping[str, Tensor], comm: Comm) -> list[Flag]:
+        """After ``substep``, which wrote the env layers of ``before`` (their values before it):
+        apply every rank's changes on every rank with the declared combine (:mod:`agentsim.core.env`),
+        so that every rank's copy is whole and the same; the flags of broken combines.
+        """
+        ...
+
+    def split_run(self, substep: Substep) -> SplitRun | None:
+        """A run of ``substep`` that overlaps the step's exchange, when one is in flight; else None."""
+        ...
+
+    def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:
+        """Send this rank's report of the step. ``hold``: inside a run, the exchange may stay in
+        flight into the next step (its summary arrives later).
+        """
+        ...
+
+    def reports(self) -> list[StepSummary]:
+        """The summaries that arrived since the last call, in step order."""
+        ...
+
+    def settle(self, state: State, comm: Comm) -> None:
+        """Finish what is in flight (before rows are reordered, a frame, the end of a run)."""
+        ...
+
+    def release(self) -> None:
+        """Forget what was kept between steps (the state may change outside a run); no collective."""
+        ...
+
+    def rebalance(self, state: State, comm: Comm, counts: list[int]) -> list[int] | None:
+        """At the end of a step, given every rank's agent count: move borders if due; return the
+        new counts, or None if nothing moved.
+        """
+        ...
+
+    def frame(self, state: State, spec: Recording, comm: Comm) -> Frame | None:
+        """Every rank's recorded fields and the environment on rank 0 (None on the others)."""
+        ...
+
+    def owned_env(self, state: State, name: str, comm: Comm) -> Tensor:
+        """The cells of env layer ``name`` this rank counts in metrics, flattened."""
+        ...
+
+    def sync_env(self, state: State, comm: Comm) -> None:
+        """Make every env tensor whole on every rank (before a frame or a checkpoint)."""
+        ...
+
+
+class IdentityPartition:
+    """Every agent on this rank: the one-process partitioner, and the base of the others.
+
+    The other partitioners override what differs; what they share lives here: the step's
+    report reduced with one all_gather (the identity on one rank), the halo and migration
+    figures of the step, frames gathered on rank 0.
+
+    Attributes:
+        halo_rows, halo_bytes: Halo rows and bytes this rank received since the last report.
+        migrated: Agents this rank sent away since the last report.
+        grad_links: In a differentiable run on several ranks, the received rows that carry
+            gradients, in the order they arrived (:func:`~agentsim.grad.autograd.reach_exchanges`).
+    """
+
+    name = "identity"
+
+    def __init__(self) -> None:
+        self.halo_rows = 0
+        self.halo_bytes = 0
+        self.migrated = 0
+        self.grad_links: list[Tensor] = []
+        self._summaries: list[StepSummary] = []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
+        """Keep every agent (one rank only: on several, each would run the whole population)."""
+        if comm.world_size > 1:
+            raise ConfigError(f"the identity partitioner keeps every agent on its rank; with {comm.world_size} ranks "
+                              f"use partition 'data' or 'spatial'")
+        return state
+
+    def halos(self, state: State, substep: Substep, comm: Comm) -> Halos:
+        """No other rank, no halo."""
+        return {}
+
+    def migrate(self, state: State, substep: Substep, comm: Comm) -> None:
+        """Nothing moves."""
+
+    def merge_env(self, state: State, substep: Substep, before: Mapping[str, Tensor], comm: Comm) -> list[Flag]:
+        """Every rank's changes to the env layers ``substep`` wrote, applied on every rank with the
+        layer's combine (:mod:`agentsim.core.env`): one all_gather of (cell, value) rows per layer. On
+        one rank the writes are the result.
+        """
+        if comm.world_size == 1 or not before:
+            return []
+        from agentsim.grad.autograd import gather_with_grad
+
+        flags = []
+        for name, old in before.items():
+            new, mode = state.env[name], substep.env_combine(name)
+            cells = changed_cells(old, new)
+            mine = {"cell": cells, "value": new.reshape(-1)[cells], "raised": raised_cells(old, new, cells, mode)}
+            got = gather_with_grad(comm, mine, self.grad_links)  # the other ranks' rows
+            every = {k: torch.cat([mine[k], got[k].to(mine[k].device)]) for k in mine}
+            merged, conflict = merge_layer(old, every["cell"], every["value"], mode)
+            state.env[name] = merged
+            where = f"env.{name}"
+            if mode == "set":
+                flags.append(Flag(
+                    f"{substep.name}: {where}: {_cell_text(conflict, old.shape)} was set to different values on "
+                    f"different processes: agents on several processes change the same cell. Declare how the "
+                    f"writes combine (combine={{'{where}': 'add'|'min'|'max'}}), or compute the cell's new value "
+                    f"from ctx.neighbors so that every process computes the same",
+                    torch.tensor(conflict is not None)))
+            elif mode in ("min", "max"):
+                bad = every["cell"][every["raised"]]
+                first = int(bad.min()) if bad.numel() else None
+                flags.append(Flag(
+                    f"{substep.name}: {where} combines by '{mode}' but {_cell_text(first, old.shape)} was "
+                    f"{'raised' if mode == 'min' else 'lowered'} (from {_value_at(old, first)}); with '{mode}' a "
+                    f"substep may only {'lower' if mode == 'min' else 'raise'} cells (declare 'set' or 'add')",
+                    torch.tensor(first is not None)))
+        return flags
+
+    def split_run(self, substep: Substep) -> SplitRun | None:
+        """No exchange to overlap."""
+        return None
+
+    def count_halo(self, rows: Mapping[str, Tensor]) -> None:
+        """Count received halo rows in the step's figures."""
+        n, nbytes = row_counts(rows)
+        self.halo_rows += n
+        self.halo_bytes += nbytes
+
+    def take_figures(self, report: StepReport) -> None:
+        """Put this partitioner's figures of the step into ``report`` and start counting anew."""
+        at = PERF_FIGURES.index
+        report.figures[at("halo_rows")] = float(self.halo_rows)
+        report.figures[at("halo_bytes")] = float(self.halo_bytes)
+        report.figures[at("migrated")] = float(self.migrated)
+        self.halo_rows = self.halo_bytes = self.migrated = 0
+
+    def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:
+        """Every rank's report now, in one all_gather."""
+        self.take_figures(report)
+        got = comm.all_gather_rows(report.rows(), rows_per_rank=1)
+        self._summaries.append(report.summary(got, at_step_end=True))
+
+    def add_summary(self, summary: StepSummary) -> None:
+        """Queue a summary for :meth:`reports`."""
+        self._summaries.append(summary)
+
+    def reports(self) -> list[StepSummary]:
+        """The summaries that arrived, in step order."""
+        out, self._summaries = self._summaries, []
+        return out
+
+    def settle(self, state: State, comm: Comm) -> None:
+        """Nothing in flight."""
+
+    def release(self) -> None:
+        """Nothing kept."""
+
+    def rebalance(self, state: State, comm: Comm, counts: list[int]) -> list[int] | None:
+        """Nothing to balance."""
+        return None
+
+    def sync_env(self, state: State, comm: Comm) -> None:
+        """Make env layers whole on every rank (nothing to do when they are replicated)."""
+
+    def frame(self, state: State, spec: Recording, comm: Comm) -> Frame | None:
+        """Rank 0 gathers every rank's rows; env layers from rank 0 (whole after :meth:`sync_env`)."""
+        from agentsim.io.recording import Frame
+
+        if spec.env:
+            self.sync_env(state, comm)
+        agents: dict[str, dict[str, Tensor]] = {}
+        for p, fields in spec.fields.items():
+            rows = comm.gather_rows({f: state.populations[p][f] for f in fields})
+            if rows is not None:
+                agents[p] = rows
+        if comm.rank != 0:
+            return None
+        return Frame(agents, {k: state.env[k] for k in spec.env})
+
+    def owned_env(self, state: State, name: str, comm: Comm) -> Tensor:
+        """Every cell on rank 0, none elsewhere (env replicated)."""
+        flat = state.env[name].reshape(-1)
+        return flat if comm.rank == 0 else flat[:0]
+
+
+def _cell_text(cell: int | None, shape: torch.Size) -> str:
+    """``cell 37 (row 0, column 37)`` for a flat index of a 2D layer; ``cell 37`` otherwise."""
+    if cell is None:
+        return "a cell"
+    if len(shape) == 2:
+        return f"cell {cell} (row {cell // shape[1]}, column {cell % shape[1]})"
+    return f"element {cell} (flat index)"
+
+
+def _value_at(layer: Tensor, cell: int | None) -> str:
+    return "?" if cell is None else str(layer.reshape(-1)[cell].item())

@@ -1,0 +1,89 @@
+"""Per-step performance figures over all ranks: agents per rank, step and communication time,
+bytes, halo size, migrations, load balancing.
+
+Every rank reports its :data:`~agentsim.distributed.partition.PERF_FIGURES` for every step; from every
+rank's, each rank computes the same figures (:func:`step_figures`): ``agents/max``,
+``agents/mean``, ``agents/imbalance`` (max / mean, after any rebalancing),
+``agents/imbalance_before_balance``, ``rank_step_seconds/max``, ``rank_step_seconds/mean``,
+``comm/seconds_max``, ``comm/seconds_mean``, ``comm/bytes_sent`` (sum), ``halo/rows``,
+``halo/bytes`` (sums), ``migrated`` (sum), ``rebalanced`` (0/1). A run writes every step's, with
+this rank's seconds per substep, to the file's ``/perf``, and keeps those of its last
+:data:`~agentsim.engine.simulation.PERF_WINDOW` (1,000) steps in ``RunResult.perf`` (every step of a
+shorter run), so that memory stays bounded over any number of steps. They depend on the
+machine, by design; nothing else in a file does.
+
+A step's seconds and collectives cover, on each rank, the step itself (from entering
+``Simulation.step`` to sending its report: the substeps, their halos and migrations, and
+any wait for a slower rank inside them) plus the previous step's report exchange, which
+only ends after that report was sent (an all_gather, or posting the overlapped exchange).
+So ``comm/seconds_*`` never exceeds the step's seconds. What a run does between steps,
+writing metric rows and frames, is not in any step, nor is rebalancing after a report.
+
+Examples:
+    >>> import torch
+    >>> figures = {"agents": torch.tensor([10.0, 30.0]), "step_seconds": torch.tensor([0.5, 1.0]),
+    ...            "comm_seconds": torch.tensor([0.1, 0.2]), "bytes_sent": torch.tensor([100.0, 50.0]),
+    ...            "halo_rows": torch.tensor([2.0, 3.0]), "halo_bytes": torch.tensor([16.0, 24.0]),
+    ...            "migrated": torch.tensor([1.0, 0.0])}
+    >>> step = step_figures(figures, [10, 30], moved=[20, 20])
+    >>> step["agents/imbalance_before_balance"], step["agents/imbalance"], step["rebalanced"]
+    (1.5, 1.0, 1.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor
+
+__all__ = ["step_figures", "summarize_perf"]
+
+
+def step_figures(figures: Mapping[str, Tensor], counts: Sequence[int], moved: Sequence[int] | None) -> dict[str, float]:
+    """A step's figures over ranks.
+
+    Args:
+        figures: Figure name to ``[W]`` (every rank's value, rank order).
+        counts: Agents per rank at the end of the step, before any rebalancing.
+        moved: Agents per rank after rebalancing, or None if borders did not move.
+    """
+    before = sum(counts) / len(counts)
+    after = list(moved) if moved is not None else list(counts)
+    mean = sum(after) / len(after)
+    return {
+        "agents/max": float(max(after)), "agents/mean": mean,
+        "agents/imbalance": max(after) / mean if mean > 0 else 1.0,
+        "agents/imbalance_before_balance": max(counts) / before if before > 0 else 1.0,
+        "rank_step_seconds/max": float(figures["step_seconds"].max()),
+        "rank_step_seconds/mean": float(figures["step_seconds"].mean()),
+        "comm/seconds_max": float(figures["comm_seconds"].max()),
+        "comm/seconds_mean": float(figures["comm_seconds"].mean()),
+        "comm/bytes_sent": float(figures["bytes_sent"].sum()),
+        "halo/rows": float(figures["halo_rows"].sum()), "halo/bytes": float(figures["halo_bytes"].sum()),
+        "migrated": float(figures["migrated"].sum()), "rebalanced": float(moved is not None),
+    }
+
+
+def summarize_perf(perf_steps: Sequence[Mapping[str, float]], steps: int | None = None) -> str:
+    """A few lines on the per-step figures of a run (``RunResult.perf``: its last
+    :data:`~agentsim.engine.simulation.PERF_WINDOW` steps; ``steps``, the run's steps, says so when it had more).
+    """
+    if not perf_steps:
+        return "perf: no steps"
+    n = len(perf_steps)
+    over = f"the last {n} of {steps} steps" if steps is not None and steps > n else f"{n}"
+
+    def mean(key: str) -> float:
+        return sum(p[key] for p in perf_steps) / n
+
+    step = mean("rank_step_seconds/max")
+    comm = mean("comm/seconds_max")
+    share = comm / step if step > 0 else 0.0
+    return (f"per step (mean over {over}): {mean('comm/bytes_sent') / 1e3:.1f} kB sent, "
+            f"{comm * 1e3:.2f} ms in collectives (slowest rank; {share:.0%} of the step), "
+            f"halo {mean('halo/rows'):.0f} rows / {mean('halo/bytes') / 1e3:.1f} kB, "
+            f"step {step * 1e3:.2f} ms (slowest rank)\n"
+            f"agents per rank: max/mean {perf_steps[-1]['agents/imbalance']:.3f} at the end "
+            f"(worst {max(p['agents/imbalance'] for p in perf_steps):.3f}); "
+            f"{sum(p['migrated'] for p in perf_steps):.0f} migrations; "
+            f"{sum(p['rebalanced'] for p in perf_steps):.0f} rebalancings")

@@ -1,0 +1,84 @@
+"""Run configuration files (TOML, or YAML when PyYAML is installed).
+
+A config file composes a model by substep name and sets its parameters and run
+options. Every key is checked; a misspelled key is an error that names it.
+
+Example ``sir.toml``::
+
+    model = "sir"
+    agents = 100000
+    steps = 150
+    seed = 1
+    substeps = ["infect", "recover"]   # optional: order and choice of substeps
+    record = ["person.status"]         # optional
+    every = 10                         # optional
+    out = "sir.h5"                     # optional
+    nprocs = 2                         # optional: processes, as --nprocs (and partition,
+    partition = "data"                 #   layout, balance_every, balance_threshold,
+    sync_every = 1                     #   sync_every, timeout as their flags)
+
+    [params]
+    beta = 0.04
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from agentsim.errors import ConfigError, OutputError, did_you_mean
+
+KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "record", "every", "out",
+        # multi-rank options (checked where they are used, as the command-line flags are)
+        "nprocs", "partition", "layout", "balance_every", "balance_threshold", "sync_every", "timeout",
+        # checkpoints (as --checkpoint-every, --checkpoint-dir, --keep, --checkpoint-async, --max-restarts)
+        "checkpoint_every", "checkpoint_dir", "keep", "checkpoint_async", "max_restarts",
+        # the check mode (as --check)
+        "check")
+
+
+def load_config(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a config file; returns a dict with keys from :data:`KEYS`."""
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise OutputError(f"cannot read config file '{path}': {e.strerror}") from None
+    if suffix == ".toml":
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"malformed TOML in '{path}': {e}") from None
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError("YAML config files need PyYAML: pip install 'agentsim[yaml]' "
+                              "(or use a .toml file)") from None
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"malformed YAML in '{path}': {e}") from None
+    else:
+        raise ConfigError(f"config file '{path}': expected a .toml, .yaml or .yml file (got '{suffix or 'no suffix'}')")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}': expected a table of keys (got {type(data).__name__})")
+    for key in data:
+        if key not in KEYS:
+            raise ConfigError(f"config file '{path}': unknown key '{key}' (valid: {', '.join(KEYS)})."
+                              + did_you_mean(str(key), KEYS))
+    if "params" in data and not isinstance(data["params"], dict):
+        raise ConfigError(f"config file '{path}': 'params' must be a table of name = value")
+    if "substeps" in data and not (isinstance(data["substeps"], list)
+                                   and all(isinstance(s, str) for s in data["substeps"])):
+        raise ConfigError(f"config file '{path}': 'substeps' must be a list of substep names")
+    if "record" in data and isinstance(data["record"], str):
+        data["record"] = [r for r in data["record"].split(",") if r.strip()]
+    return data
