@@ -10,8 +10,8 @@ new first in odd ones, so slow phases of a shared machine hit both alike):
   simulation seconds it prints, and its init seconds);
 - ``boids_w1``: boids on one process, ms per step over ``--steps`` steps after 2 warm-up steps;
 - ``boids_w2``: the same on 2 ranks with the spatial partitioner (the overlapped exchange);
-- ``randomwalk``, ``schelling`` (with ``--work``): ms per step of that model on one process at
-  ``--walk-agents`` / ``--schelling-agents``.
+- ``randomwalk``, ``schelling``, ``circles`` (with ``--work``): ms per step of that model on one
+  process at ``--walk-agents`` / ``--schelling-agents`` / ``--circles-agents``.
 
 ``--work`` picks the items (default: ``sir boids_w1 boids_w2``).
 
@@ -38,7 +38,7 @@ from typing import Any
 from bench_peers import checkout_env
 
 HERE = Path(__file__).resolve().parent
-WORK = ("sir", "boids_w1", "boids_w2", "randomwalk", "schelling")
+WORK = ("sir", "boids_w1", "boids_w2", "randomwalk", "schelling", "circles")
 
 
 # ---------------------------------------------------------------- run inside a checkout's processes
@@ -84,7 +84,9 @@ def _per_step(root: Path, model: str, agents: int, steps: int, world_size: int) 
     if world_size == 1:
         code = f"import bench_ab; print(bench_ab.seconds_per_step(None, {model!r}, {agents}, {steps}, None))"
     else:
-        code = ("from agentsim.distributed import run_ranks; import bench_ab; "
+        code = ("try:\n    from agentsim.runner.launch import run_ranks\n"  # 0.3 and later
+                "except ImportError:\n    from agentsim.distributed import run_ranks\n"
+                "import bench_ab\n"
                 f"print(run_ranks(bench_ab.seconds_per_step, {world_size}, ({model!r}, {agents}, {steps}, 'spatial'), "
                 "timeout=600)[0])")
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=_env(root),
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--boids-agents", type=int, default=1_000_000)
     ap.add_argument("--walk-agents", type=int, default=10_000_000)
     ap.add_argument("--schelling-agents", type=int, default=1_000_000)
+    ap.add_argument("--circles-agents", type=int, default=100_000)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per run (boids, randomwalk, schelling)")
     ap.add_argument("--work", nargs="+", choices=WORK, default=["sir", "boids_w1", "boids_w2"])
     ap.add_argument("--out", help="JSON path (default: benchmarks/results/ab-<time>.json)")
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_ab: --rounds >= 1 (got {args.rounds})", file=sys.stderr)
         return 2
     per_step = {"boids_w1": ("boids", args.boids_agents, 1), "boids_w2": ("boids", args.boids_agents, 2),
-                "randomwalk": ("randomwalk", args.walk_agents, 1), "schelling": ("schelling", args.schelling_agents, 1)}
+                "randomwalk": ("randomwalk", args.walk_agents, 1), "schelling": ("schelling", args.schelling_agents, 1),
+                "circles": ("circles", args.circles_agents, 1)}
     keys = tuple((["sir_seconds", "sir_init_seconds"] if "sir" in args.work else [])
                  + [f"{w}_ms_per_step" for w in args.work if w != "sir"])
     rounds: dict[str, dict[str, list[float]]] = {v: {k: [] for k in keys} for v in roots}
