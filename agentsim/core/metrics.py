@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -309,34 +309,10 @@ def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
     return torch.bincount(bins[inside], minlength=k).to(torch.int64).cpu()
 
 
-class LegacyMetrics:
-    """The ``metrics(mc) -> {name: per-agent values}`` function of the deprecated ``Model`` form: sums
-    (of every value, whatever the shape).
-    """
-
-    def __init__(self, fn: Callable[[MetricsContext], Mapping[str, Tensor]]) -> None:
-        self.fn = fn
-        self.reduce = "sum"
-        self.name = ""
-
-    def sums(self, mc: MetricsContext) -> list[Block]:
-        """The function's values, each summed to one entry."""
-        blocks: list[Block] = []
-        for key, value in dict(self.fn(mc)).items():
-            if isinstance(value, ExactSum):
-                blocks.append(([key], [True], value.total.to(torch.int64).cpu().reshape(1)))
-                continue
-            is_float = value.is_floating_point()
-            blocks.append(([key], [is_float], (_exact_sum(value) if is_float else _integer_sum(value)).reshape(1)))
-        return blocks
-
-
 class Derived(NamedTuple):
-    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``
-    (with a name), or, in the deprecated form, ``fn(metrics) -> {name: number}`` (name None).
-    """
+    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``."""
 
-    name: str | None
+    name: str
     fn: Callable[[dict[str, Any]], Any]
 
 
@@ -352,7 +328,7 @@ class MetricSums(NamedTuple):
     values: Tensor
 
 
-def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) -> MetricSums:
+def local_sums(metrics: Sequence[Metric], mc: MetricsContext) -> MetricSums:
     """This rank's exact sums of every metric (and ``n_<population>``); sum them over ranks
     elementwise (int64) for the global sums.
     """
@@ -459,7 +435,7 @@ def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
     return tuple(items)
 
 
-def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMetrics],
+def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
                derived: Sequence[Derived] = ()) -> dict[str, Any]:
     """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
     divided by their counts; a vector metric as a numpy array ``[K]``, a histogram as a
@@ -468,7 +444,7 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMet
     Raises:
         ConfigError: A derived metric returned an array of more than one dimension.
     """
-    declared = tuple((m.name, m.reduce, m.hist) for m in metrics if isinstance(m, Metric))
+    declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
     raw = sums.values.cpu().numpy()
     scale = 2.0 ** -METRIC_FRAC_BITS
     out: dict[str, Any] = {"step": step}
@@ -489,9 +465,6 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMet
             value = value / count if count else float("nan")
         out[item.name] = value
     for d in derived:
-        if d.name is None:
-            out.update(d.fn(dict(out)))
-            continue
         value = _vector(d.fn(dict(out)))
         if isinstance(value, np.ndarray) and value.ndim > 1:
             raise ConfigError(f"derived metric '{d.name}': expected a number or a vector [K] (got an array of "

@@ -36,14 +36,13 @@ Users compose a model by substep name, from Python (``model.configure(substeps=[
 or from a config file, and override parameters; both are validated when the model is
 configured. A run never changes a model: timings live on the run's result.
 
-The positional form of earlier releases, ``Model(name, registry, substep_names, ParamSpec,
-init, metrics, derive)``, still works for this release (with a ``DeprecationWarning``) and
-gives the same results.
+The positional form of release 0.1, ``Model(name, registry, substep_names, ParamSpec, init,
+metrics, derive)``, was removed in 0.3: it raises a :class:`~agentsim.errors.ConfigError` that
+says what to write instead (CHANGELOG.md shows the port).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -52,17 +51,20 @@ from torch import Tensor
 
 from agentsim.core.context import InitContext, MetricsContext
 from agentsim.core.env import check_combine_dtype
-from agentsim.core.metrics import Derived, LegacyMetrics, Metric, MetricSums, check_metric_name, local_sums, metric_row
+from agentsim.core.metrics import Derived, Metric, MetricSums, check_metric_name, local_sums, metric_row
 from agentsim.core.params import Param, Params, ParamTable
 from agentsim.core.policy import PolicySpec
 from agentsim.core.state import State
-from agentsim.core.substep import ENV, Registry, Substep, split_ref, substep_decorator
+from agentsim.core.substep import ENV, Substep, split_ref, substep_decorator
 from agentsim.errors import ConfigError, did_you_mean
 
 __all__ = ["InitFn", "Model"]
 
 InitFn = Callable[[InitContext], Any]
-_LEGACY_ORDER = ("registry", "substeps", "params", "init", "metrics", "derive")
+_REMOVED_MODEL = ("Model(name, registry, substeps, params, init, ...) was removed in 0.3: write "
+                  "Model(name, params={...}) and declare substeps, init and metrics with @model.substep(...), "
+                  "@model.init and @model.metric(...); see CHANGELOG.md")
+_KEYWORDS = "params, substeps, init, metrics, derived, description, default_agents"
 
 
 class Model:
@@ -83,11 +85,17 @@ class Model:
         default_agents: Agent count when none is given.
     """
 
-    def __init__(self, name: str, *legacy: Any, params: Mapping[str, Param] | ParamTable | None = None,
+    def __init__(self, name: str, *removed: Any, params: Mapping[str, Param] | ParamTable | None = None,
                  substeps: Iterable[Substep] | None = None, init: InitFn | None = None,
                  metrics: Iterable[Metric] | None = None,
                  derived: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
-                 description: str = "", default_agents: int = 10_000, **legacy_kw: Any) -> None:
+                 description: str = "", default_agents: int = 10_000, **removed_keywords: Any) -> None:
+        if removed or {"registry", "derive"} & set(removed_keywords):
+            raise ConfigError(_REMOVED_MODEL)
+        if removed_keywords:
+            key = next(iter(removed_keywords))
+            raise ConfigError(f"Model: unexpected keyword {key!r} (valid: {_KEYWORDS})."
+                              + did_you_mean(key, _KEYWORDS.split(", ")))
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Model: expected a name (got {name!r})")
         self.name = name
@@ -96,18 +104,22 @@ class Model:
         self.definition = object()  # shared by configured copies; renewed by every declaration
         self._available: dict[str, Substep] = {}
         self._order: list[str] | None = None  # None: every substep, in definition order
-        self._metrics: list[Metric | LegacyMetrics] = []
+        self._metrics: list[Metric] = []
         self._derived: list[Derived] = []
         self._policies: dict[str, PolicySpec] = {}
         self._rewards: dict[str, Callable[[MetricsContext], Any]] = {}
         self._overrides: dict[str, Any] = {}
         self._resolved: Params | None = None
-        self.legacy = bool(legacy or legacy_kw)
-        if self.legacy:
-            self._init_legacy(legacy, legacy_kw, params, substeps, init, metrics)
-            return
         self.param_table = params if isinstance(params, ParamTable) else ParamTable(params or {})
         self.init_fn: InitFn | None = None
+        if metrics is not None and callable(metrics):
+            raise ConfigError("Model(metrics=fn): a function fn(mc) -> {name: values} was removed in 0.3: declare "
+                              "each metric with @model.metric (or pass metrics=[agentsim.Metric(fn, name=...)]); "
+                              "see CHANGELOG.md")
+        if derived is not None and not isinstance(derived, Mapping):
+            raise ConfigError("Model(derived=...): expected {name: fn(metrics) -> number}; a function fn(metrics) -> "
+                              "{name: number} (derive= of 0.1) was removed in 0.3: declare each derived metric "
+                              "with @model.derived; see CHANGELOG.md")
         for step in substeps or ():
             self.add_substep(step)
         if init is not None:
@@ -116,39 +128,6 @@ class Model:
             self.add_metric(metric)
         for key, fn in (derived or {}).items():
             self.add_derived(key, fn)
-
-    def _init_legacy(self, args: tuple[Any, ...], kw: dict[str, Any], params: Any, substeps: Any, init: Any,
-                     metrics: Any) -> None:
-        """``Model(name, registry, substeps, params, init, metrics=None, derive=None)``, deprecated."""
-        warnings.warn("Model(name, registry, substeps, params, init, ...) is deprecated and will be removed in the "
-                      "next release: write Model(name, params={...}) and declare substeps, init and metrics with "
-                      "its decorators (see the README)", DeprecationWarning, stacklevel=3)
-        if len(args) > len(_LEGACY_ORDER):
-            raise ConfigError(f"Model: too many positional arguments ({len(args) + 1})")
-        values = dict(zip(_LEGACY_ORDER, args, strict=False))  # the trailing ones may be missing
-        given = {"params": params, "substeps": substeps, "init": init, "metrics": metrics}
-        values.update({k: v for k, v in given.items() if v is not None})
-        for key in kw:
-            if key not in _LEGACY_ORDER:
-                raise ConfigError(f"Model: unexpected keyword {key!r}")
-        values.update(kw)
-        missing = [k for k in ("registry", "substeps", "params", "init") if k not in values]
-        if missing:
-            raise ConfigError(f"Model (positional form): missing {', '.join(missing)}")
-        registry = values["registry"]
-        if not isinstance(registry, Registry):
-            raise ConfigError(f"Model: expected a Registry as the second argument (got {type(registry).__name__})")
-        for key in registry:
-            self._available[key] = registry[key]
-        self._order = self._check_order(values["substeps"])
-        table = values["params"]
-        self.param_table = table if isinstance(table, ParamTable) else ParamTable(table)
-        self.init_fn = values["init"]
-        if values.get("metrics") is not None:
-            self._metrics.append(LegacyMetrics(values["metrics"]))
-        if values.get("derive") is not None:
-            self._derived.append(Derived(None, values["derive"]))
-        self.params  # noqa: B018  resolve the defaults now, as earlier releases did
 
     # ------------------------------------------------------------------ declaring
     def add_substep(self, step: Substep) -> Substep:
@@ -321,11 +300,6 @@ class Model:
             self._resolved = self.param_table.resolve(self._overrides, model=self.name)
         return self._resolved
 
-    @property
-    def param_spec(self) -> ParamTable:
-        """The declared parameters (the name of earlier releases of :attr:`param_table`)."""
-        return self.param_table
-
     def _check_order(self, names: Iterable[str]) -> list[str]:
         if isinstance(names, str):
             raise ConfigError(f"substeps: expected a list of names (got the string {names!r})")
@@ -376,9 +350,6 @@ class Model:
         """Run ``init``: the state at step 0 and the space."""
         self.check_ready()
         assert self.init_fn is not None
-        if self.legacy:
-            state, space = self.init_fn(ic)
-            return state, space
         space = self.init_fn(ic)
         if isinstance(space, tuple):
             raise ConfigError(f"model '{self.name}': init returns the space (got a tuple; populations are added "
