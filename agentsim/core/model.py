@@ -51,7 +51,7 @@ from torch import Tensor
 
 from agentsim.core.context import InitContext, MetricsContext
 from agentsim.core.env import check_combine_dtype
-from agentsim.core.metrics import Derived, Metric, MetricSums, check_metric_name, local_sums, metric_row
+from agentsim.core.metrics import Derived, Display, Metric, MetricSums, check_metric_name, local_sums, metric_row
 from agentsim.core.params import Param, Params, ParamTable
 from agentsim.core.policy import PolicySpec
 from agentsim.core.state import State
@@ -65,6 +65,15 @@ _REMOVED_MODEL = ("Model(name, registry, substeps, params, init, ...) was remove
                   "Model(name, params={...}) and declare substeps, init and metrics with @model.substep(...), "
                   "@model.init and @model.metric(...); see CHANGELOG.md")
 _KEYWORDS = "params, substeps, init, metrics, derived, description, default_agents"
+
+
+def _check_display_keys(what: str, display: dict[str, Any], others: tuple[str, ...] = ()) -> None:
+    """Only the keys of :class:`~agentsim.core.metrics.Display` (``others``: the caller's other keywords)."""
+    for key in display:
+        if key not in Display.KEYS:
+            valid = (*others, *Display.KEYS)
+            raise ConfigError(f"{what}: unexpected keyword {key!r} (valid: {', '.join(valid)})."
+                              + did_you_mean(key, valid))
 
 
 class Model:
@@ -106,6 +115,7 @@ class Model:
         self._order: list[str] | None = None  # None: every substep, in definition order
         self._metrics: list[Metric] = []
         self._derived: list[Derived] = []
+        self._display: dict[str, Display] = {}  # of derived metrics and n_<population> (model.display)
         self._policies: dict[str, PolicySpec] = {}
         self._rewards: dict[str, Callable[[MetricsContext], Any]] = {}
         self._overrides: dict[str, Any] = {}
@@ -169,24 +179,66 @@ class Model:
         return metric
 
     def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum",
-               hist: Iterable[float] | None = None) -> Any:
+               hist: Iterable[float] | None = None, **display: Any) -> Any:
         """Decorator: ``fn(state) -> per-agent values`` is a metric, summed exactly over agents and
         ranks (``reduce="sum"``) or averaged (``reduce="mean"``); ``[n, K]`` values make a vector
         metric of K entries (each column summed); with ``hist=edges`` the metric counts the
         ``[n]`` values per bin (see :mod:`agentsim.core.metrics`).
 
+        ``label=``, ``color=``, ``panel=``, ``share_of=``, ``limits=``, ``unit=`` declare how a
+        figure draws it (:class:`~agentsim.core.metrics.Display`)::
+
+            @model.metric(name="I", label="infectious", color="tab:red", panel="compartments",
+                          share_of=["S", "I", "R"], unit="fraction of the population")
+
         Raises:
-            ConfigError: A bad name, reduction or edges (when the function is declared).
+            ConfigError: A bad name, reduction, edges or display entry (when the function is declared).
         """
         if callable(name):  # bare @model.metric
             self.add_metric(Metric(name))
             return name
+        _check_display_keys(f"metric '{name}'" if name else "metric", display, ("name", "reduce", "hist"))
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist))
+            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist, **display))
             return fn
 
         return register
+
+    def display(self, name: str, **display: Any) -> None:
+        """Declare how a figure draws metric ``name`` (``label=``, ``color=``, ``panel=``,
+        ``share_of=``, ``limits=``, ``unit=``: :class:`~agentsim.core.metrics.Display`): for a
+        derived metric or a built-in count ``n_<population>``; a metric declared with
+        :meth:`metric` takes them as keywords there.
+
+        Raises:
+            ConfigError: ``name`` is not a derived metric or ``n_<population>`` (declared metrics
+                take the keywords in :meth:`metric`), it has its display already, or a bad entry.
+        """
+        what = f"metric '{name}'"
+        _check_display_keys(what, display)
+        declared = {m.name: m for m in self._metrics}
+        if name in declared:
+            raise ConfigError(f"model '{self.name}': {what} is declared with @model.metric: pass label=, color=, ... "
+                              "there")
+        derived = [d.name for d in self._derived]
+        if name not in derived and not (isinstance(name, str) and name.startswith("n_") and len(name) > 2):
+            raise ConfigError(f"model '{self.name}': display: expected a derived metric "
+                              f"({', '.join(derived) or 'none'}) or a population count n_<population> (got {name!r})."
+                              + did_you_mean(str(name), derived))
+        if name in self._display:
+            raise ConfigError(f"model '{self.name}': {what} has its display already")
+        self._display[name] = Display.declare(what, **display)
+        self.definition = object()
+
+    def metric_display(self) -> dict[str, dict[str, Any]]:
+        """Metric name to its declared display entries (:meth:`Display.as_dict
+        <agentsim.core.metrics.Display.as_dict>`), for the metrics that declare any: what a
+        trajectory file stores with each metric.
+        """
+        out = {m.name: m.display.as_dict() for m in self._metrics if not m.display.is_empty()}
+        out.update({name: d.as_dict() for name, d in self._display.items()})
+        return out
 
     def add_derived(self, name: str, fn: Callable[[dict[str, Any]], Any]) -> None:
         """Append a derived metric ``fn(metrics) -> number`` of the global metric values."""
@@ -198,12 +250,32 @@ class Model:
         self._derived.append(Derived(name, fn))
         self.definition = object()
 
-    def derived(self, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def derived(self, fn: Callable[[dict[str, Any]], Any] | None = None, **display: Any) -> Any:
         """Decorator: ``fn(metrics) -> number`` is a metric computed from the others' global values,
-        named after the function (``metrics`` holds the metrics declared before it).
+        named after the function (``metrics`` holds the metrics declared before it). As
+        ``@model.derived(label=..., color=..., ...)`` it also declares how a figure draws it
+        (:class:`~agentsim.core.metrics.Display`).
+
+        Raises:
+            ConfigError: A bad name or display entry (when the function is declared).
         """
-        self.add_derived(getattr(fn, "__name__", ""), fn)
-        return fn
+        if fn is not None:
+            if display:
+                raise ConfigError(f"model '{self.name}': derived: pass the display entries as "
+                                  "@model.derived(label=..., ...), with the function decorated")
+            self.add_derived(getattr(fn, "__name__", ""), fn)
+            return fn
+        _check_display_keys("derived metric", display)
+
+        def register(function: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+            name = getattr(function, "__name__", "")
+            Display.declare(f"metric '{name}'", **display)  # a bad entry raises before anything is added
+            self.add_derived(name, function)
+            if display:
+                self.display(name, **display)
+            return function
+
+        return register
 
     def policy(self, population: str, *, action: str, observations: int, actions: int = 0, action_dim: int = 0,
                name: str | None = None, reads: Iterable[str] = (), neighbors: Mapping[str, Iterable[str]] | None = None,
@@ -324,6 +396,7 @@ class Model:
         # declaring more on one copy leaves the others alone.
         new._available = dict(self._available)  # noqa: SLF001
         new._metrics, new._derived = list(self._metrics), list(self._derived)  # noqa: SLF001
+        new._display = dict(self._display)  # noqa: SLF001
         new._policies, new._rewards = dict(self._policies), dict(self._rewards)  # noqa: SLF001
         new._overrides = {**self._overrides, **dict(params or {})}  # noqa: SLF001
         new._resolved = None  # noqa: SLF001
@@ -370,6 +443,17 @@ class Model:
             if name.startswith("n_") and name[2:] in state.populations:
                 raise ConfigError(f"model '{self.name}': metric '{name}' has the name of the built-in count of "
                                   f"population '{name[2:]}' (every run reports n_<population>); rename it")
+        counts = [f"n_{pop}" for pop in state.populations]
+        for name, entries in self.metric_display().items():
+            if name.startswith("n_") and name not in self.metric_names() and name not in counts:
+                raise ConfigError(f"model '{self.name}': display of '{name}', but the populations are "
+                                  f"{list(state.populations)} (counts: {', '.join(counts)})."
+                                  + did_you_mean(name, counts))
+            for other in entries.get("share_of", ()):
+                if other not in self.metric_names() and other not in counts:
+                    valid = [*self.metric_names(), *counts]
+                    raise ConfigError(f"model '{self.name}': metric '{name}' is drawn as a share_of '{other}', which "
+                                      f"is no metric (valid: {', '.join(valid)})." + did_you_mean(other, valid))
         for s in self.substeps:
             refs = [*s.reads, *s.writes] + [f"{p}.{f}" for p, fs in s.neighbors.items() for f in fs]
             for ref in refs:

@@ -793,7 +793,8 @@ class Simulation:
         origin, span = (0, start + steps) if append else (start, steps)
         recorder = Recorder(out, recording(self.state, record), self.comm.rank, every,
                             continue_before=start if append else None, model=self.model.name,
-                            params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size)
+                            params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size,
+                            display=self.model.metric_display())
         rows = _MetricRows()
         t_run = 0.0
         self._in_run = True
