@@ -20,10 +20,10 @@ from agentsim.core.context import Context, InitContext, MetricsContext
 from agentsim.core.grouping import rank_in_group, sort_by_group
 from agentsim.core.metrics import Metric
 from agentsim.core.model import Model
-from agentsim.core.params import REQUIRED, Param, Params, ParamSpec
+from agentsim.core.params import REQUIRED, Param, Params
 from agentsim.core.random import CounterRNG, StepRNG
 from agentsim.core.state import FieldSpec, Population, State
-from agentsim.core.substep import Registry, Substep
+from agentsim.core.substep import Substep
 from agentsim.engine.simulation import RunResult, Simulation
 from agentsim.errors import (
     AgentsimError,
@@ -63,10 +63,8 @@ __all__ = [
     "Model",
     "OutputError",
     "Param",
-    "ParamSpec",
     "Params",
     "Population",
-    "Registry",
     "RunResult",
     "Simulation",
     "SimulationError",
@@ -91,3 +89,19 @@ __all__ = [
     "sweep",
     "watts_strogatz",
 ]
+
+_REMOVED = {
+    "Registry": "agentsim.Registry was removed in 0.3: declare substeps on the model with @model.substep(...) "
+                "(model = agentsim.Model(name, params={...})); see CHANGELOG.md",
+    "ParamSpec": "agentsim.ParamSpec was removed in 0.3: pass the parameters as a dict, "
+                 "agentsim.Model(name, params={'sigma': agentsim.Param(1.0, 'doc')}); see CHANGELOG.md",
+}
+
+
+def __getattr__(name: str) -> object:
+    """The names of release 0.1 that 0.3 removed raise an ImportError saying what to write instead
+    (an ImportError, not an AttributeError, so that ``from agentsim import Registry`` shows it too).
+    """
+    if name in _REMOVED:
+        raise ImportError(_REMOVED[name], name=name)
+    raise AttributeError(f"module 'agentsim' has no attribute {name!r}")

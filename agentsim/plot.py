@@ -5,22 +5,31 @@
 - a study file (:mod:`agentsim.study.store`): per scalar metric (``n_<population>`` included),
   the median and 10-90 % band over the replicates of every parameter combination (vector
   metrics are not drawn);
-- an epidemic (metrics ``S``, ``I``, ``R``): the compartments as fractions of the population;
-- predator-prey (``n_sheep``, ``n_wolf``): the population sizes, the grass, and the last grass layer;
-- boids (``polarization``): polarization over time and the last recorded positions and headings;
-- Schelling (``segregation``): segregation and happy share over time, and the last grid;
-- anything else, or the metrics chosen with ``metrics=``: every metric over the steps, a scalar
-  as a curve, a vector metric (``[T, K]``) as a heat map over time (x: step, y: entry, or bin
-  with the edges as tick labels for a histogram).
+- a trajectory whose metrics declare how they are drawn (the ``display`` attribute that the
+  model's declarations put in the file: ``@model.metric(label=..., color=..., panel=...,
+  share_of=..., limits=..., unit=...)``, :class:`~agentsim.core.metrics.Display`): one panel
+  per declared ``panel`` (a metric without one: a panel of its own) holding the metrics that
+  name it, in the file's order, with their labels and colors; a metric with ``share_of`` is
+  drawn divided by the sum of those metrics; the y range is its ``limits`` (``[0, 1]`` for
+  shares); a vector metric is a heat map of its own. Metrics without a declaration are left out
+  (choose them with ``metrics=``). When agents or environment layers were recorded, a last panel
+  shows the space at the last recorded frame: agents with positions (a ``pos`` field ``[n, 2]``,
+  arrows for a ``heading`` field), a grid of cells colored by the agents' ``group`` (a
+  population with ``cell`` and ``group`` fields), or else the first recorded 2-D environment
+  layer;
+- any other trajectory (no declarations: older files), or the metrics chosen with
+  ``metrics=``: every metric over the steps, a scalar as a curve, a vector metric (``[T, K]``)
+  as a heat map over time (x: step, y: entry, or bin with the edges as tick labels for a
+  histogram).
 
 A figure of metrics holds :data:`PAGE` panels per page; with more metrics it is drawn on several
 pages, ``FILE-1.png``, ``FILE-2.png``, ... instead of ``FILE.png`` (:func:`plot_pages` returns
 them all).
 
 :func:`animate_file` (``agentsim animate FILE.h5 --out FILE.gif|mp4``) draws every recorded
-frame of a spatial model: boids or walkers (positions), Schelling (the grid), wolf-sheep (the
-grass layer, with the animal counts in the title); a GIF needs nothing more (Pillow comes with matplotlib), an MP4
-needs ffmpeg on the PATH.
+frame of the space as the last panel above does: positions, the grid of cells, or the first
+2-D environment layer (with the population counts in the title); a GIF needs nothing more
+(Pillow comes with matplotlib), an MP4 needs ffmpeg on the PATH.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from agentsim.core.metrics import Display
 from agentsim.errors import ConfigError, OutputError, did_you_mean
 
 __all__ = ["PAGE", "animate_file", "plot_file", "plot_pages"]
@@ -199,9 +209,9 @@ def _trajectory_figures(path: str, plt: Any, selected: list[str] | None) -> list
     if selected is not None:
         _check_selection(selected, names, path)
     else:
-        fig = _model_figure(traj, plt)
-        if fig is not None:
-            return [fig]
+        figs = _declared_figures(traj, plt, path)
+        if figs:
+            return figs
     metrics = selected or names
     if not metrics:
         raise OutputError(f"cannot plot '{path}': the trajectory has no metrics")
@@ -253,60 +263,107 @@ def _heatmap(fig: Any, ax: Any, steps: np.ndarray, series: np.ndarray, edges: np
     ax.set_title(name)
 
 
-def _model_figure(traj: Any, plt: Any) -> Any:
-    """The figure of a known model's trajectory (see the module docstring), or None."""
+def _declared_display(traj: Any, path: str) -> dict[str, Display]:
+    """The file's metric declarations (of metrics it holds), checked."""
+    out: dict[str, Display] = {}
+    for name, entries in traj.display.items():
+        if name not in traj.metrics:
+            continue
+        try:
+            out[name] = Display.from_dict(f"metric '{name}'", entries)
+        except ConfigError as e:
+            raise OutputError(f"cannot plot '{path}': the display attribute of /metrics/{name}: {e}") from None
+    return out
+
+
+def _panels(display: dict[str, Display], metrics: dict[str, np.ndarray]) -> list[tuple[str, list[str]]]:
+    """The panels, each a title and its metrics, in the order of ``display`` (the file's): the metrics that declare the
+    same ``panel`` share it; any other declared metric, and every vector metric (a heat map), has a
+    panel of its own titled its label.
+    """
+    panels: list[tuple[str, list[str]]] = []
+    shared: dict[str, list[str]] = {}
+    for name, d in display.items():
+        if d.panel and np.ndim(metrics[name]) == 1:
+            if d.panel not in shared:
+                shared[d.panel] = []
+                panels.append((d.panel, shared[d.panel]))
+            shared[d.panel].append(name)
+        else:
+            panels.append((d.label or name, [name]))
+    return panels
+
+
+def _declared_figures(traj: Any, plt: Any, path: str) -> list[Any]:
+    """The figure of the metrics the file declares (see the module docstring), [] without any."""
+    display = _declared_display(traj, path)
+    if not display:
+        return []
     m = traj.metrics
     steps = m.get("step", np.arange(len(next(iter(m.values()), []))))
-    params = traj.attrs.get("params", {}) if isinstance(traj.attrs.get("params"), dict) else {}
-    title = _title(traj)
-    if {"S", "I", "R"} <= set(m):
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        n = m["S"] + m["I"] + m["R"]
-        for key, color, name in (("S", "tab:blue", "susceptible"), ("I", "tab:red", "infectious"),
-                                 ("R", "tab:green", "recovered")):
-            ax.plot(steps, m[key] / n, color=color, label=name)
-        ax.set_xlabel("day")
-        ax.set_ylabel("fraction of the population")
-        ax.set_ylim(0, 1)
-        ax.legend(frameon=False)
-        ax.set_title(f"{title}: {int(n[0]):,} people")
-    elif {"n_sheep", "n_wolf"} <= set(m):
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
-        ax.plot(steps, m["n_sheep"], color="tab:olive", label="sheep")
-        ax.plot(steps, m["n_wolf"], color="tab:gray", label="wolves")
-        if "grass" in m:
-            ax.plot(steps, m["grass"] / 4, color="tab:green", alpha=0.6, label="grown grass cells / 4")
-        ax.set_xlabel("step")
-        ax.set_ylabel("count")
-        ax.legend(frameon=False)
-        ax.set_title(title)
-        _grass_panel(traj, ax2, plt)
-    elif "polarization" in m:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
-        ax.plot(steps, m["polarization"], color="tab:purple")
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("step")
-        ax.set_ylabel("polarization |mean heading| (1: all aligned)")
-        ax.set_title(title)
-        _boids_panel(traj, ax2)
-    elif "segregation" in m:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
-        n = m.get("n_resident", np.ones_like(m["segregation"]))
-        ax.plot(steps, m["segregation"], color="tab:brown", label="segregation (mean similar-neighbor share)")
-        if "happy" in m:
-            ax.plot(steps, m["happy"] / n, color="tab:cyan", label="happy residents (share)")
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("step")
-        ax.set_ylabel("share")
-        ax.legend(frameon=False, loc="lower right")
-        ax.set_title(title)
-        _schelling_panel(traj, ax2, params, int(n[0]))
-    else:
-        return None
-    fig.tight_layout()
-    return fig
+    panels = _panels(display, m)
+    space = _space_drawing(traj)
+    count = len(panels) + (space is not None)
+    pages = [list(range(i, min(i + PAGE, count))) for i in range(0, count, PAGE)]
+    figs = []
+    for number, page in enumerate(pages, 1):
+        fig, axes = _grid(plt, len(page), 5.4, 4.2)
+        figs.append(fig)
+        for ax, index in zip(axes, page, strict=True):
+            if index < len(panels):
+                title, names = panels[index]
+                _declared_panel(fig, ax, steps, m, traj.edges, display, title, names, path)
+            else:
+                assert space is not None
+                space(ax)
+        fig.suptitle(_page_title(_title(traj), number, len(pages)))
+        fig.tight_layout()
+    return figs
 
 
+def _declared_panel(fig: Any, ax: Any, steps: np.ndarray, m: dict[str, np.ndarray], edges: dict[str, np.ndarray],
+                    display: dict[str, Display], title: str, names: list[str], path: str) -> None:
+    """One panel of declared metrics: curves (shares divided by their denominators), labels,
+    colors, y label and limits as declared; a vector metric as a heat map.
+    """
+    first = display[names[0]]
+    if np.ndim(m[names[0]]) == 2:
+        _heatmap(fig, ax, steps, m[names[0]], edges.get(names[0]), title)
+        if first.unit:
+            ax.set_ylabel(first.unit)
+        return
+    for name in names:
+        d = display[name]
+        values = np.asarray(m[name], dtype=np.float64)
+        if d.share_of:
+            missing = [k for k in d.share_of if k not in m]
+            if missing:
+                raise OutputError(f"cannot plot '{path}': metric '{name}' is drawn as a share of "
+                                  f"{' + '.join(d.share_of)}, but the file has no metric {missing[0]!r}")
+            total = sum(np.asarray(m[k], dtype=np.float64) for k in d.share_of)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = np.where(total != 0, values / total, np.nan)
+        ax.plot(steps[:len(values)], values, color=d.color, label=d.label or name)
+    declared = [display[n] for n in names]
+    units = list(dict.fromkeys(d.unit for d in declared if d.unit))
+    if units:
+        ax.set_ylabel(", ".join(units))
+    elif all(d.share_of for d in declared):
+        ax.set_ylabel("share of " + " / ".join(dict.fromkeys(" + ".join(d.share_of) for d in declared)))
+    elif len(names) == 1:
+        ax.set_ylabel(first.label or names[0])
+    limits = next((d.limits for d in declared if d.limits), None)
+    if limits is None and all(d.share_of for d in declared):
+        limits = (0.0, 1.0)
+    if limits is not None:
+        ax.set_ylim(*limits)
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    if len(names) > 1:
+        ax.legend(frameon=False)
+
+
+# ----------------------------------------------------------------------------- the space
 def _last_frame(traj: Any, population: str) -> tuple[int, dict[str, np.ndarray]] | None:
     if population not in traj.populations or not len(traj.steps(population)):
         return None
@@ -314,75 +371,138 @@ def _last_frame(traj: Any, population: str) -> tuple[int, dict[str, np.ndarray]]
     return step, traj.agents(population, step=step)
 
 
-def _boids_panel(traj: Any, ax: Any) -> None:
-    frame = _last_frame(traj, "boid")
-    if frame is None or "pos" not in frame[1]:
-        ax.set_axis_off()
-        ax.set_title("(no recorded positions)")
-        return
-    step, agents = frame
-    pos = agents["pos"]
-    show = np.arange(len(pos)) if len(pos) <= 3000 else np.linspace(0, len(pos) - 1, 3000).astype(int)
-    if "heading" in agents:
-        h = agents["heading"][show]
-        ax.quiver(pos[show, 0], pos[show, 1], h[:, 0], h[:, 1], angles="xy", scale=40, width=0.003,
-                  color="tab:purple")
-    else:
-        ax.scatter(pos[show, 0], pos[show, 1], s=2)
-    ax.set_aspect("equal")
-    ax.set_xlabel("x (length units)")
-    ax.set_ylabel("y (length units)")
-    shown = f"{len(show):,} of {len(pos):,}" if len(show) < len(pos) else f"{len(pos):,}"
-    ax.set_title(f"positions and headings at step {step} ({shown} boids)")
+def _positioned(traj: Any) -> str | None:
+    """The first recorded population with positions (a ``pos`` field, 2 per agent), or None."""
+    for pop in traj.populations:
+        if "pos" in traj.fields(pop) and len(traj.steps(pop)):
+            return str(pop)
+    return None
 
 
-def _schelling_side(params: dict[str, Any], n0: int) -> int:
-    """The grid side of a Schelling run of ``n0`` residents (as models/schelling.py sets it)."""
-    return max(2, math.ceil(math.sqrt(n0 / float(params.get("density", 0.8)))))
+def _grouped_cells(traj: Any) -> str | None:
+    """The first recorded population on grid cells with a group (``cell`` and ``group`` fields), or None."""
+    for pop in traj.populations:
+        if {"cell", "group"} <= set(traj.fields(pop)) and len(traj.steps(pop)):
+            return str(pop)
+    return None
 
 
-def _schelling_image(agents: dict[str, np.ndarray], side: int) -> np.ndarray:
+def _grid_layer(traj: Any) -> str | None:
+    """The first recorded environment layer that is a grid (2-D, or a square number of cells), or None."""
+    if not len(traj.env_steps()):
+        return None
+    for name in traj.env_names:
+        shape = np.shape(traj.env(name, step=int(traj.env_steps()[0])))
+        if len(shape) == 2 or (len(shape) == 1 and shape[0] > 0 and math.isqrt(shape[0]) ** 2 == shape[0]):
+            return str(name)
+    return None
+
+
+def _grid_side(traj: Any, population: str, steps: Sequence[int]) -> int:
+    """The side of the square grid of ``population``'s cells: a 2-D environment layer's, else the
+    smallest square that holds every cell of the frames ``steps``.
+    """
+    layer = _grid_layer(traj)
+    if layer is not None:
+        return int(np.shape(_layer_image(traj, layer, int(traj.env_steps()[0])))[1])
+    top = max((int(traj.agents(population, "cell", step=int(s))["cell"].max(initial=0)) for s in steps), default=0)
+    return max(2, math.isqrt(top) + 1)
+
+
+def _cells_image(agents: dict[str, np.ndarray], side: int) -> np.ndarray:
     """``[side, side]``: each cell's group, NaN where empty."""
     image = np.full(side * side, np.nan)
     image[agents["cell"].astype(np.int64)] = agents["group"]
     return image.reshape(side, side)
 
 
-def _grass_image(traj: Any, step: int) -> np.ndarray:
-    """The grass layer at ``step`` as a square image (1: grown)."""
-    grass = np.asarray(traj.env("grass", step=step), dtype=float)
-    if grass.ndim == 1:
-        side = math.isqrt(grass.size)
-        grass = grass[: side * side].reshape(side, side)
-    return grass
+def _layer_image(traj: Any, name: str, step: int) -> np.ndarray:
+    """Environment layer ``name`` at ``step`` as a 2-D image (a 1-D layer of a square number of cells: square)."""
+    layer = np.asarray(traj.env(name, step=step), dtype=float)
+    if layer.ndim == 1:
+        side = math.isqrt(layer.size)
+        layer = layer[: side * side].reshape(side, side)
+    return layer
 
 
-def _schelling_panel(traj: Any, ax: Any, params: dict[str, Any], n0: int) -> None:
-    frame = _last_frame(traj, "resident")
-    if frame is None or not {"cell", "group"} <= set(frame[1]):
-        ax.set_axis_off()
-        ax.set_title("(no recorded residents)")
-        return
+def _layer_style(traj: Any, name: str) -> dict[str, Any]:
+    """The settings of ``imshow``: a bool layer green on white (0 and 1), any other viridis."""
+    first = np.asarray(traj.env(name, step=int(traj.env_steps()[0])))
+    return {"cmap": "Greens", "vmin": 0, "vmax": 1} if first.dtype == np.bool_ else {"cmap": "viridis"}
+
+
+def _space_drawing(traj: Any) -> Callable[[Any], None] | None:
+    """A function that draws the last recorded frame of the space into a panel, or None when the
+    file recorded nothing spatial (see the module docstring).
+    """
+    pop = _positioned(traj)
+    if pop is not None:
+        return lambda ax: _positions_panel(traj, ax, str(pop))
+    pop = _grouped_cells(traj)
+    if pop is not None:
+        return lambda ax: _cells_panel(traj, ax, str(pop))
+    layer = _grid_layer(traj)
+    if layer is not None:
+        return lambda ax: _layer_panel(traj, ax, str(layer))
+    return None
+
+
+def _positions_panel(traj: Any, ax: Any, population: str) -> None:
+    frame = _last_frame(traj, population)
+    assert frame is not None
+    step, agents = frame
+    pos = agents["pos"]
+    show = np.arange(len(pos)) if len(pos) <= 3000 else np.linspace(0, len(pos) - 1, 3000).astype(int)
+    heading = agents.get("heading")
+    if heading is not None and np.ndim(heading) == 2:
+        h = heading[show]
+        ax.quiver(pos[show, 0], pos[show, 1], h[:, 0], h[:, 1], angles="xy", scale=40, width=0.003,
+                  color="tab:purple")
+        what = "positions and headings"
+    else:
+        ax.scatter(pos[show, 0], pos[show, 1], s=2, color="tab:purple")
+        what = "positions"
+    ax.set_aspect("equal")
+    ax.set_xlabel("x (length units)")
+    ax.set_ylabel("y (length units)")
+    shown = f"{len(show):,} of {len(pos):,}" if len(show) < len(pos) else f"{len(pos):,}"
+    ax.set_title(f"{what} at step {step} ({shown} {population})")
+
+
+def _cells_panel(traj: Any, ax: Any, population: str) -> None:
+    frame = _last_frame(traj, population)
+    assert frame is not None
     step, agents = frame
     from matplotlib.colors import ListedColormap
 
-    ax.imshow(_schelling_image(agents, _schelling_side(params, n0)),
+    ax.imshow(_cells_image(agents, _grid_side(traj, population, [step])),
               cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
-    ax.set_title(f"grid at step {step}: group 0 blue, group 1 orange, empty white")
+    ax.set_title(f"{population} at step {step}: group 0 blue, 1 orange, empty white")
     ax.set_xticks([])
     ax.set_yticks([])
 
 
-def _grass_panel(traj: Any, ax: Any, plt: Any) -> None:
-    if "grass" not in traj.env_names or not len(traj.env_steps()):
-        ax.set_axis_off()
-        ax.set_title("(no recorded grass layer)")
-        return
+def _layer_panel(traj: Any, ax: Any, name: str) -> None:
     step = int(traj.env_steps()[-1])
-    ax.imshow(_grass_image(traj, step), cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_title(f"grass at step {step} (green: grown)")
+    style = _layer_style(traj, name)
+    image = ax.imshow(_layer_image(traj, name, step), interpolation="nearest", **style)
+    if style["cmap"] == "Greens":
+        ax.set_title(f"{name} at step {step} (green: true)")
+    else:
+        ax.figure.colorbar(image, ax=ax)
+        ax.set_title(f"{name} at step {step}")
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def _counts(traj: Any, step: int) -> str:
+    """The population counts ``n_<population>`` at ``step``, as text."""
+    m = traj.metrics
+    rows = np.flatnonzero(np.asarray(m.get("step", [])) == step)
+    if not len(rows):
+        return ""
+    return ", ".join(f"{name[2:]} {int(m[name][rows[0]])}" for name in m
+                     if name.startswith("n_") and np.ndim(m[name]) == 1 and rows[0] < len(m[name]))
 
 
 def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps: int = 8) -> str:
@@ -402,12 +522,11 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
     if suffix == ".mp4" and not FFMpegWriter.isAvailable():
         raise OutputError("animate: an .mp4 needs ffmpeg on the PATH; write a .gif instead")
     traj = read_trajectory(path)
-    params = traj.attrs.get("params", {}) if isinstance(traj.attrs.get("params"), dict) else {}
     model = traj.attrs.get("model", "?")
     fig, ax = plt.subplots(figsize=(5.5, 5.5))
-    pops = [p for p in ("boid", "walker") if p in traj.populations and "pos" in traj.fields(p)]
-    if pops:
-        pop = pops[0]
+    positioned, grouped, layer = _positioned(traj), _grouped_cells(traj), _grid_layer(traj)
+    if positioned is not None:
+        pop = positioned
         steps = traj.steps(pop)
         first = traj.agents(pop, "pos", step=int(steps[0]))["pos"]
         dots = ax.scatter(first[:, 0], first[:, 1], s=3, color="tab:purple")
@@ -422,14 +541,14 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
             dots.set_offsets(traj.agents(pop, "pos", step=int(steps[k]))["pos"])
             ax.set_title(f"{model}: {pop} positions, step {int(steps[k])}")
             return (dots,)
-    elif "resident" in traj.populations:
-        steps = traj.steps("resident")
-        n0 = int(traj.metrics.get("n_resident", [len(traj.agents("resident", "cell", step=int(steps[0]))["uid"])])[0])
-        side = _schelling_side(params, n0)
+    elif grouped is not None:
+        pop = grouped
+        steps = traj.steps(pop)
+        side = _grid_side(traj, pop, [int(s) for s in steps])
         from matplotlib.colors import ListedColormap
 
         def grid(k: int) -> np.ndarray:
-            return _schelling_image(traj.agents("resident", ["cell", "group"], step=int(steps[k])), side)
+            return _cells_image(traj.agents(pop, ["cell", "group"], step=int(steps[k])), side)
         img = ax.imshow(grid(0), cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])
@@ -438,25 +557,25 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
             img.set_data(grid(k))
             ax.set_title(f"{model}, step {int(steps[k])}: group 0 blue, 1 orange, empty white")
             return (img,)
-    elif "grass" in traj.env_names:
+    elif layer is not None:
         steps = traj.env_steps()
+        name = layer
 
-        def layer(k: int) -> np.ndarray:
-            return _grass_image(traj, int(steps[k]))
-        img = ax.imshow(layer(0), cmap="Greens", vmin=0, vmax=1, interpolation="nearest")
+        def image(k: int) -> np.ndarray:
+            return _layer_image(traj, name, int(steps[k]))
+        img = ax.imshow(image(0), interpolation="nearest", **_layer_style(traj, name))
         ax.set_xticks([])
         ax.set_yticks([])
 
         def draw(k: int) -> Any:
-            img.set_data(layer(k))
-            counts = ", ".join(f"{p} {int(traj.metrics[f'n_{p}'][int(steps[k])])}" for p in ("sheep", "wolf")
-                               if f"n_{p}" in traj.metrics and int(steps[k]) < len(traj.metrics[f"n_{p}"]))
-            ax.set_title(f"{model}, step {int(steps[k])}: grass (green: grown); {counts}")
+            img.set_data(image(k))
+            counts = _counts(traj, int(steps[k]))
+            ax.set_title(f"{model}, step {int(steps[k])}: {name}{'; ' + counts if counts else ''}")
             return (img,)
     else:
         plt.close(fig)
-        raise OutputError(f"animate: '{path}' holds no spatial frames (positions, a grid or a grass layer); "
-                          "use agentsim plot")
+        raise OutputError(f"animate: '{path}' holds no spatial frames (positions, a grid or a 2-D environment "
+                          "layer); use agentsim plot")
     if len(steps) < 2:
         plt.close(fig)
         raise OutputError(f"animate: '{path}' has {len(steps)} recorded frame(s); record more with --every K")

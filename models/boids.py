@@ -143,7 +143,7 @@ def sum_heading_y(state: MetricsContext) -> torch.Tensor:
     return state["boid"]["heading"][:, 1]
 
 
-@model.derived
+@model.derived(label="polarization", unit="|mean heading| (1: all aligned)", color="tab:purple", limits=(0, 1.02))
 def polarization(m: dict[str, float]) -> float:
     """Length of the mean heading (0 = disordered, 1 = all aligned)."""
     return math.hypot(m["sum_heading_x"], m["sum_heading_y"]) / max(m["n_boid"], 1)

@@ -87,19 +87,22 @@ def init(ic: InitContext) -> None:
            logp=torch.zeros(n, dtype=torch.float64, device=ic.device))
 
 
-@model.metric(name="S")
+@model.metric(name="S", label="susceptible", color="tab:blue", panel="compartments",
+              share_of=["S", "I", "R"], unit="fraction of the population")
 def susceptible(state: MetricsContext) -> torch.Tensor:
     """Susceptible boys (summed over schools)."""
     return state["person"]["s"]
 
 
-@model.metric(name="I")
+@model.metric(name="I", label="infectious", color="tab:red", panel="compartments",
+              share_of=["S", "I", "R"], unit="fraction of the population")
 def infectious(state: MetricsContext) -> torch.Tensor:
     """Infectious boys, confined to bed in the data (summed over schools)."""
     return state["person"]["i"]
 
 
-@model.metric(name="R")
+@model.metric(name="R", label="recovered", color="tab:green", panel="compartments",
+              share_of=["S", "I", "R"], unit="fraction of the population")
 def recovered(state: MetricsContext) -> torch.Tensor:
     """Recovered boys (summed over schools)."""
     p = state["person"]

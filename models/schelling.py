@@ -126,7 +126,8 @@ def init(ic: InitContext) -> Grid:
     return grid
 
 
-@model.metric()
+@model.metric(label="happy residents (share)", color="tab:cyan", panel="segregation", share_of="n_resident",
+              unit="share", limits=(0, 1.02))
 def happy(state: MetricsContext) -> torch.Tensor:
     """Residents happy at the last assessment."""
     return state["resident"]["happy"]
@@ -146,7 +147,8 @@ def with_neighbors(state: MetricsContext) -> torch.Tensor:
     return state["resident"]["occupied"] > 0
 
 
-@model.derived
+@model.derived(label="segregation (mean similar-neighbor share)", color="tab:brown", panel="segregation",
+               unit="share", limits=(0, 1.02))
 def segregation(m: dict[str, float]) -> float:
     """Mean fraction of same-group neighbors over residents with neighbors."""
     return m["sum_similar_fraction"] / max(m["with_neighbors"], 1)

@@ -150,19 +150,22 @@ def init(ic: InitContext) -> Graph:
     return build_network(ic.params, n, ic.seed).to(ic.device)
 
 
-@model.metric(name="S")
+@model.metric(name="S", label="susceptible", color="tab:blue", panel="compartments",
+              share_of=["S", "I", "R"], unit="fraction of the population")
 def susceptible(state: MetricsContext) -> torch.Tensor:
     """People susceptible."""
     return state["person"]["status"] == S
 
 
-@model.metric(name="I")
+@model.metric(name="I", label="infectious", color="tab:red", panel="compartments",
+              share_of=["S", "I", "R"], unit="fraction of the population")
 def infectious(state: MetricsContext) -> torch.Tensor:
     """People infectious."""
     return state["person"]["status"] == I
 
 
-@model.metric(name="R")
+@model.metric(name="R", label="recovered", color="tab:green", panel="compartments",
+              share_of=["S", "I", "R"], unit="fraction of the population")
 def recovered(state: MetricsContext) -> torch.Tensor:
     """People recovered."""
     return state["person"]["status"] == R

@@ -164,7 +164,11 @@ def init(ic: InitContext) -> Grid:
     return grid
 
 
-@model.metric()
+model.display("n_sheep", label="sheep", color="tab:olive", panel="populations", unit="count")
+model.display("n_wolf", label="wolves", color="tab:gray", panel="populations", unit="count")
+
+
+@model.metric(label="grown grass cells", color="tab:green", unit="cells")
 def grass(state: MetricsContext) -> torch.Tensor:
     """Grown grass patches (each cell counted once, on its owner)."""
     return state.owned_env("grass")

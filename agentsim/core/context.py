@@ -340,7 +340,7 @@ class InitContext:
     def __init__(self, params: Params, n_agents: int, rng: Any, device: torch.device) -> None:
         self.params = params
         self.n_agents = n_agents
-        self.rng = rng  # a StepRNG (a CounterRNG for models of the deprecated positional form)
+        self.rng = rng  # a StepRNG at step 0, default stream "init"
         self.device = device
         self._populations: dict[str, Population] = {}
         self._env: dict[str, Tensor] = {}

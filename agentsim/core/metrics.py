@@ -34,6 +34,10 @@ numpy array).
 
 Every run also reports ``n_<population>``, the number of agents of each population.
 
+A metric may declare how a figure draws it (:class:`Display`: ``label``, ``color``, ``panel``,
+``share_of``, ``limits``, ``unit``); a trajectory file stores that with the metric, and
+``agentsim plot`` draws the declared panels (:mod:`agentsim.plot`).
+
 Examples:
     >>> import torch
     >>> from agentsim.core.context import MetricsContext
@@ -58,6 +62,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,7 +72,7 @@ from torch import Tensor
 from agentsim._native import kernels as cpu_kernels
 from agentsim.core import ops
 from agentsim.core.context import MetricsContext
-from agentsim.errors import ConfigError
+from agentsim.errors import ConfigError, did_you_mean
 
 __all__ = ["METRIC_FRAC_BITS", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
            "check_edges", "local_sums", "metric_row", "sum_of_squares"]
@@ -189,6 +194,125 @@ class Histogram(np.ndarray):
         return Histogram, (np.asarray(self), self.edges or ())
 
 
+@dataclass(frozen=True)
+class Display:
+    """How a figure draws a metric (all optional; see :mod:`agentsim.plot`).
+
+    Attributes:
+        label: The metric's name in a legend, or its panel's y label when alone in the panel
+            (default: the metric's name).
+        color: A matplotlib color: a name (``"red"``, ``"tab:red"``), ``"C0"`` ... ``"C9"`` or
+            ``"#rrggbb"`` (default: the next color of the cycle).
+        panel: The title of the panel that draws it; metrics with the same ``panel`` share it
+            (default: a panel of its own, titled ``label``).
+        share_of: Metric names whose sum divides the value: the metric is drawn as a share
+            of them (``share_of=("S", "I", "R")``: a fraction of the population; the y axis
+            then spans ``[0, 1]`` unless ``limits`` says otherwise).
+        limits: ``(low, high)``: the y range of its panel.
+        unit: The y label of its panel (default: ``label`` for a metric alone in its panel,
+            ``"share of ..."`` for shares).
+
+    Examples:
+        >>> Display.declare("metric 'I'", label="infectious", color="tab:red", share_of=["S", "I", "R"]).as_dict()
+        {'label': 'infectious', 'color': 'tab:red', 'share_of': ['S', 'I', 'R']}
+        >>> Display.declare("metric 'I'", label="")
+        Traceback (most recent call last):
+        ...
+        agentsim.errors.ConfigError: metric 'I': label: expected a non-empty str (got '')
+    """
+
+    label: str | None = None
+    color: str | None = None
+    panel: str | None = None
+    share_of: tuple[str, ...] = ()
+    limits: tuple[float, float] | None = None
+    unit: str | None = None
+
+    KEYS = ("label", "color", "panel", "share_of", "limits", "unit")
+
+    @classmethod
+    def declare(cls, what: str, *, label: Any = None, color: Any = None, panel: Any = None, share_of: Any = None,
+                limits: Any = None, unit: Any = None) -> Display:
+        """A checked :class:`Display`; ``what`` names the metric in messages (``"metric 'I'"``).
+
+        Raises:
+            ConfigError: An empty or non-str label, panel, unit or share_of name; a color that
+                matplotlib does not know; limits that are not two finite numbers, low < high.
+        """
+        texts = {key: _text(what, key, value) for key, value in (("label", label), ("panel", panel), ("unit", unit))}
+        return cls(label=texts["label"], color=_color(what, color), panel=texts["panel"],
+                   share_of=_share_of(what, share_of), limits=_limits(what, limits), unit=texts["unit"])
+
+    @classmethod
+    def from_dict(cls, what: str, values: Mapping[str, Any]) -> Display:
+        """The :class:`Display` of :meth:`as_dict` (as a file stores it), checked.
+
+        Raises:
+            ConfigError: An unknown key (the valid ones are listed) or a bad value (see :meth:`declare`).
+        """
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{what}: display: expected a mapping of {', '.join(cls.KEYS)} (got {values!r})")
+        for key in values:
+            if key not in cls.KEYS:
+                raise ConfigError(f"{what}: display: unknown key {key!r} (valid: {', '.join(cls.KEYS)})."
+                                  + did_you_mean(str(key), cls.KEYS))
+        return cls.declare(what, **dict(values))
+
+    def is_empty(self) -> bool:
+        """Whether nothing is declared."""
+        return not self.as_dict()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The declared entries only, JSON-ready (``share_of`` and ``limits`` as lists)."""
+        out: dict[str, Any] = {}
+        for key in self.KEYS:
+            value = getattr(self, key)
+            if value is None or value == ():
+                continue
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+def _text(what: str, key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what}: {key}: expected a non-empty str (got {value!r})")
+    return value
+
+
+def _color(what: str, color: Any) -> str | None:
+    if color is None:
+        return None
+    from matplotlib.colors import is_color_like  # only when a color is declared (about 0.1 s)
+
+    if not isinstance(color, str) or not is_color_like(color):
+        raise ConfigError(f"{what}: color: expected a matplotlib color name or string ('red', 'tab:red', 'C0', "
+                          f"'#1f77b4') (got {type(color).__name__} {color!r})")
+    return color
+
+
+def _share_of(what: str, names: Any) -> tuple[str, ...]:
+    if names is None:
+        return ()
+    listed = [names] if isinstance(names, str) else names
+    if not isinstance(listed, (list, tuple)) or not listed or \
+            any(not isinstance(n, str) or not n for n in listed):
+        raise ConfigError(f"{what}: share_of: expected a metric name or a non-empty list of them (got {names!r})")
+    return tuple(listed)
+
+
+def _limits(what: str, limits: Any) -> tuple[float, float] | None:
+    if limits is None:
+        return None
+    ok = (isinstance(limits, (list, tuple)) and len(limits) == 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in limits)
+          and limits[0] < limits[1])
+    if not ok:
+        raise ConfigError(f"{what}: limits: expected (low, high), two finite numbers with low < high (got {limits!r})")
+    return float(limits[0]), float(limits[1])
+
+
 class Metric:
     """One metric: ``fn(state) -> per-agent values``, reduced by ``"sum"`` or ``"mean"``, or counted
     in histogram bins (see the module docstring).
@@ -205,13 +329,16 @@ class Metric:
             metric is the int64 count of values per bin, ``K = len(hist) - 1`` entries, as
             ``numpy.histogram`` (last bin closed; values outside the edges and NaN not counted).
             Not with ``reduce="mean"``.
+        label, color, panel, share_of, limits, unit: How a figure draws it (:class:`Display`).
 
     Raises:
-        ConfigError: A bad name, reduction or edges, or ``hist`` with ``reduce="mean"``.
+        ConfigError: A bad name, reduction, edges or display entry, or ``hist`` with ``reduce="mean"``.
     """
 
     def __init__(self, fn: MetricFn, name: str | None = None, reduce: str = "sum",
-                 hist: Iterable[float] | None = None) -> None:
+                 hist: Iterable[float] | None = None, *, label: str | None = None, color: str | None = None,
+                 panel: str | None = None, share_of: str | Sequence[str] | None = None,
+                 limits: tuple[float, float] | None = None, unit: str | None = None) -> None:
         if not callable(fn):
             raise ConfigError(f"metric: expected a function of the state (got {fn!r})")
         if reduce not in REDUCTIONS:
@@ -223,6 +350,8 @@ class Metric:
         if self.hist is not None and reduce != "sum":
             raise ConfigError(f"metric '{self.name}': hist counts values per bin, it has no reduce={reduce!r} "
                               "(valid with hist: reduce='sum'); declare a mean as a separate metric")
+        self.display = Display.declare(f"metric '{self.name}'", label=label, color=color, panel=panel,
+                                       share_of=share_of, limits=limits, unit=unit)
         self._entry_names: dict[int, list[str]] = {}
         self._edges: dict[torch.device, Tensor] = {}
 
@@ -309,34 +438,10 @@ def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
     return torch.bincount(bins[inside], minlength=k).to(torch.int64).cpu()
 
 
-class LegacyMetrics:
-    """The ``metrics(mc) -> {name: per-agent values}`` function of the deprecated ``Model`` form: sums
-    (of every value, whatever the shape).
-    """
-
-    def __init__(self, fn: Callable[[MetricsContext], Mapping[str, Tensor]]) -> None:
-        self.fn = fn
-        self.reduce = "sum"
-        self.name = ""
-
-    def sums(self, mc: MetricsContext) -> list[Block]:
-        """The function's values, each summed to one entry."""
-        blocks: list[Block] = []
-        for key, value in dict(self.fn(mc)).items():
-            if isinstance(value, ExactSum):
-                blocks.append(([key], [True], value.total.to(torch.int64).cpu().reshape(1)))
-                continue
-            is_float = value.is_floating_point()
-            blocks.append(([key], [is_float], (_exact_sum(value) if is_float else _integer_sum(value)).reshape(1)))
-        return blocks
-
-
 class Derived(NamedTuple):
-    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``
-    (with a name), or, in the deprecated form, ``fn(metrics) -> {name: number}`` (name None).
-    """
+    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``."""
 
-    name: str | None
+    name: str
     fn: Callable[[dict[str, Any]], Any]
 
 
@@ -352,7 +457,7 @@ class MetricSums(NamedTuple):
     values: Tensor
 
 
-def local_sums(metrics: Sequence[Metric | LegacyMetrics], mc: MetricsContext) -> MetricSums:
+def local_sums(metrics: Sequence[Metric], mc: MetricsContext) -> MetricSums:
     """This rank's exact sums of every metric (and ``n_<population>``); sum them over ranks
     elementwise (int64) for the global sums.
     """
@@ -459,7 +564,7 @@ def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
     return tuple(items)
 
 
-def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMetrics],
+def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
                derived: Sequence[Derived] = ()) -> dict[str, Any]:
     """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
     divided by their counts; a vector metric as a numpy array ``[K]``, a histogram as a
@@ -468,7 +573,7 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMet
     Raises:
         ConfigError: A derived metric returned an array of more than one dimension.
     """
-    declared = tuple((m.name, m.reduce, m.hist) for m in metrics if isinstance(m, Metric))
+    declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
     raw = sums.values.cpu().numpy()
     scale = 2.0 ** -METRIC_FRAC_BITS
     out: dict[str, Any] = {"step": step}
@@ -489,9 +594,6 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric | LegacyMet
             value = value / count if count else float("nan")
         out[item.name] = value
     for d in derived:
-        if d.name is None:
-            out.update(d.fn(dict(out)))
-            continue
         value = _vector(d.fn(dict(out)))
         if isinstance(value, np.ndarray) and value.ndim > 1:
             raise ConfigError(f"derived metric '{d.name}': expected a number or a vector [K] (got an array of "

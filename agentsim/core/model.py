@@ -36,14 +36,13 @@ Users compose a model by substep name, from Python (``model.configure(substeps=[
 or from a config file, and override parameters; both are validated when the model is
 configured. A run never changes a model: timings live on the run's result.
 
-The positional form of earlier releases, ``Model(name, registry, substep_names, ParamSpec,
-init, metrics, derive)``, still works for this release (with a ``DeprecationWarning``) and
-gives the same results.
+The positional form of release 0.1, ``Model(name, registry, substep_names, ParamSpec, init,
+metrics, derive)``, was removed in 0.3: it raises a :class:`~agentsim.errors.ConfigError` that
+says what to write instead (CHANGELOG.md shows the port).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -52,17 +51,29 @@ from torch import Tensor
 
 from agentsim.core.context import InitContext, MetricsContext
 from agentsim.core.env import check_combine_dtype
-from agentsim.core.metrics import Derived, LegacyMetrics, Metric, MetricSums, check_metric_name, local_sums, metric_row
+from agentsim.core.metrics import Derived, Display, Metric, MetricSums, check_metric_name, local_sums, metric_row
 from agentsim.core.params import Param, Params, ParamTable
 from agentsim.core.policy import PolicySpec
 from agentsim.core.state import State
-from agentsim.core.substep import ENV, Registry, Substep, split_ref, substep_decorator
+from agentsim.core.substep import ENV, Substep, split_ref, substep_decorator
 from agentsim.errors import ConfigError, did_you_mean
 
 __all__ = ["InitFn", "Model"]
 
 InitFn = Callable[[InitContext], Any]
-_LEGACY_ORDER = ("registry", "substeps", "params", "init", "metrics", "derive")
+_REMOVED_MODEL = ("Model(name, registry, substeps, params, init, ...) was removed in 0.3: write "
+                  "Model(name, params={...}) and declare substeps, init and metrics with @model.substep(...), "
+                  "@model.init and @model.metric(...); see CHANGELOG.md")
+_KEYWORDS = "params, substeps, init, metrics, derived, description, default_agents"
+
+
+def _check_display_keys(what: str, display: dict[str, Any], others: tuple[str, ...] = ()) -> None:
+    """Only the keys of :class:`~agentsim.core.metrics.Display` (``others``: the caller's other keywords)."""
+    for key in display:
+        if key not in Display.KEYS:
+            valid = (*others, *Display.KEYS)
+            raise ConfigError(f"{what}: unexpected keyword {key!r} (valid: {', '.join(valid)})."
+                              + did_you_mean(key, valid))
 
 
 class Model:
@@ -83,11 +94,17 @@ class Model:
         default_agents: Agent count when none is given.
     """
 
-    def __init__(self, name: str, *legacy: Any, params: Mapping[str, Param] | ParamTable | None = None,
+    def __init__(self, name: str, *removed: Any, params: Mapping[str, Param] | ParamTable | None = None,
                  substeps: Iterable[Substep] | None = None, init: InitFn | None = None,
                  metrics: Iterable[Metric] | None = None,
                  derived: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None,
-                 description: str = "", default_agents: int = 10_000, **legacy_kw: Any) -> None:
+                 description: str = "", default_agents: int = 10_000, **removed_keywords: Any) -> None:
+        if removed or {"registry", "derive"} & set(removed_keywords):
+            raise ConfigError(_REMOVED_MODEL)
+        if removed_keywords:
+            key = next(iter(removed_keywords))
+            raise ConfigError(f"Model: unexpected keyword {key!r} (valid: {_KEYWORDS})."
+                              + did_you_mean(key, _KEYWORDS.split(", ")))
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Model: expected a name (got {name!r})")
         self.name = name
@@ -96,18 +113,23 @@ class Model:
         self.definition = object()  # shared by configured copies; renewed by every declaration
         self._available: dict[str, Substep] = {}
         self._order: list[str] | None = None  # None: every substep, in definition order
-        self._metrics: list[Metric | LegacyMetrics] = []
+        self._metrics: list[Metric] = []
         self._derived: list[Derived] = []
+        self._display: dict[str, Display] = {}  # of derived metrics and n_<population> (model.display)
         self._policies: dict[str, PolicySpec] = {}
         self._rewards: dict[str, Callable[[MetricsContext], Any]] = {}
         self._overrides: dict[str, Any] = {}
         self._resolved: Params | None = None
-        self.legacy = bool(legacy or legacy_kw)
-        if self.legacy:
-            self._init_legacy(legacy, legacy_kw, params, substeps, init, metrics)
-            return
         self.param_table = params if isinstance(params, ParamTable) else ParamTable(params or {})
         self.init_fn: InitFn | None = None
+        if metrics is not None and callable(metrics):
+            raise ConfigError("Model(metrics=fn): a function fn(mc) -> {name: values} was removed in 0.3: declare "
+                              "each metric with @model.metric (or pass metrics=[agentsim.Metric(fn, name=...)]); "
+                              "see CHANGELOG.md")
+        if derived is not None and not isinstance(derived, Mapping):
+            raise ConfigError("Model(derived=...): expected {name: fn(metrics) -> number}; a function fn(metrics) -> "
+                              "{name: number} (derive= of 0.1) was removed in 0.3: declare each derived metric "
+                              "with @model.derived; see CHANGELOG.md")
         for step in substeps or ():
             self.add_substep(step)
         if init is not None:
@@ -116,39 +138,6 @@ class Model:
             self.add_metric(metric)
         for key, fn in (derived or {}).items():
             self.add_derived(key, fn)
-
-    def _init_legacy(self, args: tuple[Any, ...], kw: dict[str, Any], params: Any, substeps: Any, init: Any,
-                     metrics: Any) -> None:
-        """``Model(name, registry, substeps, params, init, metrics=None, derive=None)``, deprecated."""
-        warnings.warn("Model(name, registry, substeps, params, init, ...) is deprecated and will be removed in the "
-                      "next release: write Model(name, params={...}) and declare substeps, init and metrics with "
-                      "its decorators (see the README)", DeprecationWarning, stacklevel=3)
-        if len(args) > len(_LEGACY_ORDER):
-            raise ConfigError(f"Model: too many positional arguments ({len(args) + 1})")
-        values = dict(zip(_LEGACY_ORDER, args, strict=False))  # the trailing ones may be missing
-        given = {"params": params, "substeps": substeps, "init": init, "metrics": metrics}
-        values.update({k: v for k, v in given.items() if v is not None})
-        for key in kw:
-            if key not in _LEGACY_ORDER:
-                raise ConfigError(f"Model: unexpected keyword {key!r}")
-        values.update(kw)
-        missing = [k for k in ("registry", "substeps", "params", "init") if k not in values]
-        if missing:
-            raise ConfigError(f"Model (positional form): missing {', '.join(missing)}")
-        registry = values["registry"]
-        if not isinstance(registry, Registry):
-            raise ConfigError(f"Model: expected a Registry as the second argument (got {type(registry).__name__})")
-        for key in registry:
-            self._available[key] = registry[key]
-        self._order = self._check_order(values["substeps"])
-        table = values["params"]
-        self.param_table = table if isinstance(table, ParamTable) else ParamTable(table)
-        self.init_fn = values["init"]
-        if values.get("metrics") is not None:
-            self._metrics.append(LegacyMetrics(values["metrics"]))
-        if values.get("derive") is not None:
-            self._derived.append(Derived(None, values["derive"]))
-        self.params  # noqa: B018  resolve the defaults now, as earlier releases did
 
     # ------------------------------------------------------------------ declaring
     def add_substep(self, step: Substep) -> Substep:
@@ -190,24 +179,66 @@ class Model:
         return metric
 
     def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum",
-               hist: Iterable[float] | None = None) -> Any:
+               hist: Iterable[float] | None = None, **display: Any) -> Any:
         """Decorator: ``fn(state) -> per-agent values`` is a metric, summed exactly over agents and
         ranks (``reduce="sum"``) or averaged (``reduce="mean"``); ``[n, K]`` values make a vector
         metric of K entries (each column summed); with ``hist=edges`` the metric counts the
         ``[n]`` values per bin (see :mod:`agentsim.core.metrics`).
 
+        ``label=``, ``color=``, ``panel=``, ``share_of=``, ``limits=``, ``unit=`` declare how a
+        figure draws it (:class:`~agentsim.core.metrics.Display`)::
+
+            @model.metric(name="I", label="infectious", color="tab:red", panel="compartments",
+                          share_of=["S", "I", "R"], unit="fraction of the population")
+
         Raises:
-            ConfigError: A bad name, reduction or edges (when the function is declared).
+            ConfigError: A bad name, reduction, edges or display entry (when the function is declared).
         """
         if callable(name):  # bare @model.metric
             self.add_metric(Metric(name))
             return name
+        _check_display_keys(f"metric '{name}'" if name else "metric", display, ("name", "reduce", "hist"))
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist))
+            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist, **display))
             return fn
 
         return register
+
+    def display(self, name: str, **display: Any) -> None:
+        """Declare how a figure draws metric ``name`` (``label=``, ``color=``, ``panel=``,
+        ``share_of=``, ``limits=``, ``unit=``: :class:`~agentsim.core.metrics.Display`): for a
+        derived metric or a built-in count ``n_<population>``; a metric declared with
+        :meth:`metric` takes them as keywords there.
+
+        Raises:
+            ConfigError: ``name`` is not a derived metric or ``n_<population>`` (declared metrics
+                take the keywords in :meth:`metric`), it has its display already, or a bad entry.
+        """
+        what = f"metric '{name}'"
+        _check_display_keys(what, display)
+        declared = {m.name: m for m in self._metrics}
+        if name in declared:
+            raise ConfigError(f"model '{self.name}': {what} is declared with @model.metric: pass label=, color=, ... "
+                              "there")
+        derived = [d.name for d in self._derived]
+        if name not in derived and not (isinstance(name, str) and name.startswith("n_") and len(name) > 2):
+            raise ConfigError(f"model '{self.name}': display: expected a derived metric "
+                              f"({', '.join(derived) or 'none'}) or a population count n_<population> (got {name!r})."
+                              + did_you_mean(str(name), derived))
+        if name in self._display:
+            raise ConfigError(f"model '{self.name}': {what} has its display already")
+        self._display[name] = Display.declare(what, **display)
+        self.definition = object()
+
+    def metric_display(self) -> dict[str, dict[str, Any]]:
+        """Metric name to its declared display entries (:meth:`Display.as_dict
+        <agentsim.core.metrics.Display.as_dict>`), for the metrics that declare any: what a
+        trajectory file stores with each metric.
+        """
+        out = {m.name: m.display.as_dict() for m in self._metrics if not m.display.is_empty()}
+        out.update({name: d.as_dict() for name, d in self._display.items()})
+        return out
 
     def add_derived(self, name: str, fn: Callable[[dict[str, Any]], Any]) -> None:
         """Append a derived metric ``fn(metrics) -> number`` of the global metric values."""
@@ -219,12 +250,32 @@ class Model:
         self._derived.append(Derived(name, fn))
         self.definition = object()
 
-    def derived(self, fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def derived(self, fn: Callable[[dict[str, Any]], Any] | None = None, **display: Any) -> Any:
         """Decorator: ``fn(metrics) -> number`` is a metric computed from the others' global values,
-        named after the function (``metrics`` holds the metrics declared before it).
+        named after the function (``metrics`` holds the metrics declared before it). As
+        ``@model.derived(label=..., color=..., ...)`` it also declares how a figure draws it
+        (:class:`~agentsim.core.metrics.Display`).
+
+        Raises:
+            ConfigError: A bad name or display entry (when the function is declared).
         """
-        self.add_derived(getattr(fn, "__name__", ""), fn)
-        return fn
+        if fn is not None:
+            if display:
+                raise ConfigError(f"model '{self.name}': derived: pass the display entries as "
+                                  "@model.derived(label=..., ...), with the function decorated")
+            self.add_derived(getattr(fn, "__name__", ""), fn)
+            return fn
+        _check_display_keys("derived metric", display)
+
+        def register(function: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+            name = getattr(function, "__name__", "")
+            Display.declare(f"metric '{name}'", **display)  # a bad entry raises before anything is added
+            self.add_derived(name, function)
+            if display:
+                self.display(name, **display)
+            return function
+
+        return register
 
     def policy(self, population: str, *, action: str, observations: int, actions: int = 0, action_dim: int = 0,
                name: str | None = None, reads: Iterable[str] = (), neighbors: Mapping[str, Iterable[str]] | None = None,
@@ -321,11 +372,6 @@ class Model:
             self._resolved = self.param_table.resolve(self._overrides, model=self.name)
         return self._resolved
 
-    @property
-    def param_spec(self) -> ParamTable:
-        """The declared parameters (the name of earlier releases of :attr:`param_table`)."""
-        return self.param_table
-
     def _check_order(self, names: Iterable[str]) -> list[str]:
         if isinstance(names, str):
             raise ConfigError(f"substeps: expected a list of names (got the string {names!r})")
@@ -350,6 +396,7 @@ class Model:
         # declaring more on one copy leaves the others alone.
         new._available = dict(self._available)  # noqa: SLF001
         new._metrics, new._derived = list(self._metrics), list(self._derived)  # noqa: SLF001
+        new._display = dict(self._display)  # noqa: SLF001
         new._policies, new._rewards = dict(self._policies), dict(self._rewards)  # noqa: SLF001
         new._overrides = {**self._overrides, **dict(params or {})}  # noqa: SLF001
         new._resolved = None  # noqa: SLF001
@@ -376,9 +423,6 @@ class Model:
         """Run ``init``: the state at step 0 and the space."""
         self.check_ready()
         assert self.init_fn is not None
-        if self.legacy:
-            state, space = self.init_fn(ic)
-            return state, space
         space = self.init_fn(ic)
         if isinstance(space, tuple):
             raise ConfigError(f"model '{self.name}': init returns the space (got a tuple; populations are added "
@@ -399,6 +443,17 @@ class Model:
             if name.startswith("n_") and name[2:] in state.populations:
                 raise ConfigError(f"model '{self.name}': metric '{name}' has the name of the built-in count of "
                                   f"population '{name[2:]}' (every run reports n_<population>); rename it")
+        counts = [f"n_{pop}" for pop in state.populations]
+        for name, entries in self.metric_display().items():
+            if name.startswith("n_") and name not in self.metric_names() and name not in counts:
+                raise ConfigError(f"model '{self.name}': display of '{name}', but the populations are "
+                                  f"{list(state.populations)} (counts: {', '.join(counts)})."
+                                  + did_you_mean(name, counts))
+            for other in entries.get("share_of", ()):
+                if other not in self.metric_names() and other not in counts:
+                    valid = [*self.metric_names(), *counts]
+                    raise ConfigError(f"model '{self.name}': metric '{name}' is drawn as a share_of '{other}', which "
+                                      f"is no metric (valid: {', '.join(valid)})." + did_you_mean(other, valid))
         for s in self.substeps:
             refs = [*s.reads, *s.writes] + [f"{p}.{f}" for p, fs in s.neighbors.items() for f in fs]
             for ref in refs:

@@ -21,22 +21,21 @@ Examples:
     ...
     agentsim.errors.UnknownParameterError: unknown parameter 'betta' of model 'sir' (valid: beta). Perhaps ...
 
-The form of earlier releases, ``Param(0.03, float, "doc", check=lambda v: ..., expect="...")``
-with the declarations wrapped in a ``ParamSpec``, still works for this release and warns
-(``DeprecationWarning``).
+The forms of release 0.1, ``Param(0.03, float, "doc")``, ``Param(..., check=..., expect=...)``
+and ``ParamSpec({...})``, were removed in 0.3; they raise a :class:`~agentsim.errors.ConfigError`
+that says what to write instead (see CHANGELOG.md).
 """
 
 from __future__ import annotations
 
 import builtins
 import math
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 from agentsim.errors import ConfigError, UnknownParameterError, did_you_mean
 
-__all__ = ["REQUIRED", "Param", "ParamSpec", "ParamTable", "Params"]
+__all__ = ["REQUIRED", "Param", "ParamTable", "Params"]
 
 
 class _Required:
@@ -48,9 +47,7 @@ REQUIRED: Any = _Required()  # the default of a parameter without one
 _TYPES = (bool, int, float, str)
 
 
-def _deprecated(what: str, instead: str) -> None:
-    warnings.warn(f"{what} is deprecated and will be removed in the next release: {instead}",
-                  DeprecationWarning, stacklevel=3)
+_SEE = "see CHANGELOG.md"
 
 
 class Param:
@@ -69,19 +66,19 @@ class Param:
         'float in (0, 1], default 0.1: daily recovery probability'
     """
 
-    def __init__(self, default: Any = REQUIRED, doc: Any = "", legacy_doc: str = "", *,
-                 type: type | None = None, ge: float | None = None, gt: float | None = None,
-                 le: float | None = None, lt: float | None = None, choices: Any = None,
-                 check: Callable[[Any], bool] | None = None, expect: str = "") -> None:
-        if isinstance(doc, builtins.type):  # Param(default, float, "doc"): the form of earlier releases
-            _deprecated("Param(default, type, doc)", "write Param(default, doc) (the type is the default's) "
-                        "or Param(default, doc, type=...)")
-            type, doc = doc, legacy_doc
-        elif legacy_doc:
-            raise ConfigError(f"Param: expected Param(default, doc, ...) (got a third argument {legacy_doc!r})")
-        if check is not None or expect:
-            _deprecated("Param(check=..., expect=...)", "use ge=, gt=, le=, lt= or choices=, which write their "
-                        "own error messages")
+    def __init__(self, default: Any = REQUIRED, doc: Any = "", *removed: Any, type: type | None = None,
+                 ge: float | None = None, gt: float | None = None, le: float | None = None,
+                 lt: float | None = None, choices: Any = None, **removed_keywords: Any) -> None:
+        if isinstance(doc, builtins.type) or removed:  # Param(default, float, "doc"): the form of 0.1
+            raise ConfigError("Param(default, type, doc) was removed in 0.3: write Param(default, doc) (the type "
+                              f"is the default's) or Param(doc=..., type=...) for a required one; {_SEE} "
+                              f"(got Param({', '.join(repr(a) for a in (default, doc, *removed))}))")
+        if "check" in removed_keywords or "expect" in removed_keywords:
+            raise ConfigError("Param(check=..., expect=...) was removed in 0.3: bound the value with ge=, gt=, le=, "
+                              f"lt= or choices= (they write their own error messages); {_SEE}")
+        if removed_keywords:
+            raise ConfigError(f"Param: unexpected keyword {next(iter(removed_keywords))!r} (valid: default, doc, "
+                              "type, ge, gt, le, lt, choices)")
         if not isinstance(doc, str):
             raise ConfigError(f"Param: doc must be a str (got {doc!r})")
         if type is None:
@@ -101,8 +98,6 @@ class Param:
         self.type = type
         self.ge, self.gt, self.le, self.lt = ge, gt, le, lt
         self.choices = None if choices is None else tuple(choices)
-        self.check = check
-        self.expect = expect
         if default is not REQUIRED:
             self.validate("default", convert("default", default, type))
 
@@ -132,7 +127,7 @@ class Param:
         return ""
 
     def validate(self, name: str, value: Any) -> Any:
-        """Check a converted value against the bounds, choices and (deprecated) check."""
+        """Check a converted value against the bounds and choices."""
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"parameter '{name}': expected one of {list(self.choices)} (got {value!r})")
         if self.type in (int, float):
@@ -140,8 +135,6 @@ class Param:
                   and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
             if not ok:  # NaN fails every bound
                 raise ConfigError(f"parameter '{name}': expected a value {self.bounds_text()} (got {value!r})")
-        if self.check is not None and not self.check(value):
-            raise ConfigError(f"parameter '{name}': expected {self.expect or 'a valid value'} (got {value!r})")
         return value
 
     def describe(self) -> str:
@@ -287,11 +280,3 @@ class ParamTable:
         w = [max([len(r[i]) for r in rows] + [4]) for i in range(4)]
         return "\n".join(f"  {a:<{w[0]}}  {b:<{w[1]}}  {c:<{w[2]}}  {d:<{w[3]}}  {e}".rstrip()
                          for a, b, c, d, e in rows)
-
-
-class ParamSpec(ParamTable):
-    """Deprecated: pass ``params={name: Param(...)}`` to :class:`~agentsim.core.model.Model` instead."""
-
-    def __init__(self, params: Mapping[str, Param]) -> None:
-        _deprecated("ParamSpec", "pass params={name: Param(...)} to agentsim.Model")
-        super().__init__(params)

@@ -35,8 +35,9 @@ modifying a read-only tensor in place, raises :class:`~agentsim.errors.FieldAcce
 
 Declare a substep with the :meth:`Model.substep <agentsim.core.model.Model.substep>` decorator,
 or build one with :class:`Substep` (``Substep(move, writes=["walker.pos"])``) and pass it to
-``Model(..., substeps=[...])``. Writing a field implies reading it. The deprecated
-:class:`Registry` of earlier releases still works for this release.
+``Model(..., substeps=[...])``. Writing a field implies reading it. (The ``Registry`` and the
+positional ``Substep(name, fn, reads, writes, ...)`` of release 0.1 were removed in 0.3: see
+CHANGELOG.md.)
 
 Examples:
     >>> def move(ctx):
@@ -49,8 +50,7 @@ Examples:
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -138,7 +138,6 @@ def _scaled(text: str) -> tuple[float, str]:
         return 1.0, text
 
 
-_LEGACY_FIELDS = ("reads", "writes", "neighbors", "births", "deaths", "doc", "reach", "agentwise")
 COMBINES = ("set", "add", "min", "max")  # how env writes of several processes combine (agentsim.core.env)
 
 
@@ -193,7 +192,9 @@ class Substep:
         combine: ``{"env.layer": mode}``: how the env writes of several processes combine
             (``"set"`` by default; see :mod:`agentsim.core.env`).
 
-    ``Substep(name, fn, reads, writes, ...)``, the positional form of earlier releases, still works.
+    Raises:
+        ConfigError: A bad declaration; or ``Substep(name, fn, reads, writes, ...)``, the positional
+            form of release 0.1 (removed in 0.3: the message says what to write instead).
     """
 
     name: str
@@ -213,18 +214,11 @@ class Substep:
                  births: Iterable[str] = (), deaths: Iterable[str] = (), reach: str | float = "global",
                  agentwise: bool = False, doc: str | None = None,
                  combine: Mapping[str, str] | None = None) -> None:
-        if isinstance(fn, str):  # Substep(name, fn, reads, writes, ...) of earlier releases
-            if not args:
-                raise ConfigError(f"Substep({fn!r}, ...): expected the function after the name")
-            name, fn, rest = fn, args[0], args[1:]
-            if len(rest) > len(_LEGACY_FIELDS):
-                raise ConfigError(f"substep '{name}': too many positional arguments")
-            values = dict(zip(_LEGACY_FIELDS, rest, strict=False))  # the trailing ones may be missing
-            reads, writes = values.get("reads", reads), values.get("writes", writes)
-            neighbors, births = values.get("neighbors", neighbors), values.get("births", births)
-            deaths, doc = values.get("deaths", deaths), values.get("doc", doc)
-            reach, agentwise = values.get("reach", reach), values.get("agentwise", agentwise)
-        elif args:
+        if isinstance(fn, str):  # Substep(name, fn, reads, writes, ...) of release 0.1
+            raise ConfigError(f"Substep({fn!r}, fn, reads, writes, ...) was removed in 0.3: write Substep(fn, "
+                              f"name={fn!r}, reads=[...], writes=[...]) or declare it with @model.substep(...); "
+                              "see CHANGELOG.md")
+        if args:
             raise ConfigError("Substep(fn, ...): declarations are keyword arguments (reads=, writes=, neighbors=, ...)")
         if not callable(fn):
             raise ConfigError(f"substep: expected a function fn(ctx) (got {fn!r})")
@@ -307,44 +301,3 @@ def substep_decorator(add: Callable[[Substep], object], name: str | Callable[...
         fn, name = name, None
         return register(fn)
     return register
-
-
-class Registry:
-    """Deprecated: substeps by name for the positional ``Model(name, registry, ...)`` form.
-
-    Declare substeps on the model instead (``@model.substep(...)``, see :class:`~agentsim.core.model.Model`).
-    """
-
-    def __init__(self) -> None:
-        warnings.warn("Registry is deprecated and will be removed in the next release: declare substeps with "
-                      "@model.substep(...) on an agentsim.Model", DeprecationWarning, stacklevel=2)
-        self._substeps: dict[str, Substep] = {}
-
-    def add(self, step: Substep) -> None:
-        """Register ``step`` under its name."""
-        if step.name in self._substeps:
-            raise ConfigError(f"substep '{step.name}' is already registered in this registry")
-        self._substeps[step.name] = step
-
-    def substep(self, name: str | None = None, **declarations: Any) -> Any:
-        """Decorator that registers ``fn`` as a substep (see :class:`Substep` for the declarations)."""
-        return substep_decorator(self.add, name, **declarations)
-
-    def __getitem__(self, name: str) -> Substep:
-        try:
-            return self._substeps[name]
-        except KeyError:
-            raise ConfigError(
-                f"unknown substep '{name}' (valid: {', '.join(self._substeps) or 'none'})."
-                + did_you_mean(name, self._substeps)
-            ) from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._substeps
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._substeps)
-
-    def names(self) -> list[str]:
-        """The registered names, in registration order."""
-        return list(self._substeps)

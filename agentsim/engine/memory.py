@@ -115,7 +115,7 @@ def estimate_bytes(model: Model, params: Params, agents: int, seed: int = 0) -> 
         with torch.no_grad():
             for n in sizes:
                 rng = CounterRNG(seed)
-                ic = InitContext(params, n, rng if model.legacy else rng.at(0, "init"), torch.device("cpu"))
+                ic = InitContext(params, n, rng.at(0, "init"), torch.device("cpu"))
                 state, _ = model.build(ic)
                 measured.append(state_bytes(state))
                 del state

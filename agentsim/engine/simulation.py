@@ -351,7 +351,7 @@ class Simulation:
         self.actors = resolve_actors(self.model.policies, policies)
         if resume is None:  # a state that cannot fit: refused now, not by the allocator in the build
             check_memory(self.model, self.params, self.n_agents, self.device, self.seed)
-        rng: Any = self.rng if self.model.legacy else self.rng.at(0, "init")
+        rng: Any = self.rng.at(0, "init")
         with torch.set_grad_enabled(self.differentiable):
             state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
         state = state.to(self.device)
@@ -793,7 +793,8 @@ class Simulation:
         origin, span = (0, start + steps) if append else (start, steps)
         recorder = Recorder(out, recording(self.state, record), self.comm.rank, every,
                             continue_before=start if append else None, model=self.model.name,
-                            params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size)
+                            params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size,
+                            display=self.model.metric_display())
         rows = _MetricRows()
         t_run = 0.0
         self._in_run = True

@@ -15,8 +15,11 @@ Root attributes:
     vector metric (K entries per row, fixed by the first row; int64 for integer values,
     float64 otherwise), one row per :meth:`TrajectoryWriter.write_metrics` call. A
     histogram metric's dataset has the attribute ``edges`` (float64 ``[K + 1]``, the bin
-    edges, ``-inf`` / ``inf`` for open-ended bins). A name containing ``/`` is a nested
-    group (``infected/young``).
+    edges, ``-inf`` / ``inf`` for open-ended bins). A metric whose model declares how it is
+    drawn has the attribute ``display`` (a JSON str of the declared entries of
+    :class:`~agentsim.core.metrics.Display`: ``label``, ``color``, ``panel``, ``share_of``,
+    ``limits``, ``unit``; optional: files without it plot with generic panels). A name
+    containing ``/`` is a nested group (``infected/young``).
 
 ``/agents/<population>``:
     ``step`` int64 ``[K]``: the step of each recorded frame; ``offsets`` int64
@@ -81,6 +84,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from agentsim.io.faults import FailingFile, Fault, write_fault
 
@@ -371,6 +375,9 @@ class TrajectoryWriter:
         world_size: Number of ranks of the run.
         compression: ``"gzip"`` (level 4, with shuffle), ``"lzf"`` or None.
         overwrite: Replace an existing file; if False an existing ``path`` is an error.
+        display: Metric name to how a figure draws it (the entries of
+            :meth:`Display.as_dict <agentsim.core.metrics.Display.as_dict>`), stored as the
+            ``display`` attribute of the metric's dataset; names without rows are ignored.
 
     Raises:
         ConfigError: A bad argument (checked before the file is touched).
@@ -401,8 +408,10 @@ class TrajectoryWriter:
         world_size: int = 1,
         compression: str | None = "gzip",
         overwrite: bool = True,
+        display: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.path = os.fspath(path)
+        self._display = _display_attrs(display)
         if not isinstance(model, str) or not model:
             raise ConfigError(f"model: expected a non-empty str (got {model!r})")
         seed = _check_int("seed", seed, -(2**63))
@@ -510,7 +519,8 @@ class TrajectoryWriter:
 
     @classmethod
     def continue_file(cls, path: str | os.PathLike[str], *, model: str, params: Mapping[str, Any], seed: int,
-                      before: int, steps: int, world_size: int = 1) -> TrajectoryWriter:
+                      before: int, steps: int, world_size: int = 1,
+                      display: Mapping[str, Mapping[str, Any]] | None = None) -> TrajectoryWriter:
         """Open the file of an interrupted (or finished) run to write on from step ``before``.
 
         Every row and frame of a step ``>= before`` is dropped (the resumed run writes them
@@ -524,6 +534,7 @@ class TrajectoryWriter:
         """
         self = cls.__new__(cls)
         self.path = os.fspath(path)
+        self._display = _display_attrs(display)
         self._creating = None
         params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
         self._setup(write_fault(self.path), [self.path])
@@ -704,6 +715,8 @@ class TrajectoryWriter:
                         self._append(ds, old)
                 if name in series.edges and "edges" not in ds.attrs:
                     ds.attrs["edges"] = np.asarray(series.edges[name], dtype=np.float64)
+                if series is self._metrics and name in self._display and "display" not in ds.attrs:
+                    ds.attrs["display"] = self._display[name]
                 self._append(ds, data.astype(ds.dtype, copy=False) if shape else np.asarray(column, dtype=ds.dtype))
             self._append(self._ds(g, "step"), np.asarray(series.steps, dtype=np.int64))
             series.is_created = True
@@ -958,6 +971,16 @@ class TrajectoryWriter:
         return f"TrajectoryWriter({self.path!r}, {'closed' if self._closed else 'open'})"
 
 
+def _display_attrs(display: Mapping[str, Mapping[str, Any]] | None) -> dict[str, str]:
+    """Metric name to its checked display entries as the JSON str a dataset attribute holds."""
+    if display is None:
+        return {}
+    if not isinstance(display, Mapping):
+        raise ConfigError(f"display: expected {{metric: {{label: ..., color: ...}}}} (got {display!r})")
+    return {name: json.dumps(Display.from_dict(f"metric '{name}'", entries).as_dict(), sort_keys=True)
+            for name, entries in display.items()}
+
+
 # --------------------------------------------------------------------------- reader
 def _attr(value: Any) -> Any:
     if isinstance(value, bytes):
@@ -976,6 +999,24 @@ def _read_series(group: h5py.Group) -> dict[str, np.ndarray]:
             out[name] = obj[...]
 
     group.visititems(visit)
+    return out
+
+
+def _read_display(group: h5py.Group, prefix: str = "") -> dict[str, Any]:
+    """The ``display`` attribute of every dataset under ``group`` that has one, decoded from JSON
+    (as stored: :mod:`agentsim.plot` checks it; one that is not JSON reads as the str itself), in
+    the order the metrics were written.
+    """
+    out: dict[str, Any] = {}
+    for key, obj in group.items():  # creation order (the metrics group tracks it)
+        if isinstance(obj, h5py.Group):
+            out.update(_read_display(obj, f"{prefix}{key}/"))
+        elif "display" in obj.attrs:
+            text = _attr(obj.attrs["display"])
+            try:
+                out[prefix + key] = json.loads(text) if isinstance(text, str) else text
+            except ValueError:
+                out[prefix + key] = text
     return out
 
 
@@ -1010,6 +1051,9 @@ class Trajectory:
             ``completed`` as a bool.
         metrics: Name to ``[T]`` array (``[T, K]`` for a vector metric), including ``"step"``.
         edges: Name of a histogram metric to its bin edges, float64 ``[K + 1]``.
+        display: Name of a metric to how a figure draws it, as the model declared it (the
+            decoded ``display`` attribute; empty for a file without one), in the order the
+            metrics were written.
         perf: Name to ``[T_perf]`` array, including ``"step"`` (empty if none written).
         populations: Population names, in the order first written.
         env_names: Environment layer names.
@@ -1029,6 +1073,7 @@ class Trajectory:
         # first step that does not, and steps_completed is the last readable metrics step.
         self.metrics: dict[str, np.ndarray] = _readable(_read_series(file["metrics"])) if "metrics" in file else {}
         self.edges: dict[str, np.ndarray] = _read_edges(file["metrics"]) if "metrics" in file else {}
+        self.display: dict[str, Any] = _read_display(file["metrics"]) if "metrics" in file else {}
         self.perf: dict[str, np.ndarray] = _readable(_read_series(file["perf"])) if "perf" in file else {}
         if len(self.metrics.get("step", [])) and "steps_completed" in attrs:
             attrs["steps_completed"] = min(int(attrs["steps_completed"]), int(self.metrics["step"][-1]))

@@ -134,7 +134,8 @@ class Recorder:
         every: Also record agents every this many steps (default: the first and last step only).
         continue_before: Continue the existing file ``out`` of the run this one resumes, from this
             step (its rows and frames from there on are dropped and written again).
-        header: The file's root attributes: ``model``, ``params``, ``seed``, ``steps``, ``world_size``.
+        header: The file's root attributes: ``model``, ``params``, ``seed``, ``steps``, ``world_size``;
+            and ``display``, how each metric is drawn (:class:`~agentsim.io.hdf5.TrajectoryWriter`).
     """
 
     def __init__(self, out: str | os.PathLike[str] | None, spec: Recording, rank: int, every: int | None = None,
