@@ -42,6 +42,7 @@ def test_the_kernel_sources_are_compiled_and_installed():
 
     present = sorted(p.name for p in sources.SOURCE_DIR.iterdir() if p.suffix in (".c", ".h"))
     assert present == sorted((*sources.SOURCES, *sources.HEADERS))
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["agentsim._native"]
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]["agentsim._native"]
     assert all(any(fnmatch.fnmatch(f"src/{name}", g) for g in globs) for name in present)
     assert sources.SOURCE_DIR == ROOT / "agentsim" / "_native" / "src"
