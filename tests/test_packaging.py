@@ -31,3 +31,18 @@ def test_pyproject_lists_every_package_directory():
         ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "agentsim").rglob("__init__.py")}
     assert sorted(config["packages"]) == sorted(found)
     assert mapped == {"agentsim.models": ROOT / "models"}
+
+
+def test_the_kernel_sources_are_compiled_and_installed():
+    # every C file of agentsim/_native/src is compiled (sources.SOURCES) or included (HEADERS), and the
+    # package data installs them (the first-use build compiles the installed copies)
+    import fnmatch
+
+    from agentsim._native import sources
+
+    present = sorted(p.name for p in sources.SOURCE_DIR.iterdir() if p.suffix in (".c", ".h"))
+    assert present == sorted((*sources.SOURCES, *sources.HEADERS))
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]["agentsim._native"]
+    assert all(any(fnmatch.fnmatch(f"src/{name}", g) for g in globs) for name in present)
+    assert sources.SOURCE_DIR == ROOT / "agentsim" / "_native" / "src"

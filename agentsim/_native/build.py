@@ -1,18 +1,29 @@
-"""Small C kernels compiled on first use: the build, the cache and the loading, shared by every kernel.
+"""The kernel library: where it comes from, its loading, and the threads and memory its callers use.
 
-A kernel is C source (a few loops that torch would run as many passes) compiled with the system
-C compiler into a shared library cached under ``~/.cache/agentsim/kernels`` (``AGENTSIM_KERNEL_DIR``
-overrides), keyed by the source, the flags, the compiler's version and the CPU, and loaded with
-:mod:`ctypes`. Where there is no compiler or a build fails, :func:`load` warns once and returns
-None, and the caller uses its torch ops: every kernel gives the same bits as its torch path (the
-flags forbid fused multiply-adds), so a machine without a compiler runs the same trajectory, only
-slower. ``AGENTSIM_KERNELS=0`` turns every kernel off (for A/B measurements); a kernel may have
-its own switch too (``AGENTSIM_RNG_KERNEL=0``).
+The C sources (``agentsim/_native/src``, see :mod:`agentsim._native.sources`) are compiled into
+one shared library, loaded with :mod:`ctypes` and bound by the table of
+:mod:`agentsim._native.bindings`. :func:`library` finds it, in this order:
 
-Users of this module: :mod:`agentsim._native.rng` (counter-based draws) and
-:mod:`agentsim._native.kernels` (graph pushes, exact metric sums, the lean network build). Kernels
-that run on several threads hand their loop to :func:`parallel_for`, which runs its pieces at once
-(ctypes releases the GIL during a call).
+1. **built at install**: ``pip install`` compiles the sources into ``agentsim/_native/_kernels*.so``
+   (an optional setuptools extension: the install succeeds without a compiler). It is used when
+   it was built from the installed sources (an edit since ``pip install -e .`` makes it stale) for
+   this CPU. ``AGENTSIM_KERNEL_LIBRARY=PATH`` names another library file to use instead.
+2. **built at first use**: otherwise the system C compiler (``CC``, else ``cc``, ``gcc``,
+   ``clang``) builds the sources into a library cached under ``~/.cache/agentsim/kernels``
+   (``AGENTSIM_KERNEL_DIR`` overrides), keyed by the sources, the flags, the compiler's version
+   and the CPU; its compiler warnings are shown (``-Wall -Wextra``).
+3. **not available**: no compiler, or a failed build: warned once, and the callers use their
+   torch ops, which give the same bits (every kernel does the torch path's correctly rounded
+   operations in its order; no fused multiply-adds), only slower.
+
+Environment: ``AGENTSIM_KERNELS=0`` turns every kernel off (for A/B measurements; a kernel may have
+its own switch too, ``AGENTSIM_RNG_KERNEL=0``); ``AGENTSIM_KERNELS=cache`` skips the library built at
+install (step 2 directly); ``AGENTSIM_REQUIRE_KERNELS=1`` makes a library that cannot be had an
+error instead of a warning (CI sets it, so that the kernels' tests fail rather than skip).
+:func:`library_status` says which step gave the library, or why there is none (``agentsim info``).
+
+Kernels that run on several threads hand their loop to :func:`parallel_for`, which runs its
+pieces at once (ctypes releases the GIL during a call).
 """
 
 from __future__ import annotations
@@ -20,9 +31,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.machinery
 import itertools
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,102 +44,213 @@ import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
-__all__ = ["FLAGS", "cache_dir", "huge_pages", "load", "parallel_for", "reuse_freed_memory", "status",
-           "thread_ranges"]
+from agentsim._native import sources
+from agentsim._native.bindings import Library
 
-FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c99"]
-_NATIVE = ["-march=native"]
-
-T = TypeVar("T")
+__all__ = ["KernelStatus", "cache_dir", "huge_pages", "installed_library_path", "library", "library_status",
+           "parallel_for", "reuse_freed_memory", "thread_ranges"]
 
 _lock = threading.Lock()
-_loaded: dict[str, object] = {}  # name -> the bound kernel, or a str saying why there is none
+_loaded: dict[str, Library | str] = {}  # AGENTSIM_KERNELS's value -> the library, or why there is none
+_why_not_installed: dict[str, str] = {}  # AGENTSIM_KERNELS's value -> why the install-time library is not used
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """Which kernel library is in use and why.
+
+    Attributes:
+        state: ``"installed"`` (built by ``pip install``), ``"cache"`` (built on first use),
+            ``"disabled"`` (``AGENTSIM_KERNELS=0``), ``"unavailable"`` (no compiler, a failed build)
+            or ``"not loaded"`` (not asked for yet).
+        path: The library's file, or None.
+        detail: Why: the build information of the library in use, or the reason for none.
+    """
+
+    state: str
+    path: str | None
+    detail: str
+
+    @property
+    def active(self) -> bool:
+        """Whether the kernels run (a library is loaded)."""
+        return self.state in ("installed", "cache")
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept."""
+    """Where libraries built on first use are kept."""
     root = os.environ.get("AGENTSIM_KERNEL_DIR")
     if root:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentsim" / "kernels"
 
 
-def _cpu_signature() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags (a shared home directory may
-    be mounted on machines with different CPUs).
+def installed_library_path() -> Path | None:
+    """The library built at install (``AGENTSIM_KERNEL_LIBRARY`` where set), or None where there is
+    none (no compiler at install, or a source checkout not installed).
+    """
+    named = os.environ.get("AGENTSIM_KERNEL_LIBRARY")
+    if named:
+        return Path(named)
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"{sources.LIBRARY_NAME}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _mode() -> str:
+    return os.environ.get("AGENTSIM_KERNELS", "1")
+
+
+def _required() -> bool:
+    return os.environ.get("AGENTSIM_REQUIRE_KERNELS") == "1"
+
+
+def _compiler() -> list[str]:
+    """The C compiler's command: ``CC`` (e.g. ``gcc`` or ``ccache clang``), else the first of
+    ``cc``, ``gcc``, ``clang`` found.
+
+    Raises:
+        OSError: None found (saying what was looked for).
+    """
+    named = shlex.split(os.environ.get("CC", ""))
+    if named:
+        found = shutil.which(named[0])
+        if found is None:
+            raise OSError(f"no C compiler: CC={named[0]} is not an executable")
+        return [found, *named[1:]]
+    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if found is None:
+        raise OSError("no C compiler found (looked for cc, gcc and clang; set CC, or install gcc or clang)")
+    return [found]
+
+
+def _load_installed(path: Path) -> Library:
+    """The library at ``path`` if it was built from the installed sources for this CPU.
+
+    Raises:
+        OSError: It cannot be loaded, lacks a function, or is stale or for another CPU (the reason).
     """
     try:
-        text = Path("/proc/cpuinfo").read_text()
-        lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
-        return "\n".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()
+        lib = Library(ctypes.CDLL(str(path)), path, "install")
+    except AttributeError as e:
+        raise OSError(f"{path} lacks a kernel ({e}): an older build") from None
+    info = sources.parse_build_info(lib.build_info())
+    digest = sources.source_digest()
+    if digest and info.get("sources") != digest:
+        raise OSError(f"{path} was built from other sources (sources={info.get('sources')}, installed "
+                      f"sources={digest}: edited since the install? pip install again to rebuild it)")
+    if info.get("cpu") not in ("portable", sources.cpu_signature()):
+        raise OSError(f"{path} was built with -march=native on another CPU")
+    return lib
 
 
-def _build(name: str, source: str, compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = FLAGS + (_NATIVE if platform.machine() in ("x86_64", "AMD64") else [])
-    digest = hashlib.sha256("\0".join([source, *flags, version, platform.machine(), _cpu_signature()])
-                            .encode()).hexdigest()[:16]
+def _build_into_cache(compiler: list[str]) -> Path:
+    """The library built from the sources with ``compiler`` into :func:`cache_dir` (once per key).
+
+    Raises:
+        OSError: The build failed (the compiler's last lines of output).
+    """
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    flags = [*sources.compile_flags(), "-fPIC", "-shared", sources.define_build_info("cache"),
+             f"-I{sources.SOURCE_DIR}"]
+    if not sources.source_digest():
+        raise OSError(f"the kernels' sources are missing from {sources.SOURCE_DIR}")
+    key = hashlib.sha256("\0".join([sources.source_digest(), *flags[:-1], version, platform.machine(),
+                                     sources.cpu_signature()]).encode()).hexdigest()[:16]
     directory = cache_dir()
-    target = directory / f"{name}-{digest}.so"
+    target = directory / f"agentsim_kernels-{key}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        src = Path(tmp) / f"{name}.c"
-        src.write_text(source)
-        built = Path(tmp) / f"{name}.so"
-        proc = subprocess.run([compiler, *flags, str(src), "-o", str(built), "-lm"], capture_output=True,
-                              text=True, timeout=120)
+        built = Path(tmp) / "agentsim_kernels.so"
+        files = [str(sources.SOURCE_DIR / name) for name in sources.SOURCES]
+        proc = subprocess.run([*compiler, *flags, *files, "-o", str(built), "-lm"], capture_output=True, text=True,
+                              timeout=300)
         if proc.returncode != 0:
-            raise OSError(f"{compiler} failed: {proc.stderr.strip()[-400:]}")
+            raise OSError(f"{' '.join(compiler)} failed: {proc.stderr.strip()[-600:]}")
+        if proc.stderr.strip():
+            warnings.warn(f"agentsim: compiler warnings building the native kernels (please report them):\n"
+                          f"{proc.stderr.strip()[-2000:]}", RuntimeWarning, stacklevel=4)
         os.replace(built, target)  # atomic: ranks building at once each install a whole library
     return target
 
 
-def _disabled(switch: str | None) -> bool:
-    return os.environ.get("AGENTSIM_KERNELS", "1") == "0" or (
-        switch is not None and os.environ.get(switch, "1") == "0")
+def _find() -> Library | str:
+    """The library by the steps of the module docstring, or why there is none."""
+    skipped = ""
+    installed = installed_library_path() if _mode() != "cache" else None
+    if installed is not None:
+        try:
+            return _load_installed(installed)
+        except OSError as e:
+            skipped = str(e)
+    elif _mode() == "cache":
+        skipped = "AGENTSIM_KERNELS=cache"
+    else:
+        skipped = "no library was built at install (no C compiler then?)"
+    _why_not_installed[_mode()] = skipped
+    try:
+        path = _build_into_cache(_compiler())
+        return Library(ctypes.CDLL(str(path)), path, "cache")
+    except (OSError, subprocess.SubprocessError, AttributeError) as e:
+        return f"the native CPU kernel library could not be built ({e})"
 
 
-def load(name: str, source: str, bind: Callable[[ctypes.CDLL, Path], T], *, switch: str | None = None,
-         what: str = "kernel") -> T | None:
-    """The kernel ``name`` built from ``source`` and wrapped by ``bind(library, path)``, built once
-    per process; None where it is switched off (``AGENTSIM_KERNELS=0`` or ``switch=0``) or cannot
-    be built (warned once: the caller's torch ops give the same bits, slower).
+def library() -> Library | None:
+    """The kernel library (found or built once per process), or None where it is switched off
+    (``AGENTSIM_KERNELS=0``) or cannot be had (warned once: the callers' torch ops give the same
+    bits, slower).
+
+    Raises:
+        RuntimeError: No library where ``AGENTSIM_REQUIRE_KERNELS=1``.
     """
-    if _disabled(switch):
+    mode = _mode()
+    if mode == "0":
         return None
     with _lock:
-        got = _loaded.get(name)
+        got = _loaded.get(mode)
         if got is None:
-            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-            try:
-                if compiler is None:
-                    raise OSError("no C compiler found (set CC, or install gcc or clang)")
-                path = _build(name, source, compiler)
-                got = bind(ctypes.CDLL(str(path)), path)
-            except (OSError, subprocess.SubprocessError, AttributeError) as e:
-                got = f"eager: the {what} could not be built ({e})"
-                hint = f"Set {switch}=0 to skip the build." if switch else "Set AGENTSIM_KERNELS=0 to skip the build."
-                warnings.warn(f"agentsim: {got}; torch ops are used instead (same bits, slower). {hint}",
-                              RuntimeWarning, stacklevel=3)
-            _loaded[name] = got
-        return None if isinstance(got, str) else got  # type: ignore[return-value]
+            got = _loaded[mode] = _find()
+            if isinstance(got, str) and not _required():
+                warnings.warn(f"agentsim: {got}; torch ops are used instead (same bits, slower). "
+                              "Set AGENTSIM_KERNELS=0 to skip the build.", RuntimeWarning, stacklevel=3)
+    if isinstance(got, str):
+        if _required():
+            raise RuntimeError(f"agentsim: {got}, and AGENTSIM_REQUIRE_KERNELS=1 requires the kernels")
+        return None
+    return got
 
 
-def status(name: str) -> str:
-    """Why the kernel ``name`` is not in use (``"eager: ..."``), or ``""`` when it is loaded or not
-    asked for yet.
-    """
-    got = _loaded.get(name)
-    return got if isinstance(got, str) else ""
+def library_status(load: bool = True) -> KernelStatus:
+    """Which library is in use and why (loading it first unless ``load`` is False)."""
+    mode = _mode()
+    if mode == "0":
+        return KernelStatus("disabled", None, "AGENTSIM_KERNELS=0: torch ops run instead")
+    if load:
+        try:
+            library()
+        except RuntimeError:
+            pass
+    got = _loaded.get(mode)
+    if got is None:
+        return KernelStatus("not loaded", None, "not used yet in this process")
+    if isinstance(got, str):
+        return KernelStatus("unavailable", None, f"{got}: torch ops run instead (same bits, slower)")
+    info = got.build_info()
+    if got.origin == "install":
+        return KernelStatus("installed", str(got.path), f"built at install ({info})")
+    why = _why_not_installed.get(mode, "")
+    return KernelStatus("cache", str(got.path), f"built at first use into the cache ({info}); "
+                                                 f"not the install-time library: {why}")
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters

@@ -1,13 +1,14 @@
 """``agentsim info``: what this machine gives agentsim, and what to change when something is missing.
 
 :func:`collect` gathers the facts (versions; CPU cores, torch threads, native bf16; CUDA devices
-with memory; the distributed backends; optional packages) without starting anything heavy;
+with memory; the distributed backends; optional packages; the native CPU kernels: which library
+is in use and why, loading it, or building it on first use, where needed) without starting anything heavy;
 :func:`recommendations` turns them into advice; :func:`format_info` prints both.
 
 Examples:
     >>> facts = collect()
     >>> sorted(facts)
-    ['backends', 'cpu', 'cuda', 'optional', 'versions']
+    ['backends', 'cpu', 'cuda', 'kernels', 'optional', 'versions']
     >>> facts["backends"]["gloo"]  # the CPU backend of every multi-rank run
     True
     >>> isinstance(recommendations(facts), list)
@@ -68,7 +69,20 @@ def collect() -> dict[str, Any]:
                 "nccl": available and dist.is_nccl_available(), "mpi": available and dist.is_mpi_available()}
     optional = {name: _version(dist_name) for name, dist_name in _OPTIONAL.items()}
     return {"versions": versions, "cpu": cpu, "cuda": {"available": bool(devices), "devices": devices},
-            "backends": backends, "optional": optional}
+            "backends": backends, "optional": optional, "kernels": kernels()}
+
+
+def kernels() -> dict[str, Any]:
+    """The native CPU kernels: ``state`` (``installed``: built by ``pip install``; ``cache``: built
+    on first use; ``disabled``; ``unavailable``), ``active``, the library's ``path``, ``detail``
+    (why), and ``rng`` (whether the counter-based draws use it: ``AGENTSIM_RNG_KERNEL=0`` turns
+    them off alone).
+    """
+    from agentsim._native import build as native
+
+    status = native.library_status()
+    return {"state": status.state, "active": status.active, "path": status.path, "detail": status.detail,
+            "rng": status.active and os.environ.get("AGENTSIM_RNG_KERNEL", "1") != "0"}
 
 
 def recommendations(facts: dict[str, Any]) -> list[str]:
@@ -90,6 +104,13 @@ def recommendations(facts: dict[str, Any]) -> list[str]:
     elif facts["versions"]["torch_cuda"]:
         out.append(f"this torch is a CUDA {facts['versions']['torch_cuda']} build but no GPU is visible: "
                    "on a CPU-only machine the CPU wheel is far smaller (README: install)")
+    kernels = facts["kernels"]
+    if kernels["state"] == "unavailable":
+        out.append("no native CPU kernels (graph pushes, random draws, metric sums, ... run as slower torch ops, "
+                   "same results): install a C compiler (gcc or clang), then pip install agentsim again")
+    elif kernels["state"] == "cache" and "other sources" in kernels["detail"]:
+        out.append("the kernels built at install are older than the installed sources: pip install agentsim "
+                   "again (until then they are built on first use into the cache)")
     if optional["torch_scatter"] is None:
         out.append("torch-scatter not installed: agentsim uses torch's native scatter_reduce/index_add_ "
                    "(the default, tested); pip install 'agentsim[scatter]' for the optional backend")
@@ -114,6 +135,10 @@ def format_info(facts: dict[str, Any]) -> str:
     lines.append("distributed: " + ", ".join(f"{k} {'yes' if ok else 'no'}" for k, ok in backends.items()
                                              if k != "distributed"))
     lines.append("optional: " + ", ".join(f"{k} {val or 'not installed'}" for k, val in optional.items()))
+    kernels = facts["kernels"]
+    lines.append(f"native kernels: {kernels['state']}" + (f" ({kernels['path']})" if kernels["path"] else "")
+                 + f": {kernels['detail']}"
+                 + ("" if kernels["rng"] or not kernels["active"] else "; random draws: off (AGENTSIM_RNG_KERNEL=0)"))
     advice = recommendations(facts)
     lines.append("recommendations:" if advice else "recommendations: none, all is well")
     lines += [f"  - {a}" for a in advice]

@@ -151,6 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", help="an HDF5 trajectory, a checkpoint directory, or a directory of checkpoints")
     info = sub.add_parser("info", help="versions, cores, bf16, CUDA devices, backends, and advice")
     info.add_argument("--json", action="store_true", help="print the facts as JSON")
+    info.add_argument("--require-kernels", action="store_true",
+                      help="exit with status 1 unless the native CPU kernels are active (CI)")
     _train_parser(sub)
     _calibrate_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks: --scaling MODEL (1 vs 2 processes, spatial partition)")
@@ -686,6 +688,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps({**facts, "recommendations": recommendations(facts)}, indent=2))
     else:
         print(format_info(facts))
+    if args.require_kernels and not facts["kernels"]["active"]:
+        print(f"agentsim info: the native CPU kernels are required but {facts['kernels']['state']}: "
+              f"{facts['kernels']['detail']}", file=sys.stderr)
+        return 1
     return 0
 
 

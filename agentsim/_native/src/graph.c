@@ -1,0 +1,133 @@
+/* Graph kernels (agentsim/_native/kernels.py: push_count, csr_from_pair_chunks): the push of a
+   node list along a CSR graph's edges, and the lean CSR build from pair chunks. Integer work only:
+   the results are those of the torch ops on any number of threads. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "agentsim_kernels.h"
+
+#define BUF 4096
+
+/* counts[v] += 1 for every neighbor v of every node in nodes; 0, or 1 + the position of the first
+   node outside [0, n_nodes) (nothing is counted then). counts must be zeroed by the caller.
+   The loads of the CSR runs (random rows of a large array) are prefetched a few nodes ahead and
+   their ids gathered into a small buffer before the increments: the two kinds of cache misses
+   no longer wait on each other (3-4x faster than the plain double loop here). */
+int64_t agentsim_push_count(const int64_t *indptr, const int32_t *indices, int64_t n_nodes,
+                            const int64_t *nodes, int64_t m, int32_t *counts) {
+    for (int64_t i = 0; i < m; i++)
+        if (nodes[i] < 0 || nodes[i] >= n_nodes) return i + 1;
+    int32_t buf[BUF];
+    int64_t k = 0;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + 16 < m) __builtin_prefetch(&indptr[nodes[i + 16]]);
+        if (i + 8 < m) {
+            const int32_t *p = &indices[indptr[nodes[i + 8]]];
+            __builtin_prefetch(p);
+            __builtin_prefetch(p + 16);
+        }
+        int64_t a = indptr[nodes[i]], b = indptr[nodes[i] + 1];
+        if (k + (b - a) > BUF) {
+            for (int64_t j = 0; j < k; j++) counts[buf[j]]++;
+            k = 0;
+        }
+        if (b - a > BUF) {
+            for (int64_t e = a; e < b; e++) counts[indices[e]]++;
+            continue;
+        }
+        for (int64_t e = a; e < b; e++) buf[k++] = indices[e];
+    }
+    for (int64_t j = 0; j < k; j++) counts[buf[j]]++;
+    return 0;
+}
+
+
+/* The CSR of an undirected graph from pairs given in chunks, without a sorted edge list: count,
+   then place, then sort and deduplicate each row in place. Self-loops are skipped.
+   1. agentsim_csr_count(u, v, m, counts): counts[u] += 1, counts[v] += 1 per pair.
+   2. the caller turns counts into row starts (rows[r] = start of row r; rows has n + 1 entries);
+   3. agentsim_csr_place(u, v, m, rows, indices): indices[rows[u]++] = v, indices[rows[v]++] = u
+      (afterwards rows[r] is the end of row r, i.e. the start of row r + 1);
+   4. agentsim_csr_sort_rows(rows, r0, r1, indices, lengths): rows r0 <= r < r1 sorted in place,
+      their distinct entries moved to the front of the row, lengths[r] = how many;
+   5. agentsim_csr_compact(rows, n, indices, lengths): the rows moved down over the gaps;
+      rows[r] = the new starts, rows[n] the number of entries.
+   Steps 1, 3 and 4 may run on several threads at once (disjoint pairs, disjoint rows): the
+   increments are atomic, and the order in which a row is filled does not matter since it is
+   sorted afterwards, so the graph is the same on any number of threads. */
+/* Both loops are random accesses into arrays larger than the cache: the rows (and, placing, the
+   slots they point to) of pairs a few ahead are prefetched. */
+/* u[e * stride], v[e * stride]: the pair e (the columns of an [m, 2] tensor have stride 2) */
+void agentsim_csr_count(const int64_t *u, const int64_t *v, int64_t stride, int64_t m, int64_t *counts) {
+    for (int64_t e = 0; e < m; e++) {
+        int64_t a = u[e * stride], b = v[e * stride];
+        if (e + 16 < m) {
+            __builtin_prefetch(&counts[u[(e + 16) * stride]], 1);
+            __builtin_prefetch(&counts[v[(e + 16) * stride]], 1);
+        }
+        if (a != b) {
+            __atomic_fetch_add(&counts[a], 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&counts[b], 1, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+void agentsim_csr_place(const int64_t *u, const int64_t *v, int64_t stride, int64_t m, int64_t *rows,
+                        int32_t *indices) {
+    for (int64_t e = 0; e < m; e++) {
+        int64_t a = u[e * stride], b = v[e * stride];
+        if (e + 16 < m) {
+            __builtin_prefetch(&rows[u[(e + 16) * stride]], 1);
+            __builtin_prefetch(&rows[v[(e + 16) * stride]], 1);
+        }
+        if (e + 8 < m) {
+            __builtin_prefetch(&indices[rows[u[(e + 8) * stride]]], 1);
+            __builtin_prefetch(&indices[rows[v[(e + 8) * stride]]], 1);
+        }
+        if (a != b) {
+            indices[__atomic_fetch_add(&rows[a], 1, __ATOMIC_RELAXED)] = (int32_t)b;
+            indices[__atomic_fetch_add(&rows[b], 1, __ATOMIC_RELAXED)] = (int32_t)a;
+        }
+    }
+}
+
+static int cmp_int32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void agentsim_csr_sort_rows(const int64_t *rows, int64_t r0, int64_t r1, int32_t *indices, int32_t *lengths) {
+    int64_t start = r0 == 0 ? 0 : rows[r0 - 1];  /* after placing, rows[r] is the end of row r */
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t end = rows[r], len = end - start;
+        int32_t *a = indices + start;
+        if (len <= 32) {
+            for (int64_t i = 1; i < len; i++) {
+                int32_t x = a[i];
+                int64_t j = i - 1;
+                while (j >= 0 && a[j] > x) { a[j + 1] = a[j]; j--; }
+                a[j + 1] = x;
+            }
+        } else {
+            qsort(a, (size_t)len, sizeof(int32_t), cmp_int32);
+        }
+        int64_t kept = 0;
+        for (int64_t i = 0; i < len; i++)
+            if (i == 0 || a[i] != a[kept - 1]) a[kept++] = a[i];
+        lengths[r] = (int32_t)kept;
+        start = end;
+    }
+}
+
+void agentsim_csr_compact(int64_t *rows, int64_t n, int32_t *indices, const int32_t *lengths) {
+    int64_t written = 0, start = 0;
+    for (int64_t r = 0; r < n; r++) {
+        int64_t end = rows[r];
+        if (written != start) memmove(indices + written, indices + start, (size_t)lengths[r] * sizeof(int32_t));
+        rows[r] = written;
+        written += lengths[r];
+        start = end;
+    }
+    rows[n] = written;
+}
+
