@@ -363,7 +363,7 @@ def _reduce_chunk(messages: dict[str, MessageValue], how: dict[str, str], t: Ten
     for name, value in messages.items():
         if how[name] in ("sum", "mean"):
             assert isinstance(value, Tensor)
-            flat = value.reshape(value.shape[0], -1)
+            flat = value.reshape(value.shape[0], math.prod(value.shape[1:]))
             if flat.dtype == torch.bool:
                 flat = flat.to(torch.int64)
             columns.setdefault(flat.dtype, []).extend(flat[:, c] if flat[:, c].is_contiguous()
