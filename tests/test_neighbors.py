@@ -198,15 +198,17 @@ def test_box_gradients_flow_through_sum_and_mean():
     pos = (torch.rand(60, 2, generator=g, dtype=torch.float64) * 5).requires_grad_()
     w = torch.rand(60, generator=g, dtype=torch.float64).requires_grad_()
 
-    def f(pos, w):
-        a = {"pos": pos, "w": w}
-        out = neighbor_reduce(box, a, lambda p: {"s": p.source["w"] * p.dist2, "m": p.delta * p.target["w"][:, None]},
-                              {"m": "mean"}, radius=1.0)
-        return out["s"].sum() + (out["m"] ** 2).sum()
+    v = torch.rand(60, 2, generator=g, dtype=torch.float64).requires_grad_()
 
-    f(pos, w).backward()
-    assert pos.grad is not None and w.grad is not None and float(pos.grad.abs().sum()) > 0
-    assert torch.autograd.gradcheck(f, (pos.detach().requires_grad_(), w.detach().requires_grad_()))
+    def f(pos, w, v):
+        a = {"pos": pos, "w": w, "v": v}
+        out = neighbor_reduce(box, a, lambda p: {"s": p.source["w"] * p.dist2, "m": p.delta * p.target["w"][:, None],
+                                                 "v": p.source["v"] * p.target["v"]}, {"m": "mean"}, radius=1.0)
+        return out["s"].sum() + (out["m"] ** 2).sum() + (out["v"] ** 2).sum()
+
+    f(pos, w, v).backward()
+    assert all(x.grad is not None and float(x.grad.abs().sum()) > 0 for x in (pos, w, v))
+    assert torch.autograd.gradcheck(f, tuple(x.detach().requires_grad_() for x in (pos, w, v)))
 
 
 def test_box_no_targets_and_no_pairs():
@@ -277,6 +279,24 @@ def test_grid_per_source_counts_and_sums_match_the_pairs(kind, radius, include_c
                                 {"all": "count", "pos": "count"}, **kw)
         for key in layers:
             assert layers[key].dtype == pairs[key].dtype and torch.equal(layers[key], pairs[key]), key
+
+
+@pytest.mark.parametrize("include_center", [False, True])
+def test_grid_smaller_than_the_neighborhood_counts_wrapped_offsets_as_neighbor_sum(include_center):
+    """On a 2 x 3 torus a Moore radius 1 wraps onto the same cells: every offset counts (the agent's
+    own cell too, except itself through the center), per source values and pairs alike."""
+    grid = Grid((2, 3))
+    cell = torch.tensor([0, 0, 1, 4, 5, 5, 5])
+    a = agents(7, 33, cell=cell)
+    kw = dict(include_center=include_center)
+    layers = neighbor_reduce(grid, a, {"n": True, "k": a["k"]}, {"n": "count"}, **kw)
+    pairs = neighbor_reduce(grid, a, lambda p: {"n": True, "k": p.source["k"]}, {"n": "count"}, **kw)
+    occupancy = grid.occupancy(cell).reshape(grid.shape)
+    want = grid.neighbor_sum(occupancy, "moore", 1, include_center).reshape(-1)[cell] - int(include_center)
+    ksum = grid.neighbor_sum(grid.occupancy(cell, a["k"]).reshape(grid.shape), "moore", 1, include_center)
+    want_k = ksum.reshape(-1)[cell] - int(include_center) * a["k"]
+    assert torch.equal(layers["n"], want.to(torch.int32)) and torch.equal(pairs["n"], layers["n"])
+    assert torch.equal(layers["k"], want_k) and torch.equal(pairs["k"], want_k)
 
 
 def test_grid_two_populations_in_one_cell():

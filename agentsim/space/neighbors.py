@@ -98,24 +98,28 @@ class _Agents:
         self.agents = agents
         local = getattr(agents, "n_local", None)
         self.n_targets_declared = n_targets if n_targets is not None else local
+        self._values: dict[str, Tensor] = {}
         self._columns: dict[str, Tensor] = {}
 
     def __getitem__(self, key: str) -> Tensor:
+        value = self._values.get(key)
+        if value is not None:
+            return value
         try:
-            value = self.agents[key]
+            got = self.agents[key]  # a NeighborView concatenates local and halo rows at every read: once
         except KeyError:
             raise ConfigError(f"neighbor_reduce: {self.name} has no field {key!r}") from None
-        if not isinstance(value, Tensor):
-            raise ConfigError(f"neighbor_reduce: {self.name}[{key!r}]: expected a tensor (got {type(value).__name__})")
-        return value
+        if not isinstance(got, Tensor):
+            raise ConfigError(f"neighbor_reduce: {self.name}[{key!r}]: expected a tensor (got {type(got).__name__})")
+        self._values[key] = got
+        return got
 
     def uid(self, n: int, device: torch.device) -> Tensor:
         """``[n]`` uids (``arange`` for a mapping without them)."""
         try:
-            self.agents["uid"]
-        except KeyError:
+            return self["uid"]
+        except ConfigError:
             return torch.arange(n, device=device)
-        return self["uid"]
 
     def columns(self, key: str) -> Tensor:
         """Field ``key`` laid out for 1-D gathers: ``[n]`` as is, ``[n, ...]`` as ``[k, n]`` contiguous rows."""
@@ -218,15 +222,16 @@ def _max_pairs(device: torch.device) -> int:
     return _MAX_PAIRS if device.type == "cpu" else _MAX_PAIRS_ACCELERATOR
 
 
-def _expand(start: Tensor, cnt: Tensor) -> tuple[Tensor, Tensor]:
-    """Segments ``[T, K]`` laid end to end, target by target: ``(target [m], position [m])``, int64."""
-    k = start.shape[1]
+def _expand(start: Tensor, cnt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Segments ``[T, K]`` laid end to end, target by target: ``(target [m], segment [m],
+    position [m])``, int64 (``segment``: the flat ``[T, K]`` index of the pair's segment).
+    """
     flat = cnt.reshape(-1)
     m = int(flat.sum()) if flat.numel() else 0
     seg = torch.repeat_interleave(torch.arange(flat.shape[0], device=flat.device), flat, output_size=m)
     begin = torch.cumsum(flat, 0) - flat
     pos = torch.arange(m, device=flat.device) - begin.index_select(0, seg) + start.reshape(-1).index_select(0, seg)
-    return torch.div(seg, k, rounding_mode="floor"), pos
+    return torch.div(seg, start.shape[1], rounding_mode="floor"), seg, pos
 
 
 def _segment_chunks(start: Tensor, cnt: Tensor, device: torch.device) -> Iterator[tuple[int, int]]:
@@ -265,11 +270,15 @@ def _grid_chunks(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: bool, k
     scell = src[grid.position_field].to(torch.int64)
     suid = src.uid(scell.shape[0], scell.device)
     order, start, cnt = _grid_segments(grid, tcell, scell, suid, kind, radius, include_center)
+    # The offsets are symmetric and in lexicographic order: the center, when there, is the middle one.
+    center = start.shape[1] // 2 if same and (include_center or kind == "cell") else None
     for a, b in _segment_chunks(start, cnt, tcell.device):
-        t, pos = _expand(start[a:b], cnt[a:b])
+        t, seg, pos = _expand(start[a:b], cnt[a:b])
         j = order.index_select(0, pos)
-        if same:
-            keep = ops.flatnonzero(j != t + a)
+        if center is not None:  # an agent is not its own neighbor through the center offset
+            # (on a torus smaller than the neighborhood, other offsets that wrap onto its cell count, as
+            # Grid.neighbor_sum counts them)
+            keep = ops.flatnonzero((j != t + a) | (seg % start.shape[1] != center))
             t, j = t.index_select(0, keep), j.index_select(0, keep)
         yield _Chunk(a, b, t, t + a, j)
 
@@ -282,7 +291,7 @@ def _graph_chunks(graph: Graph, tgt: _Agents, src: _Agents, n_t: int) -> Iterato
     start = graph.indptr.index_select(0, node_t).unsqueeze(1)
     cnt = graph.indptr.index_select(0, node_t + 1).unsqueeze(1) - start
     for a, b in _segment_chunks(start, cnt, node_t.device):
-        t, pos = _expand(start[a:b], cnt[a:b])
+        t, _, pos = _expand(start[a:b], cnt[a:b])
         j = row_of.index_select(0, graph.indices.index_select(0, pos).to(torch.int64))
         keep = ops.flatnonzero(j >= 0)  # a neighbor that is not among the sources (not in the halo)
         t, j = t.index_select(0, keep), j.index_select(0, keep)
@@ -404,6 +413,24 @@ def _as_dict(message: Message) -> tuple[dict[str, MessageValue], bool]:
 
 
 # --------------------------------------------------------------------------- fast paths
+def _cell_layer(cell: Tensor, values: Tensor, n_cells: int, every: bool, all_positive: bool) -> Tensor:
+    """The sum of ``values`` ``[n, ...]`` int64 per cell, ``[n_cells, ...]``, of sources in ``cell`` ``[n]``.
+
+    ``every``: the values are all 1 (a count of sources: a bincount). ``all_positive``: all >= 1,
+    so they are copied (3x faster than ``index_add_`` on the CPU) when no two sources share a cell,
+    which fewer nonzero cells than sources would betray; then added.
+    """
+    if every:
+        return torch.bincount(cell, minlength=n_cells)
+    layer = torch.zeros((n_cells, *values.shape[1:]), dtype=torch.int64, device=cell.device)
+    if all_positive and values.dim() == 1:
+        layer.index_copy_(0, cell, values)
+        if int(torch.count_nonzero(layer)) == cell.shape[0]:
+            return layer
+        layer.zero_()
+    return layer.index_add_(0, cell, values)
+
+
 def _grid_layer_counts(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: bool, values: dict[str, MessageValue],
                        kind: str, radius: int, include_center: bool) -> dict[str, Tensor]:
     """Integer sums of per-source values over cell layers (exact, any order): the pairs' result."""
@@ -431,22 +458,15 @@ def _grid_layer_counts(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: b
         width = flat.shape[1]
         if width == 1:  # one column: a 1-D layer (faster gathers)
             flat = flat.reshape(n_s)
-        layer = torch.zeros((grid.n_cells, *flat.shape[1:]), dtype=torch.int64, device=scell.device)
-        if all_positive:
-            # Every value >= 1: copied (3x faster than index_add_ on the CPU) when no two sources
-            # share a cell, which fewer nonzero cells than sources would betray; then added.
-            layer.index_copy_(0, scell, flat)
-            if int(torch.count_nonzero(layer)) != n_s:
-                layer.zero_().index_add_(0, scell, flat)
-        else:
-            layer.index_add_(0, scell, flat)
+        every = width == 1 and all(values[name] is True for name in group)
+        layer = _cell_layer(scell, flat, grid.n_cells, every, all_positive)
         if kind != "cell":
             cells = layer.reshape(grid.shape) if width == 1 else layer.t().reshape(width, *grid.shape)
             summed = grid.neighbor_sum(cells, kind, radius, include_center)
             layer = summed.reshape(-1) if width == 1 else summed.reshape(width, -1).t()
         at = layer.index_select(0, tcell)  # index_select: 4x faster than layer[tcell] on the CPU
         if same and (include_center or kind == "cell"):
-            at = at - flat[:n_t]  # an agent is not its own neighbor
+            at = at - flat[:n_t]  # an agent is not its own neighbor (its center offset)
         if len(group) == 2:
             out[group[0]], out[group[1]] = at & 0xFFFFFFFF, at >> 32
         else:
