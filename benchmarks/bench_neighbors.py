@@ -168,14 +168,20 @@ def per_step(variant: str, agents: int, steps: int, heading_out: str) -> float:
     sim = agentsim.Simulation(model, agents=agents, seed=0)
     sim.run(2)
     seconds = float(sim.run(steps).seconds) / steps
+    if variant == "model":
+        import agentsim.models.boids
+
+        assert Path(agentsim.models.boids.__file__).resolve().parent == ROOT / "models", agentsim.models.boids.__file__
     boids = sim.state["boid"]
     torch.save(boids["heading"][torch.argsort(boids["uid"])].clone(), heading_out)
     return seconds
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    """This checkout's agentsim and its own models/ (not an editable install's), one torch thread."""
+    from bench_peers import checkout_env
+
+    env = checkout_env(ROOT, HERE)
     env["OMP_NUM_THREADS"] = "1"
     return env
 

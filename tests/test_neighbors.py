@@ -331,6 +331,27 @@ def test_grid_float_sums_in_offset_then_uid_order():
     assert torch.equal(got_b[3], got[0])
 
 
+@pytest.mark.parametrize("space", ["box", "grid", "graph"])
+def test_no_sources_at_all(space):
+    """Another population that is empty (extinct): every target has no pairs, on every path."""
+    g = torch.Generator().manual_seed(35)
+    if space == "box":
+        where, kw = Box((5.0, 5.0)), {"radius": 1.0}
+        tgt, none = agents(4, 36, pos=torch.rand(4, 2, generator=g) * 5), agents(0, 37, pos=torch.zeros(0, 2))
+    elif space == "grid":
+        where, kw = Grid((4, 4)), {"kind": "cell"}
+        tgt = agents(4, 36, cell=torch.tensor([0, 5, 5, 9]))
+        none = agents(0, 37, cell=torch.zeros(0, dtype=torch.int64))
+    else:
+        where, kw = Graph.from_edges(torch.tensor([0, 1]), torch.tensor([1, 2]), 4), {}
+        tgt, none = agents(4, 36), agents(0, 37)
+    for how in REDUCTIONS:
+        got = reduce_all(where, tgt, how, sources=none, **kw)
+        check_against_dense(got, np.zeros((4, 0), bool), tgt, none, how)
+    counts = neighbor_reduce(where, tgt, {"all": True, "pos": none["k"] > 0}, "count", sources=none, **kw)
+    assert counts["all"].tolist() == counts["pos"].tolist() == [0, 0, 0, 0]
+
+
 # --------------------------------------------------------------------------- graph
 def graph_case(seed: int):
     g = torch.Generator().manual_seed(seed)

@@ -126,7 +126,8 @@ class _Agents:
         cols = self._columns.get(key)
         if cols is None:
             value = self[key]
-            cols = value if value.dim() == 1 else value.reshape(value.shape[0], -1).t().contiguous()
+            width = math.prod(value.shape[1:])
+            cols = value if value.dim() == 1 else value.reshape(value.shape[0], width).t().contiguous()
             self._columns[key] = cols
         return cols
 
@@ -250,7 +251,7 @@ def _segment_chunks(start: Tensor, cnt: Tensor, device: torch.device) -> Iterato
 def _grid_segments(grid: Grid, tgt_cell: Tensor, src_cell: Tensor, src_uid: Tensor, kind: str, radius: int,
                    include_center: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Sources sorted by (cell, uid) and each target's ``[T, K]`` runs of them, one per offset."""
-    order = _source_order(src_cell, src_uid.to(torch.int64), grid.n_cells)
+    order = _source_order(src_cell, src_uid.to(torch.int64), grid.n_cells) if src_cell.numel() else src_cell
     table = torch.zeros(grid.n_cells + 1, dtype=torch.int64, device=src_cell.device)
     torch.cumsum(torch.bincount(src_cell, minlength=grid.n_cells), 0, out=table[1:])
     if kind == "cell":
@@ -454,8 +455,8 @@ def _grid_layer_counts(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: b
             layers.append(([name], values[name].to(torch.int64), False))  # type: ignore[union-attr]
     out: dict[str, Tensor] = {}
     for group, packed, all_positive in layers:
-        flat = packed.reshape(n_s, -1)
-        width = flat.shape[1]
+        width = math.prod(packed.shape[1:])
+        flat = packed.reshape(n_s, width)
         if width == 1:  # one column: a 1-D layer (faster gathers)
             flat = flat.reshape(n_s)
         every = width == 1 and all(values[name] is True for name in group)
@@ -463,7 +464,7 @@ def _grid_layer_counts(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: b
         if kind != "cell":
             cells = layer.reshape(grid.shape) if width == 1 else layer.t().reshape(width, *grid.shape)
             summed = grid.neighbor_sum(cells, kind, radius, include_center)
-            layer = summed.reshape(-1) if width == 1 else summed.reshape(width, -1).t()
+            layer = summed.reshape(-1) if width == 1 else summed.reshape(width, grid.n_cells).t()
         at = layer.index_select(0, tcell)  # index_select: 4x faster than layer[tcell] on the CPU
         if same and (include_center or kind == "cell"):
             at = at - flat[:n_t]  # an agent is not its own neighbor (its center offset)
