@@ -40,6 +40,7 @@ from agentsim.runner.launch import LaunchResult, launch
 from agentsim.space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
 from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
 from agentsim.space.grid import Grid
+from agentsim.space.neighbors import PairView, neighbor_reduce
 from agentsim.study import Study, read_study, sweep
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "MetricsContext",
     "Model",
     "OutputError",
+    "PairView",
     "Param",
     "Params",
     "Population",
@@ -79,6 +81,7 @@ __all__ = [
     "get_model",
     "launch",
     "layered_contacts",
+    "neighbor_reduce",
     "ops",
     "radius_pair_chunks",
     "radius_pairs",

@@ -16,20 +16,16 @@ uniform in the box. One difference: FLAME GPU 2 leaves a point that steps out of
 it is (its messages are binned into the edge cells), here it is clamped onto the box's face. The
 mean drift falls as the points settle into a lattice (:func:`mean_drift`).
 
-Forces are summed over pairs in the canonical order of
-:func:`agentsim.space.continuous.radius_pairs` (per point, sources by cell then uid), chunk by
-chunk (:func:`~agentsim.space.continuous.radius_pair_chunks`), so results do not depend on row
-order or on how the points are split over ranks. Float32 positions, as FLAME GPU 2's.
+Forces are summed by :func:`agentsim.neighbor_reduce` over pairs in the canonical order of
+:func:`agentsim.space.continuous.radius_pairs` (per point, sources by cell then uid), so results
+do not depend on row order or on how the points are split over ranks. Float32 positions, as FLAME GPU 2's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 
-from agentsim import Box, Context, InitContext, MetricsContext, Model, Param, radius_pair_chunks
-from agentsim.core import ops
+from agentsim import Box, Context, InitContext, MetricsContext, Model, PairView, Param, neighbor_reduce
 
 PI = 3.141  # FLAME GPU 2's constant in the force (not math.pi): same forces as its benchmark
 
@@ -46,47 +42,24 @@ model = Model(
 )
 
 
-def circle_forces(delta: torch.Tensor, dist2: torch.Tensor, i: torch.Tensor, n: int,
-                  params: Mapping[str, float]) -> torch.Tensor:
-    """Mean pair force ``[dims, n]`` on each of ``n`` targets from its pairs.
-
-    Args:
-        delta: ``[dims, m]`` float32 displacement from target to source (length units).
-        dist2: ``[m]`` its squared length.
-        i: ``[m]`` int32 or int64 target of each pair in ``[0, n)``, in canonical pair order.
-        n: Number of targets.
-        params: ``radius`` and ``repulse``.
-
-    Returns:
-        ``[dims, n]``: per target, the sum of ``k * delta / separation`` over its pairs at
-        ``0 < separation < radius``, divided by their number (0 where none).
-    """
-    radius = params["radius"]
-    sep = torch.sqrt(dist2)
-    in_range = (sep < radius) & (sep > 0)
-    # k / separation per pair, zero out of range (the search's radius is inclusive; FLAME's test is strict).
-    scale = torch.where(in_range, torch.sin(sep / radius * (PI * -2)) * params["repulse"] / sep, 0.0)
-    columns = [delta[d] * scale for d in range(delta.shape[0])]
-    *sums, count = ops.scatter_sum_columns([*columns, in_range.to(delta.dtype)], i, n)
-    return torch.stack(sums) / count.clamp(min=1)
-
-
 @model.substep(reads=["point.pos"], writes=["point.pos", "point.drift"], neighbors={"point": ["pos"]},
                reach="radius", agentwise=True)
 def move(ctx: Context) -> None:
     """Sum the pair forces within ``radius``, move by their mean, clamp into the box."""
+    p = ctx.params
+
+    def push(pair: PairView) -> dict[str, torch.Tensor]:
+        sep = pair.dist
+        # The search's radius is inclusive; FLAME's test is strict (and a point at 0 feels nothing).
+        in_range = (sep < p["radius"]) & (sep > 0)
+        k_over_sep = torch.where(in_range, torch.sin(sep / p["radius"] * (PI * -2)) * p["repulse"] / sep, 0.0)
+        return {"force": pair.delta * k_over_sep.unsqueeze(1), "n": in_range}
+
+    s = neighbor_reduce(ctx.space, ctx.neighbors("point"), push, {"n": "count"}, radius=p["radius"])
+    force = s["force"] / s["n"].clamp(min=1).unsqueeze(1)  # [n, dims]: the mean force
     points = ctx["point"]
-    nb = ctx.neighbors("point")
-    n = nb.n_local
-    force = torch.zeros(nb["pos"].shape[1], n, dtype=nb["pos"].dtype, device=nb["pos"].device)  # [dims, n]
-    for c in radius_pair_chunks(nb["pos"], ctx.space, ctx.params["radius"], uid=nb["uid"], n_query=n,
-                                with_delta=True, index_dtype=torch.int32):
-        assert c.delta is not None and c.dist2 is not None  # with_delta=True
-        i = c.i - c.start if c.start else c.i
-        force[:, c.start:c.stop] = circle_forces(c.delta, c.dist2, i, c.stop - c.start, ctx.params)
-    f = force.t()  # [n, dims]
-    points["pos"] = ctx.space.wrap(points["pos"] + f)
-    points["drift"] = torch.sqrt((force * force).sum(0))
+    points["pos"] = ctx.space.wrap(points["pos"] + force)
+    points["drift"] = torch.sqrt((force * force).sum(1))
 
 
 @model.init

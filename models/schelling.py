@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
+from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param, neighbor_reduce
 from agentsim.core import ops
 
 model = Model(
@@ -49,19 +49,10 @@ def assessment(grid: Grid, cell: torch.Tensor, group: torch.Tensor, homophily: i
     Returns:
         ``similar``, ``occupied`` (int16 ``[n_local]``) and ``happy`` (bool ``[n_local]``).
     """
-    # One layer counts both: 1 per resident plus 2**32 per resident of group 1 (a neighborhood's
-    # sums stay below 2**32), so one neighbor sum and one gather give the occupied and the group-1
-    # neighbor counts (exact integers: the same as two layers). Residents hold distinct cells, so
-    # the values are copied (index_add_ is 3x slower here); every value is >= 1, so fewer nonzero
-    # cells than residents means shared cells (stale neighbors, sync_every > 1): then added.
-    packed = torch.zeros(grid.n_cells, dtype=torch.int64, device=cell.device)
-    values = (group.to(torch.int64) << 32) + 1
-    packed.index_copy_(0, cell, values)
-    if int(torch.count_nonzero(packed)) != cell.numel():
-        packed.zero_().index_add_(0, cell, values)
-    near = grid.neighbor_sum(packed.reshape(grid.shape), "moore", radius).reshape(-1)
-    near = near.index_select(0, cell[:n_local])  # index_select: 4x faster than near[c] on the CPU
-    total, ones_near = near & 0xFFFFFFFF, near >> 32
+    # Per-source flags: neighbor_reduce counts them over cell layers (exact integers).
+    near = neighbor_reduce(grid, {"cell": cell}, {"occupied": True, "group1": group == 1}, "count", radius=radius,
+                           n_targets=n_local)
+    total, ones_near = near["occupied"], near["group1"]
     similar = torch.where(group[:n_local] == 1, ones_near, total - ones_near)
     return {"similar": similar.to(torch.int16), "occupied": total.to(torch.int16), "happy": similar >= homophily}
 

@@ -39,6 +39,7 @@ from agentsim import (
     erdos_renyi,
     from_edge_list_csv,
     layered_contacts,
+    neighbor_reduce,
     watts_strogatz,
 )
 from agentsim.core import ops
@@ -79,9 +80,7 @@ def infect(ctx: Context) -> None:
     graph: Graph = ctx.space
     nb = ctx.neighbors("person")
     uid, status = people["uid"], people["status"]
-    # ops.flatnonzero and index_select: 3-5x faster than torch.nonzero and x[mask] on the CPU here
-    infectious = nb["uid"].index_select(0, ops.flatnonzero(nb["status"] == I))
-    k = graph.count_neighbors_in(infectious, at=uid)  # int32 [n]: 4 B a person
+    k = neighbor_reduce(graph, nb, nb["status"] == I, "count")  # int32 [n]: infectious contacts, 4 B a person
     # Draws are keyed by uid, so drawing only for the candidates gives the same numbers.
     cand = ops.flatnonzero((status == S) & (k > 0))
     k_cand = k.index_select(0, cand)

@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from agentsim import Context, Grid, InitContext, MetricsContext, Model, Param, rank_in_group
+from agentsim import Context, Grid, InitContext, MetricsContext, Model, Param, neighbor_reduce, rank_in_group
 
 model = Model(
     "wolfsheep",
@@ -116,10 +116,10 @@ def wolf_eat(ctx: Context) -> None:
     w_cell, s_cell = nw["cell"], ns["cell"]
     w_rank = rank_in_group(w_cell, ctx.rng.bits(nw["uid"], "hunt"))[: nw.n_local]
     s_rank = rank_in_group(s_cell, ctx.rng.bits(ns["uid"], "prey"))[: ns.n_local]
-    n_wolves = grid.occupancy(w_cell)
-    n_sheep = grid.occupancy(s_cell)
-    wolf_eats = w_rank < n_sheep[w_cell[: nw.n_local]]
-    eaten = s_rank < n_wolves[s_cell[: ns.n_local]]
+    sheep_here = neighbor_reduce(grid, nw, True, "count", sources=ns, kind="cell")  # [local wolves]
+    wolves_here = neighbor_reduce(grid, ns, True, "count", sources=nw, kind="cell")  # [local sheep]
+    wolf_eats = w_rank < sheep_here
+    eaten = s_rank < wolves_here
     energy = wolves["energy"] - 1 + ctx.params["wolf_gain"] * wolf_eats
     wolves["energy"] = energy
     ctx.kill("sheep", eaten)
