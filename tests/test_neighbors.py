@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+import agentsim as asim
 from agentsim import Box, ConfigError, Graph, Grid, neighbor_reduce
 from agentsim.core import ops
 from agentsim.space.continuous import radius_pairs
@@ -433,3 +434,16 @@ def test_bad_space_arguments_are_refused():
         neighbor_reduce(None, a, rule)
     with pytest.raises(ConfigError, match="has no field 'pos'"):
         neighbor_reduce(Box((1.0, 1.0)), {"cell": a["cell"]}, rule, radius=0.5)
+
+
+def test_graph_refuses_a_radius_a_grid_kind_and_a_node_given_twice():
+    g = asim.erdos_renyi(30, 4.0, seed=3)
+    agents = {"uid": torch.arange(30)}
+    with pytest.raises(ConfigError, match="radius= does not apply"):
+        neighbor_reduce(g, agents, True, "count", radius=2.0)
+    with pytest.raises(ConfigError, match="kind= and include_center= are for a Grid"):
+        neighbor_reduce(g, agents, True, "count", kind="von_neumann")
+    twice = {"uid": torch.tensor([0, 1, 1, 2])}
+    for message in (True, lambda pair: {"n": True}):  # the count fast path and the per-pair path
+        with pytest.raises(ConfigError, match="hold a node twice"):
+            neighbor_reduce(g, agents, message, "count", sources=twice)

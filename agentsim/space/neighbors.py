@@ -288,7 +288,10 @@ def _graph_chunks(graph: Graph, tgt: _Agents, src: _Agents, n_t: int) -> Iterato
     node_t = tgt["uid"][:n_t].to(torch.int64)
     node_s = src["uid"].to(torch.int64)
     row_of = torch.full((graph.n_nodes,), -1, dtype=torch.int64, device=node_s.device)
-    row_of[node_s] = torch.arange(node_s.shape[0], device=node_s.device)
+    rows = torch.arange(node_s.shape[0], device=node_s.device)
+    row_of[node_s] = rows
+    if not bool((row_of.index_select(0, node_s) == rows).all()):
+        raise ConfigError("neighbor_reduce: a graph's sources hold a node twice (a uid is its node: uids are unique)")
     start = graph.indptr.index_select(0, node_t).unsqueeze(1)
     cnt = graph.indptr.index_select(0, node_t + 1).unsqueeze(1) - start
     for a, b in _segment_chunks(start, cnt, node_t.device):
@@ -539,6 +542,12 @@ def neighbor_reduce(
             raise ConfigError(f"neighbor_reduce: a grid radius is a number of cells, an int >= 1 (got {radius!r})")
     elif isinstance(space, Box) and radius is None:
         raise ConfigError("neighbor_reduce: continuous space needs radius= (length units)")
+    elif isinstance(space, Graph) and radius is not None:
+        raise ConfigError(f"neighbor_reduce: a graph's neighbors are its edges; radius= does not apply "
+                          f"(got radius={radius!r})")
+    if not isinstance(space, Grid) and (kind != "moore" or include_center):
+        raise ConfigError(f"neighbor_reduce: kind= and include_center= are for a Grid (got kind={kind!r}, "
+                          f"include_center={include_center!r} with a {type(space).__name__})")
 
     cells_radius = 1 if radius is None else int(radius)
     if not callable(message):
@@ -555,6 +564,9 @@ def neighbor_reduce(
                 return out[""] if single else out
             if isinstance(space, Graph) and all(h == "count" for h in how.values()):
                 at, suid = tgt["uid"][:n_t], src["uid"]
+                if suid.numel() and int(torch.unique(suid).numel()) != int(suid.numel()):
+                    raise ConfigError("neighbor_reduce: a graph's sources hold a node twice (a uid is its node: "
+                                      "uids are unique)")
                 out = {k: space.count_neighbors_in(
                     suid if isinstance(v, bool) else suid.index_select(0, ops.flatnonzero(v)), at=at)
                     for k, v in values.items()}
