@@ -534,6 +534,31 @@ def neighbor_reduce(
     if not 0 <= n_t <= n_rows:
         raise ConfigError(f"neighbor_reduce: expected 0 <= n_targets <= {n_rows} rows (got {n_t})")
     n_src = src[field].shape[0]
+    _check_neighborhood(space, radius, kind, include_center)
+    cells_radius = 1 if radius is None else int(radius)
+    if not callable(message):
+        values, single = _as_dict(message)
+        how = _check_reduce(list(values), reduce, single)
+        for name, value in values.items():
+            _check_message(name or "message", value, n_src, how[name], "source row")
+        exact = _exact_counts(space, tgt, src, n_t, same, values, how, kind, cells_radius, include_center)
+        if exact is not None:
+            return exact[""] if single else exact
+
+        def per_source(pair: PairView) -> Message:
+            picked = {k: v if v is True else pair.source_values(v) for k, v in values.items()}  # type: ignore[arg-type]
+            return picked[""] if single else picked
+        rule: Rule = per_source
+    else:
+        rule = message
+
+    out, single_rule = _reduce_pairs(space, tgt, src, n_t, same, rule, reduce, fill, kind, cells_radius,
+                                     include_center, float(radius or 0.0))
+    return out[""] if single_rule else out
+
+
+def _check_neighborhood(space: Any, radius: float | None, kind: str, include_center: bool) -> None:
+    """The neighborhood arguments of :func:`neighbor_reduce` that ``space`` takes, checked."""
     if isinstance(space, Grid):
         if kind not in GRID_KINDS:
             raise ConfigError(f"neighbor_reduce: unknown grid neighborhood kind {kind!r} (valid: "
@@ -549,38 +574,38 @@ def neighbor_reduce(
         raise ConfigError(f"neighbor_reduce: kind= and include_center= are for a Grid (got kind={kind!r}, "
                           f"include_center={include_center!r} with a {type(space).__name__})")
 
-    cells_radius = 1 if radius is None else int(radius)
-    if not callable(message):
-        values, single = _as_dict(message)
-        how = _check_reduce(list(values), reduce, single)
-        for name, value in values.items():
-            _check_message(name or "message", value, n_src, how[name], "source row")
-        integer = all(v is True or not (v.is_floating_point() or v.is_complex())  # type: ignore[union-attr]
-                      for v in values.values())
-        if integer and all(h in ("sum", "count") for h in how.values()):
-            if isinstance(space, Grid):
-                out = _grid_layer_counts(space, tgt, src, n_t, same, values, kind, cells_radius, include_center)
-                out = {k: v.to(torch.int32) if how[k] == "count" else v for k, v in out.items()}
-                return out[""] if single else out
-            if isinstance(space, Graph) and all(h == "count" for h in how.values()):
-                at, suid = tgt["uid"][:n_t], src["uid"]
-                if suid.numel() and int(torch.unique(suid).numel()) != int(suid.numel()):
-                    raise ConfigError("neighbor_reduce: a graph's sources hold a node twice (a uid is its node: "
-                                      "uids are unique)")
-                out = {k: space.count_neighbors_in(
-                    suid if isinstance(v, bool) else suid.index_select(0, ops.flatnonzero(v)), at=at)
-                    for k, v in values.items()}
-                return out[""] if single else out
 
-        def per_source(pair: PairView) -> Message:
-            picked = {k: v if v is True else pair.source_values(v) for k, v in values.items()}  # type: ignore[arg-type]
-            return picked[""] if single else picked
-        rule: Rule = per_source
-    else:
-        rule = message
+def _exact_counts(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, values: dict[str, Any],
+                  how: dict[str, str], kind: str, cells_radius: int, include_center: bool) -> dict[str, Tensor] | None:
+    """Integer sums and counts of per-source values without expanding pairs (a grid's cell layers,
+    a graph's push along edges), or None where no such path applies.
+    """
+    integer = all(v is True or not (v.is_floating_point() or v.is_complex())
+                  for v in values.values())
+    if integer and all(h in ("sum", "count") for h in how.values()):
+        if isinstance(space, Grid):
+            out = _grid_layer_counts(space, tgt, src, n_t, same, values, kind, cells_radius, include_center)
+            return {k: v.to(torch.int32) if how[k] == "count" else v for k, v in out.items()}
+        if isinstance(space, Graph) and all(h == "count" for h in how.values()):
+            at, suid = tgt["uid"][:n_t], src["uid"]
+            if suid.numel() and int(torch.unique(suid).numel()) != int(suid.numel()):
+                raise ConfigError("neighbor_reduce: a graph's sources hold a node twice (a uid is its node: "
+                                  "uids are unique)")
+            return {k: space.count_neighbors_in(
+                suid if isinstance(v, bool) else suid.index_select(0, ops.flatnonzero(v)), at=at)
+                for k, v in values.items()}
+    return None
 
+
+def _reduce_pairs(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, rule: Rule,
+                  reduce: str | Mapping[str, str], fill: float | int | None, kind: str, cells_radius: int,
+                  include_center: bool, radius: float) -> tuple[dict[str, Tensor], bool]:
+    """The pairs of each target, chunk by chunk in canonical order, through ``rule`` and the
+    reductions; returns the reduced messages by name and whether the rule returned a single one.
+    """
+    position = tgt[space.position_field]
     if isinstance(space, Box):
-        chunks: Iterator[_Chunk] = _box_chunks(space, tgt, src, n_t, same, float(radius))  # type: ignore[arg-type]
+        chunks: Iterator[_Chunk] = _box_chunks(space, tgt, src, n_t, same, radius)
     elif isinstance(space, Grid):
         chunks = _grid_chunks(space, tgt, src, n_t, same, kind, cells_radius, include_center)
     else:
@@ -607,5 +632,5 @@ def neighbor_reduce(
             _check_message(name or "message", value, m, how_checked[name], "pair")
         for name, value in _reduce_chunk(messages, how_checked, c.t, c.stop - c.start, fill).items():
             parts.setdefault(name, []).append(value)
-    out = {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in parts.items()}
-    return out[""] if single_rule else out
+    return {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in parts.items()}, single_rule
+

@@ -115,51 +115,40 @@ class PairChunk(NamedTuple):
     dist2: Tensor | None = None
 
 
-def _iter_pair_chunks(
-    pos: Tensor,
-    box: Box,
-    radius: float,
-    uid: Tensor | None,
-    n_query: int,
-    include_self: bool,
-    max_candidates: int | None = None,
-    with_delta: bool = False,
-    index_dtype: torch.dtype = torch.int64,
-) -> Iterator[PairChunk]:
-    """Yield chunks of consecutive targets whose pairs, concatenated, are in canonical order.
+# Per leading dim, per offset: (neighbor row of each cell coordinate, inside a bounded box or None);
+# the first and one-past-last padded cell of the last dim's neighborhood of each coordinate.
+_GridTables = tuple[list[list[tuple[Tensor, Tensor | None]]], Tensor, Tensor]
 
-    Cell ids are row-major, so the neighbor cells that differ only in the last
-    dim are adjacent ids and their sorted sources one contiguous range, in the
-    canonical order already; ghost cells (below) keep it contiguous across a
-    periodic wrap. Each target therefore has one segment per offset of the
-    leading dims (3 in 2D, 9 in 3D) instead of one per neighbor cell (9 or 27).
+
+class _SortedSources(NamedTuple):
+    """The sources of a radius search laid out by padded cell (see :func:`_sort_sources`)."""
+
+    order: Tensor  # [n_entries] source row of each sorted entry (ghost copies included)
+    below: Callable[[Tensor], Tensor]  # padded cell ids -> entries sorted before each cell
+    ccols: list[Tensor]  # d x [n] cell coordinates of every row
+    width: int  # padded cells per row of the last dim (its cells and two ghosts)
+    it: torch.dtype  # index dtype of rows, cells and candidates
+
+
+def _sort_sources(pos: Tensor, box: Box, grid: CellGrid, uid: Tensor | None) -> _SortedSources:
+    """Sort the sources by (padded cell, uid).
+
+    Sources are laid out by "padded cell": each row of cells along the last dim gets a ghost cell
+    before its first cell holding copies of its last cell's sources, and (with 3+ cells) one after
+    its last cell holding copies of its first cell's, when periodic. A target's neighbor cells in
+    one row are then one contiguous run of padded cells, in canonical order even across the
+    periodic wrap: one segment per leading-dim offset (3 in 2D, 9 in 3D).
     """
     device = pos.device
     n = pos.shape[0]
-    if n == 0 or n_query == 0:
-        return
-    if max_candidates is None:
-        max_candidates = (
-            _MAX_CANDIDATES if device.type == "cpu" else _MAX_CANDIDATES_ACCELERATOR
-        )
-    grid = CellGrid(box, radius)
     n_last = grid.shape[-1]
-    offsets_last = grid.dim_offsets()[-1]
-    # Sources are laid out by "padded cell": each row of cells along the last dim gets a
-    # ghost cell before its first cell holding copies of its last cell's sources, and
-    # (with 3+ cells) one after its last cell holding copies of its first cell's, when
-    # periodic. A target's neighbor cells in one row are then one contiguous run of
-    # padded cells, in canonical order even across the periodic wrap: one segment per
-    # leading-dim offset (3 in 2D, 9 in 3D).
     ghost_before = box.periodic
-    ghost_after = box.periodic and offsets_last[-1] == 1
-    width = n_last + 2  # padded cells per row
-    n_rows_lead = grid.n_cells // n_last
-    n_pcells = n_rows_lead * width
+    ghost_after = box.periodic and grid.dim_offsets()[-1][-1] == 1
+    width = n_last + 2
+    n_pcells = (grid.n_cells // n_last) * width
     # Index dtype of rows, cells and candidates: int32 where they fit (half the memory
     # traffic of int64, and faster gathers).
     it = torch.int32 if max(3 * n, n_pcells) < 2**31 - 1 else torch.int64
-    out_it = it if index_dtype == torch.int32 else torch.int64  # of the pairs' rows
     ccols = grid.coord_columns(pos, it)  # d x [n] cell coordinates
     lead_row = ccols[0]
     for k in range(1, box.ndim - 1):
@@ -190,63 +179,101 @@ def _iter_pair_chunks(
     else:
         perm = _source_order(entry_cell, entry_uid, n_pcells)
         below = _cell_counter(entry_cell, perm, n_pcells, width, it)
-    order = entry_row.index_select(0, perm)
+    return _SortedSources(entry_row.index_select(0, perm), below, ccols, width, it)
+
+
+def _segment_ranges(grid: CellGrid, src: _SortedSources, tables: _GridTables, t0: int, t1: int,
+                    n_seg: int) -> tuple[Tensor, Tensor, Tensor]:
+    """For targets ``t0 .. t1``: the first sorted entry and the number of entries of each of their
+    segments (``[n_seg, T]`` each, targets contiguous) and the candidates per target ``[T]``.
+    """
+    lead, lo_of, hi_of = tables
+    ccols, it, width = src.ccols, src.it, src.width
+    # Per leading-offset combination, in canonical (lexicographic) order: the neighbor row, [T];
+    # and whether it is inside a bounded box. Everything is laid out [segment, target], targets
+    # contiguous, so every operation runs over long vectors.
+    bases: list[Tensor | None] = [None]
+    valids: list[Tensor | None] = [None]
+    for k, per_offset in enumerate(lead):
+        c = ccols[k][t0:t1]
+        nb_rows = [(tab.index_select(0, c), None if ok is None else ok.index_select(0, c)) for tab, ok in per_offset]
+        bases = [row if b is None else b * grid.shape[k] + row for b in bases for row, _ in nb_rows]
+        valids = [ok if v is None else (v if ok is None else v & ok) for v in valids for _, ok in nb_rows]
+    cy = ccols[-1][t0:t1]
+    lo_t, hi_t = lo_of.index_select(0, cy), hi_of.index_select(0, cy)
+    lo = torch.empty((n_seg, t1 - t0), dtype=it, device=cy.device)
+    hi = torch.empty_like(lo)
+    for r, (b, ok) in enumerate(zip(bases, valids, strict=True)):
+        assert b is not None
+        b = b * width
+        torch.add(b, lo_t, out=lo[r])
+        torch.add(b, hi_t, out=hi[r])
+        if ok is not None:  # a row outside a bounded box holds nothing
+            lo[r] *= ok
+            hi[r] *= ok
+    start = src.below(lo.view(-1)).view(lo.shape)
+    cnt = src.below(hi.view(-1)).view(hi.shape).sub_(start)
+    return start, cnt, cnt.sum(0, dtype=it)
+
+
+def _candidate_bounds(per_target: Tensor, max_candidates: int) -> list[int]:
+    """Cut points (relative target indices, from 0 to T) of sub-chunks of at most about
+    ``max_candidates`` candidates each.
+    """
+    bounds = [0]
+    if int(per_target.sum()) > max_candidates:
+        csum = torch.cumsum(per_target, 0)
+        marks = torch.arange(max_candidates, int(csum[-1]), max_candidates, device=per_target.device)
+        cuts = torch.searchsorted(csum, marks.to(csum.dtype), right=True).tolist()
+        bounds += [k for k in cuts if 0 < k < per_target.shape[0]]
+    bounds.append(per_target.shape[0])
+    return bounds
+
+
+def _iter_pair_chunks(
+    pos: Tensor,
+    box: Box,
+    radius: float,
+    uid: Tensor | None,
+    n_query: int,
+    include_self: bool,
+    max_candidates: int | None = None,
+    with_delta: bool = False,
+    index_dtype: torch.dtype = torch.int64,
+) -> Iterator[PairChunk]:
+    """Yield chunks of consecutive targets whose pairs, concatenated, are in canonical order.
+
+    Cell ids are row-major, so the neighbor cells that differ only in the last
+    dim are adjacent ids and their sorted sources one contiguous range, in the
+    canonical order already; ghost cells (:func:`_sort_sources`) keep it contiguous across a
+    periodic wrap. Each target therefore has one segment per offset of the
+    leading dims (3 in 2D, 9 in 3D) instead of one per neighbor cell (9 or 27).
+    """
+    device = pos.device
+    if pos.shape[0] == 0 or n_query == 0:
+        return
+    if max_candidates is None:
+        max_candidates = _MAX_CANDIDATES if device.type == "cpu" else _MAX_CANDIDATES_ACCELERATOR
+    grid = CellGrid(box, radius)
+    src = _sort_sources(pos, box, grid, uid)
+    out_it = src.it if index_dtype == torch.int32 else torch.int64  # of the pairs' rows
     # Per-dim contiguous columns: 1D gathers are several times faster than
     # gathering rows of a [n, d] tensor.
     cols = [pos[:, k].contiguous() for k in range(box.ndim)]
-    scols = [c.index_select(0, order) for c in cols]  # sorted sources
-
-    lead, lo_of, hi_of = _grid_tables(grid.shape, tuple(grid.dim_offsets()), box.periodic, device, it)
-    n_seg = math.prod(len(per_offset) for per_offset in lead)  # segments per target
+    scols = [c.index_select(0, src.order) for c in cols]  # sorted sources
+    tables = _grid_tables(grid.shape, tuple(grid.dim_offsets()), box.periodic, device, src.it)
+    n_seg = math.prod(len(per_offset) for per_offset in tables[0])  # segments per target
     block = max(1, (_MAX_SEGMENTS if device.type == "cpu" else _MAX_SEGMENTS_ACCELERATOR) // n_seg)
     r2 = radius * radius
-
     for t0 in range(0, n_query, block):
         t1 = min(n_query, t0 + block)
-        # Per leading-offset combination, in canonical (lexicographic) order: the
-        # neighbor row, [T]; and whether it is inside a bounded box. Everything is laid
-        # out [segment, target], targets contiguous, so every operation runs over long
-        # vectors.
-        bases: list[Tensor | None] = [None]
-        valids: list[Tensor | None] = [None]
-        for k, per_offset in enumerate(lead):
-            c = ccols[k][t0:t1]
-            nb_rows = [(tab.index_select(0, c), None if ok is None else ok.index_select(0, c))
-                       for tab, ok in per_offset]
-            bases = [row if b is None else b * grid.shape[k] + row for b in bases for row, _ in nb_rows]
-            valids = [ok if v is None else (v if ok is None else v & ok)
-                      for v in valids for _, ok in nb_rows]
-        cy = ccols[-1][t0:t1]
-        lo_t, hi_t = lo_of.index_select(0, cy), hi_of.index_select(0, cy)
-        lo = torch.empty((n_seg, t1 - t0), dtype=it, device=device)
-        hi = torch.empty_like(lo)
-        for r, (b, ok) in enumerate(zip(bases, valids, strict=True)):
-            assert b is not None
-            b = b * width
-            torch.add(b, lo_t, out=lo[r])
-            torch.add(b, hi_t, out=hi[r])
-            if ok is not None:  # a row outside a bounded box holds nothing
-                lo[r] *= ok
-                hi[r] *= ok
-        start = below(lo.view(-1)).view(lo.shape)
-        cnt = below(hi.view(-1)).view(hi.shape).sub_(start)
-        per_target = cnt.sum(0, dtype=it)  # [T]
-        # Split the block into sub-chunks of at most ~max_candidates candidates.
-        bounds = [0]
-        if int(per_target.sum()) > max_candidates:
-            csum = torch.cumsum(per_target, 0)
-            marks = torch.arange(
-                max_candidates, int(csum[-1]), max_candidates, device=device
-            )
-            cuts = torch.searchsorted(csum, marks.to(csum.dtype), right=True).tolist()
-            bounds += [k for k in cuts if 0 < k < t1 - t0]
-        bounds.append(t1 - t0)
-        for c0, c1 in itertools.pairwise(bounds):
+        start, cnt, per_target = _segment_ranges(grid, src, tables, t0, t1, n_seg)
+        for c0, c1 in itertools.pairwise(_candidate_bounds(per_target, max_candidates)):
             if c1 <= c0:
                 continue
             yield PairChunk(t0 + c0, t0 + c1, *_expand(
-                cols, scols, order, box, r2, include_self, t0 + c0,
-                start[:, c0:c1], cnt[:, c0:c1], per_target[c0:c1], with_delta, it, out_it,
+                cols, scols, src.order, box, r2, include_self, t0 + c0,
+                start[:, c0:c1], cnt[:, c0:c1], per_target[c0:c1], with_delta, src.it, out_it,
             ))
 
 
@@ -334,8 +361,7 @@ def _source_order(cid: Tensor, uid: Tensor | None, n_cells: int) -> Tensor:
 
 @functools.lru_cache(maxsize=32)
 def _grid_tables(shape: tuple[int, ...], dim_offsets: tuple[tuple[int, ...], ...], periodic: bool,
-                 device: torch.device, dtype: torch.dtype,
-                 ) -> tuple[list[list[tuple[Tensor, Tensor | None]]], Tensor, Tensor]:
+                 device: torch.device, dtype: torch.dtype) -> _GridTables:
     """The tables of a cell grid that every search on it uses, made once per grid.
 
     They depend on its shape alone, and a model searches the same grid every step (read only,
