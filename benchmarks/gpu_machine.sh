@@ -2,6 +2,8 @@
 # The issue-16 measurements on a machine with a CUDA GPU and many cores, from the repository root:
 #
 #   bash benchmarks/gpu_machine.sh cuda      # CUDA tests; boids, targets, SIR and circles suites on the GPU
+#   bash benchmarks/gpu_machine.sh release   # 0.3: kernels built at install (-Werror), CUDA tests, layer/kernel/
+#                                            # neighbor tests, neighbor_reduce boids benchmark on the CPU
 #   bash benchmarks/gpu_machine.sh profile   # torch's profiler over boids 10k and circles 1M steps on the GPU
 #   bash benchmarks/gpu_machine.sh sizes     # agent-updates/s at 10k..10M and SIR 100M memory, on the GPU
 #   bash benchmarks/gpu_machine.sh scaling 1000000    # CPU strong scaling, boids and SIR (or $MODELS), W = 2, 4, 8
@@ -26,6 +28,19 @@ facts() {
 }
 
 case "${1:-}" in
+release)
+    # A fresh machine with another compiler, CPU and Python: the install must build the C kernels
+    # with warnings as errors and agentsim must load them (else this fails, as CI does).
+    export AGENTSIM_REQUIRE_KERNELS=1 AGENTSIM_KERNELS_WERROR=1
+    $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -5
+    facts
+    $PY -m agentsim info --require-kernels | grep -iE "kernel|cuda|torch"
+    $PY -m pytest -q -p no:cacheprovider -o addopts="" -m cuda tests/ 2>&1 | tail -8
+    $PY -m pytest -q -p no:cacheprovider -o addopts="" tests/test_architecture.py tests/test_native_build.py \
+        tests/test_cpu_kernels.py tests/test_neighbors.py tests/test_baselines.py 2>&1 | tail -4
+    $PY benchmarks/bench_neighbors.py --rounds 5 --agents 10000 200000 --out "$RESULTS/neighbors-device.json" | tail -8
+    save release "$RESULTS"/neighbors-device.json
+    ;;
 cuda)
     facts
     $PY -m pytest -q -p no:cacheprovider -o addopts="" -m cuda tests/ 2>&1 | tail -15
