@@ -109,9 +109,10 @@ def execute_run(model_ref: str, params: dict[str, Any], seed: int, agents: int, 
         nprocs = options.pop("nprocs", 1)
         if nprocs > 1:  # a multi-rank run (the same metrics as one process, bit for bit)
             from agentsim.runner.launch import launch
+            from agentsim.runner.spec import RunSpec
 
-            result = launch(model_ref, nprocs, agents=agents, steps=steps, seed=seed, params=params, device=device,
-                            **options)
+            result = launch(RunSpec.make(model_ref, agents=agents, steps=steps, seed=seed, params=params,
+                                         device=device, nprocs=nprocs, **options))
         else:
             model = get_model(model_ref).configure(params=params)
             result = Simulation(model, agents=agents, seed=seed, device=device, **options).run(steps)
