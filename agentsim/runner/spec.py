@@ -148,16 +148,13 @@ class RunSpec:
 
     def __post_init__(self) -> None:
         put = object.__setattr__  # frozen: the checked values replace the given ones, once, here
-        model = self.model
-        if isinstance(model, str):
-            get_model(model)  # fails here, with the catalog's message
-        elif not isinstance(model, Model):
-            raise ConfigError(f"model: expected a Model or a model name (got {type(model).__name__})")
+        if not isinstance(self.model, (str, Model)):
+            raise ConfigError(f"model: expected a Model or a model name (got {type(self.model).__name__})")
         if self.params is not None and not isinstance(self.params, Mapping):
             raise ConfigError(f"params: expected a mapping of parameter name to value (got {self.params!r})")
         put(self, "params", None if self.params is None else dict(self.params))
         put(self, "substeps", _names("substeps", self.substeps))
-        resolved = self._configured()
+        resolved = self._configured()  # an unknown model, parameter or substep fails here
         put(self, "_resolved", resolved)
         if self.params is not None:  # as the model converted them ('0.05' from the command line: 0.05)
             put(self, "params", {name: resolved.params[name] for name in self.params})

@@ -151,7 +151,7 @@ class Study:
                  replicates: int | None = None, seed: int = 0, agents: int | None = None, steps: int = 100,
                  device: str = "cpu", options: Mapping[str, Any] | None = None) -> None:
         if isinstance(model, Model):
-            from agentsim.runner.launch import model_ref
+            from agentsim.runner.spec import model_ref
 
             ref, overrides, _ = model_ref(model)
             if overrides:
