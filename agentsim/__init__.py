@@ -37,6 +37,7 @@ from agentsim.errors import (
 )
 from agentsim.runner.api import run
 from agentsim.runner.launch import LaunchResult, launch
+from agentsim.runner.spec import RunSpec
 from agentsim.space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
 from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
 from agentsim.space.grid import Grid
@@ -68,6 +69,7 @@ __all__ = [
     "Params",
     "Population",
     "RunResult",
+    "RunSpec",
     "Simulation",
     "SimulationError",
     "State",

@@ -69,7 +69,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentsim.errors import AgentsimError, ConfigError
@@ -78,48 +78,7 @@ from agentsim.errors import AgentsimError, ConfigError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentsim", description="PyTorch-native agent-based simulation")
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a model and write an HDF5 trajectory")
-    run.add_argument("model", nargs="?", help="model name (see `agentsim models`) or module:ATTR")
-    run.add_argument("--agents", type=int, help="number of agents at step 0")
-    run.add_argument("--steps", type=int, help="number of steps (default 100)")
-    run.add_argument("--seed", type=int, help="run seed (default 0)")
-    run.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
-                     help="set a model parameter (repeatable)")
-    run.add_argument("--config", help="TOML or YAML run configuration")
-    run.add_argument("--device", help="cpu (default), cuda or cuda:N")
-    run.add_argument("--out", help="HDF5 output path (default: no file)")
-    run.add_argument("--record", help="comma-separated fields to record: pop, pop.field, field, env.name")
-    run.add_argument("--every", type=int, help="also record agents every K steps")
-    run.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
-    run.add_argument("--nprocs", type=int, help="number of local processes (default 1; torchrun sets its own)")
-    run.add_argument("--partition", help="how agents are split over processes: data (default) or spatial")
-    run.add_argument("--layout", help="spatial partition regions: strips (default), blocks or rcb")
-    run.add_argument("--balance-every", dest="balance_every", type=int,
-                     help="spatial: check the load every K steps and move region borders (default 0: never)")
-    run.add_argument("--balance-threshold", dest="balance_threshold", type=float,
-                     help="spatial: rebalance when max/mean agents per rank exceeds this (default 1.1)")
-    run.add_argument("--sync-every", dest="sync_every", type=int,
-                     help="refresh neighbor reads every K steps (default 1: exact; K > 1: stale reads, "
-                          "same result on any number of processes; partition data only)")
-    run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
-    run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, metavar="K",
-                     help="save a checkpoint after every K-th step (into --checkpoint-dir)")
-    run.add_argument("--checkpoint-dir", dest="checkpoint_dir", metavar="DIR",
-                     help="where checkpoints go (default: checkpoints)")
-    run.add_argument("--keep", type=int, metavar="N", help="keep the newest N checkpoints (default: all)")
-    run.add_argument("--checkpoint-async", dest="checkpoint_async", action="store_true", default=None,
-                     help="write checkpoints in the background while the next steps run (the state is copied "
-                          "first)")
-    run.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
-                     help="with --nprocs: when a process fails, restart all from the newest checkpoint, "
-                          "up to N times (under torchrun, use its --max-restarts)")
-    run.add_argument("--resume", metavar="DIR",
-                     help="continue from the newest complete checkpoint in DIR (on any number of processes); "
-                          "--steps stays the run's total; --agents, --seed, --set, --sync-every, --record and "
-                          "--every must be those of the run that saved it")
-    run.add_argument("--check", action="store_true", default=None,
-                     help="check mode: check every substep call against the contract (row order, reach, "
-                          "sums over one process's agents, env combines, env indices, uids); several times slower")
+    _run_parser(sub)
     check = sub.add_parser("check", help="run a model at a small size on 1, 2 and 3 processes with each partitioner "
                                          "(rows shuffled, resumed) and say whether the bits are the same")
     check.add_argument("model", help="model name, module:ATTR or file.py:ATTR")
@@ -167,6 +126,51 @@ def _parser() -> argparse.ArgumentParser:
                        help="rounds of (1 process, W processes), medians reported (default 3)")
     bench.add_argument("--out", help="write the figures as JSON to this path")
     return p
+
+
+def _run_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="run a model and write an HDF5 trajectory")
+    run.add_argument("model", nargs="?", help="model name (see `agentsim models`) or module:ATTR")
+    run.add_argument("--agents", type=int, help="number of agents at step 0")
+    run.add_argument("--steps", type=int, help="number of steps (default 100)")
+    run.add_argument("--seed", type=int, help="run seed (default 0)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a model parameter (repeatable)")
+    run.add_argument("--config", help="TOML or YAML run configuration")
+    run.add_argument("--device", help="cpu (default), cuda or cuda:N")
+    run.add_argument("--out", help="HDF5 output path (default: no file)")
+    run.add_argument("--record", help="comma-separated fields to record: pop, pop.field, field, env.name")
+    run.add_argument("--every", type=int, help="also record agents every K steps")
+    run.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
+    run.add_argument("--nprocs", type=int, help="number of local processes (default 1; torchrun sets its own)")
+    run.add_argument("--partition", help="how agents are split over processes: data (default) or spatial")
+    run.add_argument("--layout", help="spatial partition regions: strips (default), blocks or rcb")
+    run.add_argument("--balance-every", dest="balance_every", type=int,
+                     help="spatial: check the load every K steps and move region borders (default 0: never)")
+    run.add_argument("--balance-threshold", dest="balance_threshold", type=float,
+                     help="spatial: rebalance when max/mean agents per rank exceeds this (default 1.1)")
+    run.add_argument("--sync-every", dest="sync_every", type=int,
+                     help="refresh neighbor reads every K steps (default 1: exact; K > 1: stale reads, "
+                          "same result on any number of processes; partition data only)")
+    run.add_argument("--timeout", type=float, help="seconds a rank waits for the others before failing (default 60)")
+    run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, metavar="K",
+                     help="save a checkpoint after every K-th step (into --checkpoint-dir)")
+    run.add_argument("--checkpoint-dir", dest="checkpoint_dir", metavar="DIR",
+                     help="where checkpoints go (default: checkpoints)")
+    run.add_argument("--keep", type=int, metavar="N", help="keep the newest N checkpoints (default: all)")
+    run.add_argument("--checkpoint-async", dest="checkpoint_async", action="store_true", default=None,
+                     help="write checkpoints in the background while the next steps run (the state is copied "
+                          "first)")
+    run.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
+                     help="with --nprocs: when a process fails, restart all from the newest checkpoint, "
+                          "up to N times (under torchrun, use its --max-restarts)")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue from the newest complete checkpoint in DIR (on any number of processes); "
+                          "--steps stays the run's total; --agents, --seed, --set, --sync-every, --record and "
+                          "--every must be those of the run that saved it")
+    run.add_argument("--check", action="store_true", default=None,
+                     help="check mode: check every substep call against the contract (row order, reach, "
+                          "sums over one process's agents, env combines, env indices, uids); several times slower")
 
 
 def _train_parser(sub: Any) -> None:
@@ -428,117 +432,111 @@ def cmd_inspect(path: str) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``agentsim run``: one process, ``--nprocs`` local processes, or one rank under torchrun."""
-    from agentsim.core.catalog import get_model
     from agentsim.io.config import load_config
-
-    cfg = load_config(args.config) if args.config else {}
-    model_name = args.model or cfg.get("model")
-    if not model_name:
-        raise ConfigError("no model given: `agentsim run MODEL` or model = ... in --config")
-    params = dict(cfg.get("params", {}))
-    params.update(_parse_sets(args.sets))
-    model = get_model(model_name).configure(params=params, substeps=cfg.get("substeps"))
-
-    def pick(key: str, default: Any) -> Any:
-        value = getattr(args, key)
-        return value if value is not None else cfg.get(key, default)
-
-    agents = pick("agents", model.default_agents)
-    steps = pick("steps", 100)
-    seed = pick("seed", 0)
-    every = pick("every", None)
-    out = pick("out", None)
-    record = args.record.split(",") if args.record else cfg.get("record")
-    nprocs, partition, timeout, sync_every, options = _distributed_options(args, pick)
-    checkpoints = _checkpoint_settings(pick)
-    # The locks on --out and the checkpoint directory first (rank 0 under torchrun), then --resume:
-    # a killed run that wrote them has stopped by the time the checkpoint to resume is chosen.
     from agentsim.io.locks import hold
 
+    spec = run_spec(args, load_config(args.config) if args.config else {})
+    # The locks on --out and the checkpoint directory first (rank 0 under torchrun), then --resume:
+    # a killed run that wrote them has stopped by the time the checkpoint to resume is chosen.
     rank0 = world_size_from_env() == 1 or os.environ.get("RANK", "0") == "0"
-    with hold(out if rank0 else None, checkpoints["checkpoint_dir"] if rank0 else None):
-        return _run_locked(args, model, pick, cfg, agents, steps, seed, every, out, record, nprocs, partition,
-                           timeout, sync_every, options, checkpoints)
+    with hold(spec.out if rank0 else None, spec.checkpoint_dir if rank0 else None):
+        return _run_locked(args, spec)
 
 
-def _run_locked(args: argparse.Namespace, model: Any, pick: Callable[[str, Any], Any], cfg: dict[str, Any],
-                agents: Any, steps: Any, seed: Any, every: Any, out: Any, record: Any, nprocs: int, partition: str,
-                timeout: float, sync_every: int, options: dict[str, Any], checkpoints: dict[str, Any]) -> int:
-    """``agentsim run`` once its output is locked: resume, run, report."""
-    from agentsim.engine.simulation import Simulation
+def run_spec(args: argparse.Namespace, cfg: Mapping[str, Any]) -> Any:
+    """The :class:`~agentsim.runner.spec.RunSpec` of ``agentsim run``: the flags over the config file's
+    keys (its field names), checked; ``steps`` is the run's total (a resumed run does the rest).
+    """
+    from agentsim.runner.spec import RunSpec
 
-    resume, start = _resume_option(pick, steps, checkpoints["checkpoint_dir"])
-    if resume is not None and nprocs == 1 and world_size_from_env() == 1:
-        from agentsim.runner.launch import check_resume  # refused before the model is built
-
-        check_resume(resume, model, agents=agents, seed=seed, sync_every=sync_every, record=record, every=every,
-                     append=out is not None and os.path.isfile(out))
-    max_restarts = pick("max_restarts", 0)
-    if max_restarts and nprocs == 1:
+    values = {k: v for k, v in cfg.items() if k != "params"}
+    values.update({k: getattr(args, k) for k in RunSpec.fields() if getattr(args, k, None) is not None})
+    values["model"] = args.model or cfg.get("model")
+    if not values["model"]:
+        raise ConfigError("no model given: `agentsim run MODEL` or model = ... in --config")
+    values["params"] = {**cfg.get("params", {}), **_parse_sets(args.sets)} or None
+    nprocs = values.get("nprocs", 1)
+    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
+        raise ConfigError(f"--nprocs: expected an int >= 1 (got {nprocs!r})")
+    if nprocs > 1 and world_size_from_env() > 1:
+        raise ConfigError(f"--nprocs {nprocs} under torchrun (WORLD_SIZE={world_size_from_env()}): "
+                          "let torchrun start the processes and drop --nprocs")
+    _checkpoint_settings(values)
+    spec = RunSpec.from_dict(values)
+    if spec.max_restarts and spec.nprocs == 1:
         raise ConfigError("--max-restarts restarts the processes of --nprocs W (W > 1); under torchrun use "
                           "torchrun --max-restarts")
-    total, steps = steps, steps - start  # --steps is the run's total: a resumed run does the rest
-    append = resume is not None and out is not None and os.path.isfile(out)  # write on into the run's file
-    device = pick("device", "cpu")
-    check = pick("check", False)
-    if not isinstance(check, bool):
-        raise ConfigError(f"check: expected true or false (got {check!r})")
-    if resume is None and isinstance(agents, int) and not isinstance(agents, bool):  # before any process starts
+    return spec
+
+
+def _run_locked(args: argparse.Namespace, spec: Any) -> int:
+    """``agentsim run`` once its output is locked: resume, run, report."""
+    model, agents, total = spec.resolved_model(), spec.resolved_agents(), spec.steps
+    resume, start = _resume_option(spec)
+    append = resume is not None and spec.out is not None and os.path.isfile(spec.out)  # write on into its file
+    spec = spec.replace(resume=resume, steps=total - start, append=append)
+    if resume is not None and spec.nprocs == 1 and world_size_from_env() == 1:
+        from agentsim.runner.launch import check_resume  # refused before the model is built
+
+        check_resume(resume, model, agents=agents, seed=spec.seed, sync_every=spec.sync_every, record=spec.record,
+                     every=spec.every, append=append)
+    if resume is None:  # a state that cannot fit: refused before any process starts
         from agentsim.engine.memory import check_memory
         from agentsim.engine.simulation import resolve_device
 
-        check_memory(model, model.params, agents, resolve_device(device), seed, what=f"--agents {agents}")
-    t0 = t_built = time.perf_counter()
-    quiet = args.quiet
-    if nprocs > 1:
+        check_memory(model, model.params, agents, resolve_device(spec.device), spec.seed, what=f"--agents {agents}")
+    t0 = time.perf_counter()
+    result, nprocs, quiet, t_built, spec = _execute(spec, args.quiet, total)
+    # One process: the initialization; several: process start-up, initialization and recording.
+    t_init = (t_built or t0) - t0 if nprocs == 1 else time.perf_counter() - t0 - result.seconds
+    if quiet:
+        return 0
+    from agentsim.engine.simulation import resolve_device
+
+    last = {k: v[-1] for k, v in result.metrics.items()}
+    rate = spec.steps / result.seconds if result.seconds > 0 else float("inf")
+    ranks = f", {nprocs} processes ({spec.partition_name} partition)" if nprocs > 1 else ""
+    resumed = f" (resumed from {spec.resume} at step {total - spec.steps})" if spec.resume else ""
+    device = str(resolve_device(spec.device)) if nprocs == 1 else spec.device
+    print(f"{model.name}: {agents} agents, {total} steps{resumed}, seed {spec.seed}, device {device}{ranks}")
+    print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
+          f"{rate * agents:.3g} agent-updates/s)")
+    print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
+    print(model.plan(result.timings))
+    if nprocs > 1 and result.perf:
+        from agentsim.engine.perf import summarize_perf
+
+        print(summarize_perf(result.perf, spec.steps))
+    if spec.out:
+        print(f"wrote {spec.out}")
+    return 0
+
+
+def _execute(spec: Any, quiet: bool, total: int) -> tuple[Any, int, bool, float | None, Any]:
+    """Run ``spec`` on ``--nprocs`` processes, as this rank under torchrun, or here; returns the result,
+    the number of processes, whether this process stays quiet, when the one-process simulation was
+    built, and the spec that ran (under torchrun, with the checkpoint every rank agreed on).
+    """
+    from agentsim.runner.spec import make_simulation, run_simulation
+
+    if spec.nprocs > 1:
         from agentsim.runner.launch import launch
 
-        result = launch(model, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
-                        every=every, partition=partition, timeout=timeout, device=device, sync_every=sync_every,
-                        resume=resume, append=append, max_restarts=max_restarts, check=check, **checkpoints,
-                        **options)
-    elif world_size_from_env() > 1:  # under torchrun: this process is one rank
+        return launch(spec), spec.nprocs, quiet, None, spec
+    if world_size_from_env() > 1:  # under torchrun: this process is one rank
         from agentsim.distributed.process_group import process_group
 
-        with process_group(timeout=timeout, device=device) as comm:
-            if resume is not None:  # every rank the checkpoint rank 0 chose, and its step
+        with process_group(timeout=spec.timeout, device=spec.device) as comm:
+            if spec.resume is not None:  # every rank the checkpoint rank 0 chose, and its step
                 from agentsim.io.checkpoint import agree_checkpoint, checkpoint_step
 
-                resume = str(agree_checkpoint(resume, comm))
-                start = checkpoint_step(resume)
-                steps = total - start
-            sim = Simulation(model, agents=agents, seed=seed, device=device, comm=comm, partition=partition,
-                             sync_every=sync_every, resume=resume, check=check, **options)
-            result = sim.run(steps, out=out, record=record, every=every, progress=not quiet and comm.rank == 0,
-                             append=append, **checkpoints)
-            quiet = quiet or comm.rank != 0
-        nprocs = comm.world_size
-    else:
-        sim = Simulation(model, agents=agents, seed=seed, device=device, sync_every=sync_every, resume=resume,
-                         check=check)
-        t_built = time.perf_counter()
-        result = sim.run(steps, out=out, record=record, every=every, progress=not args.quiet, append=append,
-                         **checkpoints)
-        device = str(sim.device)
-    # One process: the initialization; several: process start-up, initialization and recording.
-    t_init = t_built - t0 if nprocs == 1 else time.perf_counter() - t0 - result.seconds
-    if not quiet:
-        last = {k: v[-1] for k, v in result.metrics.items()}
-        rate = steps / result.seconds if result.seconds > 0 else float("inf")
-        ranks = f", {nprocs} processes ({partition} partition)" if nprocs > 1 else ""
-        resumed = f" (resumed from {resume} at step {start})" if resume else ""
-        print(f"{model.name}: {agents} agents, {total} steps{resumed}, seed {seed}, device {device}{ranks}")
-        print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
-              f"{rate * agents:.3g} agent-updates/s)")
-        print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
-        print(model.plan(result.timings))
-        if nprocs > 1 and result.perf:
-            from agentsim.engine.perf import summarize_perf
-
-            print(summarize_perf(result.perf, steps))
-        if out:
-            print(f"wrote {out}")
-    return 0
+                resume = str(agree_checkpoint(spec.resume, comm))
+                spec = spec.replace(resume=resume, steps=total - checkpoint_step(resume))
+            result = run_simulation(spec, make_simulation(spec, comm), progress=not quiet and comm.rank == 0)
+        return result, comm.world_size, quiet or comm.rank != 0, None, spec
+    sim = make_simulation(spec)
+    t_built = time.perf_counter()
+    return run_simulation(spec, sim, progress=not quiet), 1, quiet, t_built, spec
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -558,12 +556,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.identical else 1
 
 
-def _checkpoint_settings(pick: Callable[[str, Any], Any]) -> dict[str, Any]:
-    """--checkpoint-every/--checkpoint-dir/--keep/--checkpoint-async, checked."""
+def _checkpoint_settings(values: dict[str, Any]) -> None:
+    """--checkpoint-every/--checkpoint-dir/--keep/--checkpoint-async in ``values``, checked (with the
+    flags' names); the directory defaults to ``checkpoints``.
+    """
     from agentsim.io.checkpoint import check_keep
 
-    every, directory, keep = pick("checkpoint_every", None), pick("checkpoint_dir", None), pick("keep", None)
-    asynchronous = pick("checkpoint_async", False)
+    every, directory, keep = values.get("checkpoint_every"), values.get("checkpoint_dir"), values.get("keep")
+    asynchronous = values.get("checkpoint_async", False)
     if not isinstance(asynchronous, bool):
         raise ConfigError(f"checkpoint_async: expected true or false (got {asynchronous!r})")
     if asynchronous and every is None:
@@ -574,11 +574,10 @@ def _checkpoint_settings(pick: Callable[[str, Any], Any]) -> dict[str, Any]:
         raise ConfigError("--keep needs --checkpoint-every K (checkpoints to keep)")
     check_keep(keep, "--keep")
     if every is not None and directory is None:
-        directory = "checkpoints"
-    return {"checkpoint_every": every, "checkpoint_dir": directory, "keep": keep, "checkpoint_async": asynchronous}
+        values["checkpoint_dir"] = "checkpoints"
 
 
-def _resume_option(pick: Callable[[str, Any], Any], steps: int, directory: str | None) -> tuple[str | None, int]:
+def _resume_option(spec: Any) -> tuple[str | None, int]:
     """--resume as ONE checkpoint (the newest complete one in DIR, now), and its step. Every rank
     loads exactly that checkpoint, so one committed later (by a run still writing there) is not used.
     Under torchrun each rank resolves it and rank 0's choice is used by all
@@ -586,7 +585,7 @@ def _resume_option(pick: Callable[[str, Any], Any], steps: int, directory: str |
     """
     from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 
-    resume = pick("resume", None)
+    resume, directory = spec.resume, spec.checkpoint_dir
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if resume is None and restarted > 0 and directory is not None and latest_checkpoint(directory) is not None:
         resume = directory  # torchrun restarted this worker: go on from the newest checkpoint
@@ -595,30 +594,10 @@ def _resume_option(pick: Callable[[str, Any], Any], steps: int, directory: str |
         if world_size_from_env() == 1:
             resume = str(resolve_checkpoint(resume))
         start = checkpoint_step(resume)
-        if isinstance(steps, int) and start > steps:
-            raise ConfigError(f"--resume: the checkpoint is at step {start}, past --steps {steps} (--steps is the "
-                              f"run's total: give at least {start})")
+        if start > spec.steps:
+            raise ConfigError(f"--resume: the checkpoint is at step {start}, past --steps {spec.steps} (--steps is "
+                              f"the run's total: give at least {start})")
     return resume, start
-
-
-def _distributed_options(args: argparse.Namespace,
-                         pick: Callable[[str, Any], Any]) -> tuple[int, str, float, int, dict[str, Any]]:
-    """--nprocs, --partition, --timeout, --sync-every and the spatial options, checked (before any
-    process starts).
-    """
-    from agentsim.distributed.partitioners import check_run_partition
-    from agentsim.distributed.process_group import DEFAULT_TIMEOUT, check_timeout
-
-    nprocs = pick("nprocs", 1)
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ConfigError(f"--nprocs: expected an int >= 1 (got {nprocs!r})")
-    if nprocs > 1 and world_size_from_env() > 1:
-        raise ConfigError(f"--nprocs {nprocs} under torchrun (WORLD_SIZE={world_size_from_env()}): "
-                          "let torchrun start the processes and drop --nprocs")
-    partition, options, sync_every = check_run_partition(
-        pick("partition", "data"), pick("sync_every", 1),
-        **{k: pick(k, None) for k in ("layout", "balance_every", "balance_threshold")})
-    return nprocs, partition, check_timeout(pick("timeout", DEFAULT_TIMEOUT)), sync_every, options
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -68,7 +68,7 @@ from agentsim.core.ops import flatnonzero, take_rows
 from agentsim.core.state import UID, Population, State
 from agentsim.core.substep import Substep, resolve_reach
 from agentsim.distributed.comm import pack_rows, unpack_rows
-from agentsim.distributed.partition import PERF_FIGURES, CallSubstep, StepReport
+from agentsim.distributed.partition import CallSubstep, StepReport
 
 if TYPE_CHECKING:
     from agentsim.distributed.spatial import SpatialPartition
@@ -382,11 +382,11 @@ class OverlapExchange:
         heads = self.complete(state, comm, merge=merge)
         got = {k: torch.cat([h[k] for h in heads]) for k in heads[0]}  # every rank's header, rank order
         sent = got["ints"][:, 4:].to(torch.float64)  # [W, W] migrants from row rank to column rank
-        figures = got["v"]
-        figures[:, PERF_FIGURES.index("agents")] += sent.sum(0) - sent.sum(1)
-        figures[:, PERF_FIGURES.index("migrated")] += sent.sum(1)  # and any of a rebalance, counted before
         report, self._report = self._report, None
-        self.partition.add_summary(report.summary(got, at_step_end))
+        summary = report.summary(got, at_step_end)
+        summary.figures.agents += sent.sum(0) - sent.sum(1)
+        summary.figures.migrated += sent.sum(1)  # and any of a rebalance, counted before
+        self.partition.add_summary(summary)
 
     # ------------------------------------------------------------------ the split run
     def run_split(self, state: State, call: CallSubstep, comm: Comm) -> list[Flag]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -50,13 +50,69 @@ from agentsim.errors import ConfigError
 if TYPE_CHECKING:
     from agentsim.io.recording import Frame, Recording
 
-__all__ = ["PARTITIONS", "PERF_FIGURES", "SPATIAL_OPTIONS", "IdentityPartition", "Partitioner", "SplitRun",
-           "StepReport", "StepSummary"]
+__all__ = ["PARTITIONS", "PERF_FIGURES", "SPATIAL_OPTIONS", "IdentityPartition", "Partitioner", "RankFigures",
+           "RanksFigures", "SplitRun", "StepReport", "StepSummary"]
 
 PARTITIONS = ("data", "spatial")
 SPATIAL_OPTIONS = ("layout", "balance_every", "balance_threshold", "bins", "overlap")
-# The figures every rank reports for every step (columns of StepSummary.figures).
-PERF_FIGURES = ("agents", "step_seconds", "comm_seconds", "bytes_sent", "halo_rows", "halo_bytes", "migrated")
+
+
+class RankFigures(NamedTuple):
+    """One rank's figures of one step (see :mod:`agentsim.engine.perf`), sent to every rank in the
+    step's report as one float64 row (:meth:`to_tensor`).
+
+    Attributes:
+        agents: Agents this rank holds at the end of the step.
+        step_seconds: Seconds of the step on this rank (with the last report's exchange).
+        comm_seconds: Seconds of it in collectives.
+        bytes_sent: Bytes this rank sent in them.
+        halo_rows, halo_bytes: Halo rows and bytes this rank received (the partitioner's count).
+        migrated: Agents this rank sent away (the partitioner's count).
+    """
+
+    agents: float
+    step_seconds: float
+    comm_seconds: float
+    bytes_sent: float
+    halo_rows: float = 0.0
+    halo_bytes: float = 0.0
+    migrated: float = 0.0
+
+    def to_tensor(self) -> Tensor:
+        """The figures as one row: ``[1, 7]`` float64, in field order."""
+        return torch.tensor([self], dtype=torch.float64)
+
+
+# The figures every rank reports for every step, in the order of the rows RankFigures.to_tensor makes.
+PERF_FIGURES = RankFigures._fields
+
+
+@dataclass
+class RanksFigures:
+    """Every rank's :class:`RankFigures` of one step: each field a float64 tensor ``[W]`` (rank order),
+    the columns of the gathered rows.
+    """
+
+    agents: Tensor
+    step_seconds: Tensor
+    comm_seconds: Tensor
+    bytes_sent: Tensor
+    halo_rows: Tensor
+    halo_bytes: Tensor
+    migrated: Tensor
+
+    @classmethod
+    def from_tensor(cls, rows: Tensor) -> RanksFigures:
+        """From every rank's :meth:`RankFigures.to_tensor` row, gathered: ``[W, 7]`` float64 (the fields
+        are its columns, not copies).
+        """
+        if rows.dim() != 2 or rows.shape[1] != len(PERF_FIGURES):
+            raise ValueError(f"expected [W, {len(PERF_FIGURES)}] figures (got {list(rows.shape)})")
+        return cls(*rows.unbind(1))
+
+    def rank(self, rank: int) -> RankFigures:
+        """One rank's figures."""
+        return RankFigures(*(float(getattr(self, name)[rank]) for name in PERF_FIGURES))
 
 # Runs a substep on a (sub)state with the given halos and returns what it asked for; flags
 # of an agentwise substep stay per agent (see Context(per_agent_flags=True)).
@@ -72,20 +128,20 @@ class StepReport:
     Attributes:
         step: The step (the state's step after it).
         flags: The step's error flags (0-dim bool conditions).
-        figures: This rank's :data:`PERF_FIGURES` (the partitioner fills its own columns).
+        figures: This rank's figures (the partitioner fills its own: halo and migrations).
         sums: This rank's exact metric sums, when the run records the step's metrics.
         seconds: This rank's seconds per substep (kept here, not sent).
     """
 
     step: int
     flags: list[Flag]
-    figures: list[float]
+    figures: RankFigures
     sums: MetricSums | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
     def rows(self) -> dict[str, Tensor]:
         """The report as one-row tensors, the same names, dtypes and shapes on every rank."""
-        rows = {"v": torch.tensor([self.figures], dtype=torch.float64)}
+        rows = {"v": self.figures.to_tensor()}
         if self.flags:
             rows["flags"] = torch.stack([f.condition for f in self.flags]).to(device="cpu", dtype=torch.bool)[None]
         if self.sums is not None:
@@ -99,7 +155,7 @@ class StepReport:
         sums = None
         if self.sums is not None:
             sums = MetricSums(self.sums.names, self.sums.is_float, got["sums"].sum(0))
-        return StepSummary(self.step, raised, got["v"], sums, at_step_end, self.seconds)
+        return StepSummary(self.step, raised, RanksFigures.from_tensor(got["v"]), sums, at_step_end, self.seconds)
 
 
 @dataclass
@@ -109,7 +165,7 @@ class StepSummary:
     Attributes:
         step: The step.
         raised: Messages of the flags set on some rank.
-        figures: ``[W, len(PERF_FIGURES)]`` float64, rank order.
+        figures: Every rank's figures.
         sums: The metric sums over ranks, or None.
         at_step_end: Reduced at the end of its own step (the engine may rebalance then).
         seconds: This rank's seconds per substep.
@@ -117,7 +173,7 @@ class StepSummary:
 
     step: int
     raised: list[str]
-    figures: Tensor
+    figures: RanksFigures
     sums: MetricSums | None
     at_step_end: bool
     seconds: dict[str, float]
@@ -285,10 +341,8 @@ class IdentityPartition:
 
     def take_figures(self, report: StepReport) -> None:
         """Put this partitioner's figures of the step into ``report`` and start counting anew."""
-        at = PERF_FIGURES.index
-        report.figures[at("halo_rows")] = float(self.halo_rows)
-        report.figures[at("halo_bytes")] = float(self.halo_bytes)
-        report.figures[at("migrated")] = float(self.migrated)
+        report.figures = report.figures._replace(halo_rows=float(self.halo_rows), halo_bytes=float(self.halo_bytes),
+                                                 migrated=float(self.migrated))
         self.halo_rows = self.halo_bytes = self.migrated = 0
 
     def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:

@@ -1,8 +1,9 @@
 """Per-step performance figures over all ranks: agents per rank, step and communication time,
 bytes, halo size, migrations, load balancing.
 
-Every rank reports its :data:`~agentsim.distributed.partition.PERF_FIGURES` for every step; from every
-rank's, each rank computes the same figures (:func:`step_figures`): ``agents/max``,
+Every rank reports its :class:`~agentsim.distributed.partition.RankFigures` for every step; from every
+rank's (:class:`~agentsim.distributed.partition.RanksFigures`), each rank computes the same figures
+(:func:`step_figures`): ``agents/max``,
 ``agents/mean``, ``agents/imbalance`` (max / mean, after any rebalancing),
 ``agents/imbalance_before_balance``, ``rank_step_seconds/max``, ``rank_step_seconds/mean``,
 ``comm/seconds_max``, ``comm/seconds_mean``, ``comm/bytes_sent`` (sum), ``halo/rows``,
@@ -21,11 +22,10 @@ writing metric rows and frames, is not in any step, nor is rebalancing after a r
 
 Examples:
     >>> import torch
-    >>> figures = {"agents": torch.tensor([10.0, 30.0]), "step_seconds": torch.tensor([0.5, 1.0]),
-    ...            "comm_seconds": torch.tensor([0.1, 0.2]), "bytes_sent": torch.tensor([100.0, 50.0]),
-    ...            "halo_rows": torch.tensor([2.0, 3.0]), "halo_bytes": torch.tensor([16.0, 24.0]),
-    ...            "migrated": torch.tensor([1.0, 0.0])}
-    >>> step = step_figures(figures, [10, 30], moved=[20, 20])
+    >>> from agentsim.distributed.partition import RankFigures, RanksFigures
+    >>> rows = torch.cat([RankFigures(10.0, 0.5, 0.1, 100.0, 2.0, 16.0, 1.0).to_tensor(),
+    ...                   RankFigures(30.0, 1.0, 0.2, 50.0, 3.0, 24.0, 0.0).to_tensor()])
+    >>> step = step_figures(RanksFigures.from_tensor(rows), [10, 30], moved=[20, 20])
     >>> step["agents/imbalance_before_balance"], step["agents/imbalance"], step["rebalanced"]
     (1.5, 1.0, 1.0)
 """
@@ -34,16 +34,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from torch import Tensor
+from agentsim.distributed.partition import RanksFigures
 
 __all__ = ["step_figures", "summarize_perf"]
 
 
-def step_figures(figures: Mapping[str, Tensor], counts: Sequence[int], moved: Sequence[int] | None) -> dict[str, float]:
+def step_figures(figures: RanksFigures, counts: Sequence[int], moved: Sequence[int] | None) -> dict[str, float]:
     """A step's figures over ranks.
 
     Args:
-        figures: Figure name to ``[W]`` (every rank's value, rank order).
+        figures: Every rank's figures (each ``[W]``, rank order).
         counts: Agents per rank at the end of the step, before any rebalancing.
         moved: Agents per rank after rebalancing, or None if borders did not move.
     """
@@ -54,13 +54,13 @@ def step_figures(figures: Mapping[str, Tensor], counts: Sequence[int], moved: Se
         "agents/max": float(max(after)), "agents/mean": mean,
         "agents/imbalance": max(after) / mean if mean > 0 else 1.0,
         "agents/imbalance_before_balance": max(counts) / before if before > 0 else 1.0,
-        "rank_step_seconds/max": float(figures["step_seconds"].max()),
-        "rank_step_seconds/mean": float(figures["step_seconds"].mean()),
-        "comm/seconds_max": float(figures["comm_seconds"].max()),
-        "comm/seconds_mean": float(figures["comm_seconds"].mean()),
-        "comm/bytes_sent": float(figures["bytes_sent"].sum()),
-        "halo/rows": float(figures["halo_rows"].sum()), "halo/bytes": float(figures["halo_bytes"].sum()),
-        "migrated": float(figures["migrated"].sum()), "rebalanced": float(moved is not None),
+        "rank_step_seconds/max": float(figures.step_seconds.max()),
+        "rank_step_seconds/mean": float(figures.step_seconds.mean()),
+        "comm/seconds_max": float(figures.comm_seconds.max()),
+        "comm/seconds_mean": float(figures.comm_seconds.mean()),
+        "comm/bytes_sent": float(figures.bytes_sent.sum()),
+        "halo/rows": float(figures.halo_rows.sum()), "halo/bytes": float(figures.halo_bytes.sum()),
+        "migrated": float(figures.migrated.sum()), "rebalanced": float(moved is not None),
     }
 
 

@@ -46,12 +46,13 @@ from agentsim.core.policy import resolve_actors
 from agentsim.core.random import CounterRNG
 from agentsim.core.state import UID, State
 from agentsim.core.substep import ENV, Substep
-from agentsim.distributed.partition import PERF_FIGURES, Partitioner, StepReport, StepSummary
+from agentsim.distributed.partition import Partitioner, RankFigures, StepReport, StepSummary
 from agentsim.distributed.partitioners import check_sync_every_for, make_partition
 from agentsim.distributed.snapshot import NeighborSnapshots
 from agentsim.engine.contract import ContractChecks, checked_env, plain
 from agentsim.engine.locality import LocalityOrder
 from agentsim.engine.memory import check_memory
+from agentsim.engine.perf import step_figures
 from agentsim.engine.progress import progress_bar
 from agentsim.errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from agentsim.io.locks import lock_on_rank0
@@ -424,8 +425,7 @@ class Simulation:
         from agentsim.io.checkpoint import json_params, model_fingerprint, run_record, start_checkpoint
 
         self.wait_checkpoint()  # one write in flight at a time
-        self.partition.settle(self.state, self.comm)  # the step's summary (its flags) first
-        self._take_reports()
+        self._settle()  # the step's summary (its flags) first
         self.partition.sync_env(self.state, self.comm)
         run = {"model": self.model.name, "fingerprint": model_fingerprint(self.model, self.state),
                "params": json_params(self.params), "seed": self.seed, "partition": self.partition.name,
@@ -451,8 +451,7 @@ class Simulation:
         """Go back (or forward) to a state saved by :meth:`save_state` of this simulation: a copy of
         it becomes the state, and the per-step figures become those taken when it was saved.
         """
-        self.partition.settle(self.state, self.comm)
-        self._take_reports()
+        self._settle()
         self.partition.release()
         self.state, self._sorted_at = saved.state.clone(), saved.sorted_at
         self._figures = saved.figures.copy()
@@ -510,8 +509,7 @@ class Simulation:
         t_enter, stats_enter = time.perf_counter(), self.comm.stats.snapshot()
         sort_now = self.locality.due(state.step) and self._sorted_at != state.step
         if sort_now or self.shuffle_rows:  # nothing in flight may hold row numbers now
-            part.settle(state, self.comm)
-            self._take_reports()
+            self._settle()
             if sort_now:
                 self.locality.apply(state)
             if self.shuffle_rows:  # after the sort, so that the shuffle is what the step sees
@@ -543,9 +541,9 @@ class Simulation:
         stats = CommStats(stats.calls + carried.calls, stats.bytes_sent + carried.bytes_sent,
                           stats.seconds + carried.seconds)
         self._figures.take_comm(stats)
-        figures = [float(sum(p.n for p in state.populations.values())),
-                   time.perf_counter() - t_enter + carried_seconds, stats.seconds, float(stats.bytes_sent),
-                   0.0, 0.0, 0.0]
+        figures = RankFigures(agents=float(sum(p.n for p in state.populations.values())),
+                              step_seconds=time.perf_counter() - t_enter + carried_seconds,
+                              comm_seconds=stats.seconds, bytes_sent=float(stats.bytes_sent))
         t_report, stats_report = time.perf_counter(), self.comm.stats.snapshot()
         part.end_step(state, StepReport(state.step, flags, figures, sums, seconds), self.comm, hold=self._in_run)
         self._carried = (time.perf_counter() - t_report, self.comm.stats.since(stats_report))
@@ -680,7 +678,16 @@ class Simulation:
                 rows = {k: torch.cat([v, halo[k].to(v.device)]) for k, v in rows.items()}
             self.snapshots.store(s, name, rows)
 
+    def _settle(self) -> None:
+        """Finish the exchange in flight (see :meth:`Partitioner.settle
+        <agentsim.distributed.partition.Partitioner.settle>`) and take every summary that arrived:
+        where the state is about to be read whole, reordered or saved. A collective.
+        """
+        self.partition.settle(self.state, self.comm)
+        self._take_reports()
+
     def _take_reports(self) -> None:
+        """Take the summaries that arrived (:meth:`_take`), without waiting for one in flight."""
         for summary in self.partition.reports():
             self._take(summary)
 
@@ -691,10 +698,10 @@ class Simulation:
         if summary.raised:
             raise SimulationError(f"step {summary.step}: " + "; ".join(summary.raised))
         figures = summary.figures
-        counts = [int(v) for v in figures[:, 0].tolist()]
+        counts = [int(v) for v in figures.agents.tolist()]
         moved = self.partition.rebalance(self.state, self.comm, counts) if summary.at_step_end else None
-        perf = _perf(figures, counts, moved)
-        step_seconds = float(figures[self.comm.rank, PERF_FIGURES.index("step_seconds")])
+        perf = step_figures(figures, counts, moved)
+        step_seconds = float(figures.step_seconds[self.comm.rank])
         self._figures.take(perf, step_seconds, summary.seconds)
         if summary.sums is not None:
             row = {"step_seconds": step_seconds,
@@ -717,8 +724,7 @@ class Simulation:
         """
         if self.failed is not None:
             raise SimulationError(f"this Simulation stopped with an error ({self.failed}); build a new Simulation")
-        self.partition.settle(self.state, self.comm)
-        self._take_reports()
+        self._settle()
         sums = self.model.metric_sums(self.view())
         total = self.comm.sum_int64(sums.values)
         return self.model.metric_row(self.state.step, sums._replace(values=total))
@@ -814,8 +820,7 @@ class Simulation:
                 frame = recorder.frame_due(self.state.step - origin, span)
                 checkpoint = checkpoint_every is not None and self.state.step % checkpoint_every == 0
                 if frame or checkpoint or self.state.step - start == steps:  # this step's summary, now
-                    self.partition.settle(self.state, self.comm)
-                    self._take_reports()
+                    self._settle()
                 for row, perf in self._rows:
                     rows.append(row)
                     recorder.write_row(row["step"], row, perf)
@@ -888,15 +893,6 @@ def _read_only_versions(s: Substep, state: State) -> dict[tuple[str, str], tuple
             t = state.env[key]
             out[(ENV, key)] = (id(t), ops.tensor_version(t))
     return out
-
-
-def _perf(figures: Tensor, counts: list[int], moved: list[int] | None) -> dict[str, float]:
-    """A step's figures over ranks (see :mod:`agentsim.engine.perf`) from every rank's ``[W, k]``."""
-    from agentsim.engine.perf import step_figures
-
-    return step_figures({name: figures[:, i] for i, name in enumerate(PERF_FIGURES)}, counts, moved)
-
-
 
 
 class _MetricRows:

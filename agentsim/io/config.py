@@ -1,7 +1,9 @@
 """Run configuration files (TOML, or YAML when PyYAML is installed).
 
 A config file composes a model by substep name and sets its parameters and run
-options. Every key is checked; a misspelled key is an error that names it.
+options. Every key is checked; a misspelled key is an error that names it. The keys are
+fields of :class:`~agentsim.runner.spec.RunSpec` (``agentsim run`` builds one from the file
+and its flags, the flags first).
 
 Example ``sir.toml``::
 
@@ -15,7 +17,7 @@ Example ``sir.toml``::
     out = "sir.h5"                     # optional
     nprocs = 2                         # optional: processes, as --nprocs (and partition,
     partition = "data"                 #   layout, balance_every, balance_threshold,
-    sync_every = 1                     #   sync_every, timeout as their flags)
+    sync_every = 1                     #   sync_every, timeout as their flags; bins, overlap)
 
     [params]
     beta = 0.04
@@ -31,7 +33,8 @@ from agentsim.errors import ConfigError, OutputError, did_you_mean
 
 KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "record", "every", "out",
         # multi-rank options (checked where they are used, as the command-line flags are)
-        "nprocs", "partition", "layout", "balance_every", "balance_threshold", "sync_every", "timeout",
+        "nprocs", "partition", "layout", "balance_every", "balance_threshold", "bins", "overlap", "sync_every",
+        "timeout",
         # checkpoints (as --checkpoint-every, --checkpoint-dir, --keep, --checkpoint-async, --max-restarts)
         "checkpoint_every", "checkpoint_dir", "keep", "checkpoint_async", "max_restarts",
         # the check mode (as --check)

@@ -2,57 +2,66 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agentsim.core.catalog import get_model
 from agentsim.core.model import Model
-from agentsim.engine.simulation import RunResult, Simulation
+from agentsim.engine.simulation import RunResult
 from agentsim.errors import ConfigError
+from agentsim.runner.spec import RunSpec, make_simulation, run_simulation
 
 __all__ = ["run"]
 
+# The positional parameters of run after the model, in the order of earlier releases.
+_POSITIONAL = ("agents", "steps", "seed")
 
-def run(model: Model | str, agents: int | None = None, steps: int = 100, seed: int = 0, *,
-        params: Mapping[str, Any] | None = None, out: str | os.PathLike[str] | None = None,
-        record: Iterable[str] | None = None, every: int | None = None, device: str = "cpu",
-        nprocs: int = 1, partition: str | None = None, progress: bool = False, check: bool = False,
-        **partition_options: Any) -> RunResult:
+
+def run(model: Model | str | RunSpec, *args: Any, **options: Any) -> RunResult:
     """Run ``model`` for ``steps`` steps and return its :class:`~agentsim.engine.simulation.RunResult`.
 
+    ``run(spec)`` runs a :class:`~agentsim.runner.spec.RunSpec`; ``run(model, agents, steps, seed,
+    **options)`` builds one from the other fields of :class:`~agentsim.runner.spec.RunSpec` (the
+    same result, bit for bit):
+
     Args:
-        model: A :class:`~agentsim.core.model.Model` or a model name (``"sir"``, ``"package.module:ATTR"``).
+        model: A :class:`~agentsim.runner.spec.RunSpec` (then no other argument), a
+            :class:`~agentsim.core.model.Model` or a model name (``"sir"``, ``"package.module:ATTR"``).
         agents: Agents at step 0 (default: the model's).
-        steps, seed: Length of the run and its seed.
-        params: Parameter overrides (checked: a misspelt name is an error).
-        out: An HDF5 trajectory file to write (see :mod:`agentsim.io.hdf5`).
-        record, every: What to record and how often (see :meth:`Simulation.run <agentsim.Simulation.run>`).
-        device: ``"cpu"`` or ``"cuda"``.
-        nprocs: Local processes (> 1: :func:`agentsim.launch`; the result is bitwise the same).
-        partition: With ``nprocs > 1``: ``"data"`` (default) or ``"spatial"``.
-        progress: Show a progress bar (one process, on a terminal).
-        check: The check mode (:mod:`agentsim.engine.contract`): every substep call checked against the contract
-            that makes results the same on any number of processes; several times slower.
-        partition_options: ``layout``, ``balance_every``, ``balance_threshold``, ``bins``, ``overlap``
-            (``"spatial"``).
+        steps, seed: Length of the run (default 100) and its seed (default 0).
+        options: ``params`` (overrides, checked: a misspelt name is an error), ``out`` (an HDF5
+            trajectory file, see :mod:`agentsim.io.hdf5`), ``record`` and ``every`` (what to record
+            and how often, see :meth:`Simulation.run <agentsim.Simulation.run>`), ``device``
+            (``"cpu"`` or ``"cuda"``), ``nprocs`` (local processes; > 1: :func:`agentsim.launch`,
+            the result is bitwise the same), ``partition`` (with ``nprocs > 1``: ``"data"``, the
+            default, or ``"spatial"``) and its options (``layout``, ``balance_every``,
+            ``balance_threshold``, ``bins``, ``overlap``), ``progress`` (a progress bar: one process,
+            on a terminal), ``check`` (the check mode, :mod:`agentsim.engine.contract`: every substep
+            call checked against the contract that makes results the same on any number of
+            processes; several times slower), and the checkpoint and resume options of
+            :class:`~agentsim.runner.spec.RunSpec`.
+
+    Raises:
+        ConfigError: A bad or unknown option (with the closest valid name).
 
     Examples:
         >>> result = run("randomwalk", agents=100, steps=3, seed=1, params={"step_size": 0.5})
         >>> result.metrics["step"].tolist(), result.world_size
         ([0, 1, 2, 3], 1)
+        >>> spec = RunSpec("randomwalk", agents=100, steps=3, seed=1, params={"step_size": 0.5})
+        >>> bool((run(spec).metrics["msd"] == result.metrics["msd"]).all())
+        True
     """
-    resolved = get_model(model) if isinstance(model, str) else model
-    if params:
-        resolved = resolved.configure(params=params)
-    if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise ConfigError(f"nprocs: expected an int >= 1 (got {nprocs!r})")
-    if nprocs > 1:
+    if len(args) > len(_POSITIONAL):
+        raise ConfigError(f"run: expected at most {1 + len(_POSITIONAL)} positional arguments (model, "
+                          f"{', '.join(_POSITIONAL)}); got {1 + len(args)}")
+    for name, value in zip(_POSITIONAL, args, strict=False):
+        if name in options:
+            raise ConfigError(f"run: {name} given twice (as a positional and a keyword argument)")
+        options[name] = value
+    spec = RunSpec.make(model, **options)
+    if spec.nprocs > 1:
         from agentsim.runner.launch import launch
 
-        return launch(resolved, nprocs, agents=agents, steps=steps, seed=seed, out=out, record=record,
-                      every=every, partition=partition or "data", device=device, check=check, **partition_options)
-    if partition is not None or partition_options:
+        return launch(spec)
+    if spec.partition is not None or spec.partition_options():
         raise ConfigError("partition and its options need nprocs > 1 (one process keeps every agent)")
-    sim = Simulation(resolved, agents=agents, seed=seed, device=device, check=check)
-    return sim.run(steps, out=out, record=record, every=every, progress=progress)
+    return run_simulation(spec, make_simulation(spec))

@@ -27,11 +27,10 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -40,20 +39,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from agentsim import errors
-from agentsim.core.catalog import BUILTIN, get_model, is_file_reference, module_reference
 from agentsim.core.comm import Comm
 from agentsim.core.model import Model
 from agentsim.distributed.comm import FAILURE_GRACE_SECONDS
-from agentsim.distributed.partitioners import check_run_partition
 from agentsim.distributed.process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
-from agentsim.engine.simulation import RunResult, Simulation, check_agents, check_seed, check_steps
+from agentsim.engine.simulation import RunResult
 from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from agentsim.io.locks import lock_run
-from agentsim.io.recording import check_every
 from agentsim.runner.lifeline import die_with_parent
+from agentsim.runner.spec import RunSpec, make_simulation, model_ref, resolve_model, run_simulation
 
-__all__ = ["LaunchResult", "check_resume", "launch", "model_ref", "resolve_model", "run_ranks"]
+__all__ = ["LaunchResult", "check_resume", "launch", "launch_spec", "model_ref", "resolve_model", "run_ranks"]
 
 # After a first failure, how long to collect the other ranks' reports: long enough for a rank whose
 # collective failed to ask who never arrived (FAILURE_GRACE_SECONDS) and report it.
@@ -271,80 +268,11 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
 LaunchResult = RunResult  # the name of earlier releases
 
 
-def model_ref(model: Model | str) -> tuple[str, dict[str, Any] | None, list[str] | None]:
-    """A picklable reference to a model, ``(what, params, substep names)`` with ``what`` a built-in
-    name, ``'module:ATTR'`` or ``'/abs/path/file.py:ATTR'``: :func:`resolve_model` turns it back
-    into the model on a worker process.
-
-    A :class:`~agentsim.core.model.Model` object is found by where it is defined: the first module,
-    in this order, that holds it (or the definition it was configured from) at module level:
-    the modules of its ``init`` function, of its substeps, metrics, derived metrics and rewards
-    (a model is usually defined next to its functions), then the script's ``__main__``, then
-    every imported module (a model assembled from functions defined elsewhere). A model found
-    in ``__main__`` is named ``__main__:ATTR``: a worker process started by ``spawn`` runs the
-    script's module level again (not its ``if __name__ == "__main__":`` block), so the model
-    must be defined there.
-
-    Raises:
-        ConfigError: a name that does not resolve, or a model that no imported module holds
-            (defined inside a function, or in an interactive session).
-    """
-    if isinstance(model, str):
-        get_model(model)  # fail here, not on every rank
-        where, sep, attr = model.rpartition(":")
-        if sep and is_file_reference(where):  # workers start in this working directory; absolute all the same
-            return f"{os.path.abspath(where)}:{attr}", None, None
-        return model, None, None
-    if not isinstance(model, Model):
-        raise ConfigError(f"model: expected a Model or a model name (got {type(model).__name__})")
-    params, substeps = dict(model.params), [s.name for s in model.substeps]
-    if model.name in BUILTIN and model.same_definition(get_model(model.name)):
-        return model.name, params, substeps
-    for module in _candidate_modules(model):
-        # type(v), not isinstance: it would read v.__class__, which some module attributes warn about
-        found = next((k for k, v in list(vars(module).items())
-                      if issubclass(type(v), Model) and model.same_definition(v)), None)
-        if found is None:
-            continue
-        if module.__name__ == "__main__" and getattr(module, "__file__", None) is None:
-            raise ConfigError(f"model '{model.name}' is defined in an interactive session (or `python -c`), "
-                              "which worker processes cannot import: define it at module level in a file and "
-                              "pass the Model, 'package.module:ATTR' or 'path/to/file.py:ATTR'")
-        return module_reference(module, found), params, substeps
-    raise ConfigError(f"model '{model.name}': cannot find it to import on the worker processes (no imported "
-                      "module holds it at module level); define it at module level and pass "
-                      "'package.module:ATTR' or 'path/to/file.py:ATTR'")
-
-
-def _candidate_modules(model: Model) -> Iterator[ModuleType]:
-    """The modules that may hold ``model``, in the order :func:`model_ref` searches them."""
-    names = [n for n in (getattr(fn, "__module__", None) for fn in model.functions()) if isinstance(n, str)]
-    seen: set[str] = set()
-    for name in [*names, "__main__", *list(sys.modules)]:
-        module = sys.modules.get(name)
-        if not isinstance(module, ModuleType) or name in seen or name == "__mp_main__":
-            continue
-        if name != "__main__" and getattr(module, "__spec__", None) is None:
-            continue  # made at run time (types.ModuleType): another process cannot import it
-        seen.add(name)
-        yield module
-
-
-def resolve_model(ref: tuple[str, dict[str, Any] | None, list[str] | None]) -> Model:
-    """The model a :func:`model_ref` names (on a worker process)."""
-    name, params, substeps = ref
-    model = get_model(name)
-    return model.configure(params=params, substeps=substeps) if params is not None or substeps else model
-
-
-def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str] | None],
-                    run: dict[str, Any]) -> RunResult | None:
-    sim = Simulation(resolve_model(ref), agents=run["agents"], seed=run["seed"], device=run["device"], comm=comm,
-                     partition=run["partition"], sync_every=run["sync_every"], resume=run["resume"],
-                     check=run.get("check", False), **run["options"])
+def _run_simulation(comm: Comm, spec: dict[str, Any]) -> RunResult | None:
+    """A worker's run: the spec as :meth:`RunSpec.to_dict` wrote it, checked again here."""
+    run = RunSpec.from_dict(spec)
     # The launcher holds the locks on the output file and checkpoint directory for the job.
-    result = sim.run(run["steps"], out=run["out"], record=run["record"], every=run["every"], append=run["append"],
-                     lock=False, **run["checkpoints"])
+    result = run_simulation(run, make_simulation(run, comm), progress=False, lock=False)
     if comm.rank != 0:
         return None
     result.state = None  # stays on the ranks
@@ -352,15 +280,36 @@ def _run_simulation(comm: Comm, ref: tuple[str, dict[str, Any] | None, list[str]
     return result
 
 
-def launch(model: Model | str, world_size: int, agents: int | None = None, steps: int = 100, seed: int = 0,
-           out: str | os.PathLike[str] | None = None, record: Iterable[str] | None = None,
-           every: int | None = None, partition: str = "data", timeout: float = DEFAULT_TIMEOUT, *,
-           params: Mapping[str, Any] | None = None, sync_every: int = 1, device: str = "cpu",
-           layout: str | None = None, balance_every: int | None = None, balance_threshold: float | None = None,
-           bins: int | None = None, overlap: bool | None = None, resume: str | os.PathLike[str] | None = None,
-           checkpoint_every: int | None = None, checkpoint_dir: str | os.PathLike[str] | None = None,
-           keep: int | None = None, checkpoint_async: bool = False, append: bool = False,
-           max_restarts: int = 0, check: bool = False) -> RunResult:
+# The positional parameters of launch after (model, world_size), in the order of earlier releases.
+_POSITIONAL = ("agents", "steps", "seed", "out", "record", "every", "partition", "timeout")
+
+
+def launch_spec(model: Model | str | RunSpec, world_size: int | None = None, args: tuple[Any, ...] = (),
+                options: Mapping[str, Any] | None = None) -> RunSpec:
+    """The :class:`~agentsim.runner.spec.RunSpec` of a :func:`launch` call (checked)."""
+    options = dict(options or {})
+    if len(args) > len(_POSITIONAL):
+        raise ConfigError(f"launch: expected at most {2 + len(_POSITIONAL)} positional arguments (model, world_size, "
+                          f"{', '.join(_POSITIONAL)}); got {2 + len(args)}")
+    for name, value in zip(_POSITIONAL, args, strict=False):
+        if name in options:
+            raise ConfigError(f"launch: {name} given twice (as a positional and a keyword argument)")
+        options[name] = value
+    if "nprocs" in options:
+        raise ConfigError("launch: the number of processes is world_size (nprocs is agentsim.run's name for it)")
+    if isinstance(model, RunSpec):
+        spec = RunSpec.make(model, **options)
+        return spec if world_size is None else spec.replace(nprocs=_check_world_size(world_size))
+    return RunSpec.make(model, nprocs=_check_world_size(world_size), **options)
+
+
+def _check_world_size(world_size: object) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+        raise ConfigError(f"world_size: expected an int >= 1 (got {world_size!r})")
+    return int(world_size)
+
+
+def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: Any, **options: Any) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise
@@ -368,32 +317,27 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
     arguments. ``world_size=1`` runs in this process, with no process group.
 
     Args:
-        model: A :class:`~agentsim.core.model.Model` (built-in or defined at module level) or a
-            name (``"sir"``, ``"package.module:ATTR"``).
+        model: A :class:`~agentsim.runner.spec.RunSpec` (its ``nprocs`` processes, or ``world_size``
+            if given; no other argument), or a :class:`~agentsim.core.model.Model` (built-in or defined
+            at module level) or a name (``"sir"``, ``"package.module:ATTR"``).
         world_size: Number of processes (one torch thread each).
-        agents, steps, seed, out, record, every: As for :meth:`Simulation.run <agentsim.Simulation.run>`.
-        partition: ``"data"`` or ``"spatial"``.
-        timeout: Seconds a collective may wait for the other ranks before failing.
-        params: Parameter overrides.
-        sync_every: Neighbor refresh period in steps (1: exact; K > 1: stale reads by the rule of
-            :mod:`agentsim.distributed.snapshot`, partition ``"data"`` only; the result still equals one process's).
-        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; one GPU per rank).
-        layout, balance_every, balance_threshold, bins, overlap: Options of ``partition="spatial"``
-            (:class:`~agentsim.distributed.spatial.SpatialPartition`).
-        resume: Start from this checkpoint (see :class:`Simulation <agentsim.engine.simulation.Simulation>`);
-            ``steps`` more steps follow. A directory of checkpoints is resolved here, once, to its
-            newest complete checkpoint, which every rank loads (one committed later is not used);
-            a checkpoint of another run (model, agents, seed, parameters, substeps, ``sync_every``,
-            and when appending ``record``/``every``) is refused here, listing the differences.
-        checkpoint_every, checkpoint_dir, keep, checkpoint_async, append: As for :meth:`Simulation.run
-            <agentsim.Simulation.run>`.
-        max_restarts: When a rank fails (dies, or raises), stop the others and start all ranks
-            again, up to this many times, from the newest complete checkpoint in
-            ``checkpoint_dir`` (from step 0 if there is none), writing on into ``out``; the
-            result is the uninterrupted run's. As torchrun, any failure restarts (an error that
-            repeats fails every attempt), except a failed write (an OutputError: a full disk stays
-            full), which stops the run at once.
-        check: The check mode (see :class:`Simulation <agentsim.engine.simulation.Simulation>`).
+        args, options: The other fields of :class:`~agentsim.runner.spec.RunSpec`, positional in the
+            order ``agents, steps, seed, out, record, every, partition, timeout`` (as in earlier
+            releases) or by name: ``params``, ``device``, ``sync_every``, the spatial options
+            (``layout``, ``balance_every``, ``balance_threshold``, ``bins``, ``overlap``), ``resume``,
+            ``append``, ``checkpoint_every``, ``checkpoint_dir``, ``keep``, ``checkpoint_async``,
+            ``max_restarts``, ``check``. Notably:
+
+            - ``resume``: a directory of checkpoints is resolved here, once, to its newest complete
+              checkpoint, which every rank loads (one committed later is not used); a checkpoint of
+              another run (model, agents, seed, parameters, substeps, ``sync_every``, and when
+              appending ``record``/``every``) is refused here, listing the differences.
+            - ``max_restarts``: when a rank fails (dies, or raises), stop the others and start all
+              ranks again, up to this many times, from the newest complete checkpoint in
+              ``checkpoint_dir`` (from step 0 if there is none), writing on into ``out``; the
+              result is the uninterrupted run's. As torchrun, any failure restarts (an error that
+              repeats fails every attempt), except a failed write (an OutputError: a full disk stays
+              full), which stops the run at once.
 
     This process holds the locks of ``out`` and ``checkpoint_dir`` (:mod:`agentsim.io.locks`) for the
     whole job, restarts included, and its workers die with it (:mod:`agentsim.runner.lifeline`).
@@ -412,48 +356,28 @@ def launch(model: Model | str, world_size: int, agents: int | None = None, steps
         >>> result = launch("randomwalk", world_size=1, agents=100, steps=2)
         >>> result.metrics["step"].tolist()
         [0, 1, 2]
+        >>> launch(RunSpec("randomwalk", agents=100, steps=2)).metrics["step"].tolist()
+        [0, 1, 2]
     """
-    partition, options, sync_every = check_run_partition(partition, sync_every, layout=layout,
-                                                         balance_every=balance_every,
-                                                         balance_threshold=balance_threshold, bins=bins,
-                                                         overlap=overlap)
-    if params:
-        model = (get_model(model) if isinstance(model, str) else model).configure(params=params)
-    ref = model_ref(model)
-    resolved = resolve_model(ref)
-    agents = check_agents(resolved.default_agents if agents is None else agents)
-    steps = check_steps(steps)
-    check_every(every)
-    check_seed(seed)
-    if out is not None:
-        parent = os.path.dirname(os.path.abspath(out))
+    spec = launch_spec(model, world_size, args, options)
+    resolved = spec.resolved_model()
+    if spec.out is not None:
+        parent = os.path.dirname(os.path.abspath(spec.out))
         if not os.path.isdir(parent):
-            raise errors.OutputError(f"cannot create trajectory file '{os.fspath(out)}': "
-                                     f"directory '{parent}' does not exist")
-    path = None if out is None else os.fspath(out)
-    fields = None if record is None else list(record)
-    checkpoints: dict[str, Any] = {"checkpoint_every": checkpoint_every,
-                   "checkpoint_dir": None if checkpoint_dir is None else os.fspath(checkpoint_dir), "keep": keep,
-                   "checkpoint_async": bool(checkpoint_async)}
-    resume = None if resume is None else os.fspath(resume)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ConfigError(f"max_restarts: expected an int >= 0 (got {max_restarts!r})")
+            raise errors.OutputError(f"cannot create trajectory file '{spec.out}': directory '{parent}' does not exist")
     # This process holds the locks on the file and the checkpoints for the whole job (restarts
     # included), taken before the checkpoint to resume is chosen: a killed run's workers are gone by then.
-    locks = lock_run(path, checkpoints["checkpoint_dir"])
+    locks = lock_run(None if spec.out is None else os.fspath(spec.out),
+                     None if spec.checkpoint_dir is None else os.fspath(spec.checkpoint_dir))
     try:
-        if resume is not None:  # one checkpoint for every rank, chosen now; refused here if of another run
-            resume = str(resolve_checkpoint(resume))
-            check_resume(resume, resolved, agents=agents, seed=seed, sync_every=sync_every,
-                         record=fields, every=every, append=append)
-        if isinstance(world_size, int) and not isinstance(world_size, bool) and world_size == 1:
-            return Simulation(resolved, agents=agents, seed=seed, device=device, sync_every=sync_every,
-                              resume=resume, check=check).run(steps, out=path, record=fields, every=every,
-                                                              append=append, **checkpoints)
-        run = {"agents": agents, "steps": steps, "seed": seed, "out": path, "record": fields, "every": every,
-               "partition": partition, "sync_every": sync_every, "device": device, "options": options,
-               "resume": resume, "checkpoints": checkpoints, "append": append, "check": check}
-        results = _run_attempts(ref, run, world_size, timeout, device, max_restarts, locks)
+        if spec.resume is not None:  # one checkpoint for every rank, chosen now; refused here if of another run
+            resume = str(resolve_checkpoint(spec.resume))
+            spec = spec.replace(resume=resume)
+            check_resume(resume, resolved, agents=spec.resolved_agents(), seed=spec.seed,
+                         sync_every=spec.sync_every, record=spec.record, every=spec.every, append=spec.append)
+        if spec.nprocs == 1:
+            return run_simulation(spec, make_simulation(spec))
+        results = _run_attempts(spec, locks)
     finally:
         for lock in reversed(locks):
             lock.release()
@@ -485,11 +409,11 @@ def check_resume(checkpoint: str | os.PathLike[str], model: Model, *, agents: in
         raise CheckpointError(mismatch_message(checkpoint, diffs))
 
 
-def _run_attempts(ref: tuple[str, dict[str, Any] | None, list[str] | None], run: dict[str, Any], world_size: int,
-                  timeout: float, device: str, max_restarts: int, locks: list[Any]) -> list[Any]:
-    """Run the ranks, restarting them from the newest checkpoint after a failure (``max_restarts`` times)."""
-    checkpoints, path = run["checkpoints"], run["out"]
-    total = run["steps"] + (0 if run["resume"] is None else checkpoint_step(run["resume"]))
+def _run_attempts(spec: RunSpec, locks: list[Any]) -> list[Any]:
+    """Run the ranks, restarting them from the newest checkpoint after a failure (``spec.max_restarts`` times)."""
+    run = spec.to_dict()  # what every worker receives (the model found once, here)
+    world_size, max_restarts = spec.nprocs, spec.max_restarts
+    total = spec.steps + (0 if spec.resume is None else checkpoint_step(spec.resume))
 
     def started(pids: list[int]) -> None:
         for lock in locks:
@@ -497,15 +421,15 @@ def _run_attempts(ref: tuple[str, dict[str, Any] | None, list[str] | None], run:
 
     for attempt in range(max_restarts + 1):
         try:
-            return run_ranks(_run_simulation, world_size, (ref, run), timeout=timeout,
-                             device=None if device == "cpu" else device, started=started)
+            return run_ranks(_run_simulation, world_size, (run,), timeout=spec.timeout,
+                             device=None if spec.device == "cpu" else spec.device, started=started)
         except AgentsimError as e:
             if attempt == max_restarts or isinstance(e, errors.OutputError):  # a full disk stays full: no restart
                 raise
-            newest = None if checkpoints["checkpoint_dir"] is None else latest_checkpoint(checkpoints["checkpoint_dir"])
+            newest = None if spec.checkpoint_dir is None else latest_checkpoint(spec.checkpoint_dir)
             start = 0 if newest is None else checkpoint_step(newest)
             run.update(resume=None if newest is None else str(newest), steps=total - start,
-                       append=newest is not None and path is not None and os.path.isfile(path))
+                       append=newest is not None and spec.out is not None and os.path.isfile(spec.out))
             print(f"agentsim: {str(e).splitlines()[0]}\nagentsim: restarting {world_size} ranks from "
                   f"{'step 0' if newest is None else f'the checkpoint of step {start}'} "
                   f"(restart {attempt + 1} of {max_restarts})", file=sys.stderr, flush=True)

@@ -109,9 +109,10 @@ def execute_run(model_ref: str, params: dict[str, Any], seed: int, agents: int, 
         nprocs = options.pop("nprocs", 1)
         if nprocs > 1:  # a multi-rank run (the same metrics as one process, bit for bit)
             from agentsim.runner.launch import launch
+            from agentsim.runner.spec import RunSpec
 
-            result = launch(model_ref, nprocs, agents=agents, steps=steps, seed=seed, params=params, device=device,
-                            **options)
+            result = launch(RunSpec.make(model_ref, agents=agents, steps=steps, seed=seed, params=params,
+                                         device=device, nprocs=nprocs, **options))
         else:
             model = get_model(model_ref).configure(params=params)
             result = Simulation(model, agents=agents, seed=seed, device=device, **options).run(steps)
@@ -150,7 +151,7 @@ class Study:
                  replicates: int | None = None, seed: int = 0, agents: int | None = None, steps: int = 100,
                  device: str = "cpu", options: Mapping[str, Any] | None = None) -> None:
         if isinstance(model, Model):
-            from agentsim.runner.launch import model_ref
+            from agentsim.runner.spec import model_ref
 
             ref, overrides, _ = model_ref(model)
             if overrides:
