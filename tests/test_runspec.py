@@ -199,3 +199,14 @@ def test_rank_figures_travel_as_one_row_and_come_back_typed():
     assert gathered.rank(0) == mine and gathered.rank(1) == theirs
     with pytest.raises(ValueError, match=r"expected \[W, 7\] figures"):
         RanksFigures.from_tensor(torch.zeros(2, 6, dtype=torch.float64))
+
+
+def test_the_typed_options_of_run_and_launch_are_the_fields_of_runspec():
+    """RunOptions (what editors show for agentsim.run / launch keywords) names every RunSpec field but
+    the model, and nothing else."""
+    import dataclasses
+
+    from agentsim.runner.spec import RunOptions
+
+    fields = {f.name for f in dataclasses.fields(RunSpec) if f.init} - {"model"}
+    assert set(RunOptions.__annotations__) == fields

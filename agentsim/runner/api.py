@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentsim.core.model import Model
 from agentsim.engine.simulation import RunResult
 from agentsim.errors import ConfigError
-from agentsim.runner.spec import RunSpec, make_simulation, run_simulation
+from agentsim.runner.spec import RunOptions, RunSpec, make_simulation, run_simulation
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 __all__ = ["run"]
 
@@ -15,7 +18,7 @@ __all__ = ["run"]
 _POSITIONAL = ("agents", "steps", "seed")
 
 
-def run(model: Model | str | RunSpec, *args: Any, **options: Any) -> RunResult:
+def run(model: Model | str | RunSpec, *args: Any, **options: Unpack[RunOptions]) -> RunResult:
     """Run ``model`` for ``steps`` steps and return its :class:`~agentsim.engine.simulation.RunResult`.
 
     ``run(spec)`` runs a :class:`~agentsim.runner.spec.RunSpec`; ``run(model, agents, steps, seed,
@@ -53,11 +56,12 @@ def run(model: Model | str | RunSpec, *args: Any, **options: Any) -> RunResult:
     if len(args) > len(_POSITIONAL):
         raise ConfigError(f"run: expected at most {1 + len(_POSITIONAL)} positional arguments (model, "
                           f"{', '.join(_POSITIONAL)}); got {1 + len(args)}")
+    given: dict[str, Any] = dict(options)
     for name, value in zip(_POSITIONAL, args, strict=False):
-        if name in options:
+        if name in given:
             raise ConfigError(f"run: {name} given twice (as a positional and a keyword argument)")
-        options[name] = value
-    spec = RunSpec.make(model, **options)
+        given[name] = value
+    spec = RunSpec.make(model, **given)
     if spec.nprocs > 1:
         from agentsim.runner.launch import launch
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,7 +48,10 @@ from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from agentsim.io.locks import lock_run
 from agentsim.runner.lifeline import die_with_parent
-from agentsim.runner.spec import RunSpec, make_simulation, model_ref, resolve_model, run_simulation
+from agentsim.runner.spec import RunOptions, RunSpec, make_simulation, model_ref, resolve_model, run_simulation
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack from Python 3.11
 
 __all__ = ["LaunchResult", "check_resume", "launch", "launch_spec", "model_ref", "resolve_model", "run_ranks"]
 
@@ -309,7 +312,8 @@ def _check_world_size(world_size: object) -> int:
     return int(world_size)
 
 
-def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: Any, **options: Any) -> RunResult:
+def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: Any,
+           **options: Unpack[RunOptions]) -> RunResult:
     """Run ``model`` on ``world_size`` local processes; rank 0 writes ``out``.
 
     The result (metrics, the file's ``/agents``, ``/env`` and ``/metrics``) is bitwise

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from agentsim.errors import ConfigError, did_you_mean
 from agentsim.io.checkpoint import check_keep
 from agentsim.io.recording import check_every
 
-__all__ = ["ModelRef", "RunSpec", "make_simulation", "model_ref", "resolve_model", "run_simulation"]
+__all__ = ["ModelRef", "RunOptions", "RunSpec", "make_simulation", "model_ref", "resolve_model", "run_simulation"]
 
 PathLike = str | os.PathLike[str]
 
@@ -271,6 +271,42 @@ class RunSpec:
 
 # --------------------------------------------------------------------------- model references
 ModelRef = tuple[str, dict[str, Any] | None, list[str] | None]
+
+
+class RunOptions(TypedDict, total=False):
+    """The keyword options of :func:`agentsim.run` and :func:`agentsim.launch`: the fields of
+    :class:`RunSpec` but ``model`` (what each means: :class:`RunSpec`), as they may be given
+    (iterables for ``record`` and ``substeps``, any path-like for paths). For editors and type
+    checkers; :class:`RunSpec` checks the values (tests/test_runspec.py keeps the two in step).
+    """
+
+    agents: int | None
+    steps: int
+    seed: int
+    params: Mapping[str, Any] | None
+    substeps: Iterable[str] | None
+    device: str
+    nprocs: int
+    partition: str | None
+    layout: str | None
+    balance_every: int | None
+    balance_threshold: float | None
+    bins: int | None
+    overlap: bool | None
+    sync_every: int
+    out: PathLike | None
+    record: Iterable[str] | None
+    every: int | None
+    append: bool
+    resume: PathLike | None
+    checkpoint_every: int | None
+    checkpoint_dir: PathLike | None
+    keep: int | None
+    checkpoint_async: bool
+    timeout: float
+    max_restarts: int
+    check: bool
+    progress: bool
 
 
 def model_ref(model: Model | str) -> ModelRef:
