@@ -1,7 +1,7 @@
 """The native kernels' install-time build (everything else is in pyproject.toml).
 
 ``agentsim/_native/src/*.c`` are compiled into the plain shared library
-``agentsim/_native/_kernels*.so``, which agentsim loads with ctypes (it has no Python C API, no
+``agentsim/_native/libagentsim_kernels.so.0``, which agentsim loads with ctypes (it has no Python C API, no
 ``PyInit``). The extension is optional: without a C compiler (or where the build fails) the install
 still succeeds, and agentsim builds the library on first use into its cache, or, without a compiler
 then either, warns once and runs the same computations with torch ops (see
@@ -46,6 +46,10 @@ class BuildKernels(build_ext):
         ext.extra_compile_args = sources.compile_flags()
         ext.define_macros = [("AGENTSIM_BUILD_INFO", f'"{sources.build_info("install")}"')]
         super().build_extension(ext)
+
+    def get_ext_filename(self, fullname: str) -> str:
+        """``agentsim/_native/libagentsim_kernels.so.0``: not a name Python imports as a module."""
+        return os.path.join(os.path.dirname(super().get_ext_filename(fullname)), sources.LIBRARY_FILE)
 
     def get_export_symbols(self, ext: Extension) -> list[str]:
         """The extension's own exports only."""

@@ -176,7 +176,7 @@ def test_the_library_built_at_install_is_found_and_used(tmp_path):
                            "--build-temp", str(tmp_path / "tmp")], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "AGENTSIM_REQUIRE_KERNELS": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr
-    built = list((tmp_path / "lib" / "agentsim" / "_native").glob(f"{sources.LIBRARY_NAME}*"))
+    built = list((tmp_path / "lib" / "agentsim" / "_native").glob(sources.LIBRARY_FILE))
     assert len(built) == 1, built
     # no compiler at run time: only the library built at install can give the kernels
     out = _run(_STATUS, tmp_path, AGENTSIM_KERNEL_LIBRARY=str(built[0]), CC=str(tmp_path / "no-such-cc"))

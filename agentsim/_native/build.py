@@ -4,7 +4,7 @@ The C sources (``agentsim/_native/src``, see :mod:`agentsim._native.sources`) ar
 one shared library, loaded with :mod:`ctypes` and bound by the table of
 :mod:`agentsim._native.bindings`. :func:`library` finds it, in this order:
 
-1. **built at install**: ``pip install`` compiles the sources into ``agentsim/_native/_kernels*.so``
+1. **built at install**: ``pip install`` compiles the sources into ``agentsim/_native/libagentsim_kernels.so.0``
    (an optional setuptools extension: the install succeeds without a compiler). It is used when
    it was built from the installed sources (an edit since ``pip install -e .`` makes it stale) for
    this CPU. ``AGENTSIM_KERNEL_LIBRARY=PATH`` names another library file to use instead.
@@ -31,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import importlib.machinery
 import itertools
 import os
 import platform
@@ -98,11 +97,8 @@ def installed_library_path() -> Path | None:
     if named:
         return Path(named)
     here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"{sources.LIBRARY_NAME}{suffix}"
-        if path.is_file():
-            return path
-    return None
+    path = here / sources.LIBRARY_FILE
+    return path if path.is_file() else None
 
 
 def _mode() -> str:

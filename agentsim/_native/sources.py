@@ -28,7 +28,10 @@ HEADER = "agentsim_kernels.h"
 # one file per domain, plus library.c (agentsim_build_info)
 SOURCES = ("library.c", "rng.c", "graph.c", "grid.c", "continuous.c", "ops.c", "metrics.c")
 HEADERS = (HEADER, "common.h", "rng_constants.h")
-LIBRARY_NAME = "_kernels"  # the extension agentsim._native._kernels (a plain shared library: no PyInit)
+LIBRARY_NAME = "_kernels"  # the setuptools extension agentsim._native._kernels (a plain shared library: no PyInit)
+# its file: a name Python does not take for a module (no .so ending), so that nothing imports it or lists
+# it among the package's modules (pkgutil, doctest, Sphinx autodoc); ctypes loads it by path
+LIBRARY_FILE = "libagentsim_kernels.so.0"
 
 # -ffp-contract=off: no fused multiply-adds (the bits of the torch ops); no errno or trap handling,
 # so the loops of math calls vectorize.
