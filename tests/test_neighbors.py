@@ -447,3 +447,22 @@ def test_graph_refuses_a_radius_a_grid_kind_and_a_node_given_twice():
     for message in (True, lambda pair: {"n": True}):  # the count fast path and the per-pair path
         with pytest.raises(ConfigError, match="hold a node twice"):
             neighbor_reduce(g, agents, message, "count", sources=twice)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_scatter_add_columns_adds_into_slices_in_pair_order(dtype):
+    """ops.scatter_add_columns_ into views of longer columns equals index_add_ on fresh zeros (the
+    bits neighbor_reduce's chunked sums rely on), and refuses mismatched columns."""
+    g = torch.Generator().manual_seed(5)
+    whole = torch.zeros((3, 50), dtype=dtype)
+    index = torch.randint(0, 20, (400,), generator=g)
+    values = [(torch.randn(400, generator=g) * 100).to(dtype) for _ in range(3)]
+    ops.scatter_add_columns_([whole[k, 10:30] for k in range(3)], index.to(torch.int32), values)
+    for k in range(3):
+        expected = torch.zeros(20, dtype=dtype).index_add_(0, index, values[k])
+        assert torch.equal(whole[k, 10:30], expected)
+        assert not whole[k, :10].any() and not whole[k, 30:].any()
+    with pytest.raises(ConfigError, match="as many output columns"):
+        ops.scatter_add_columns_([whole[0, :20]], index, values)
+    with pytest.raises(ConfigError, match="contiguous 1-D output columns"):
+        ops.scatter_add_columns_([whole[:, 0]], index, values[:1])

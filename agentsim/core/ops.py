@@ -60,6 +60,7 @@ __all__ = [
     "flatnonzero",
     "from_fixed",
     "get_backend",
+    "scatter_add_columns_",
     "scatter_max",
     "scatter_mean",
     "scatter_min",
@@ -226,12 +227,49 @@ def scatter_sum_columns(srcs: Sequence[Tensor], index: Tensor, dim_size: int) ->
         raise ConfigError(f"scatter_sum_columns: expected 1-D columns of one dtype, each of index's length "
                           f"{index.shape[0]} (got {got})")
     outs = [srcs[0].new_zeros(dim_size) for _ in srcs]
+    _add_columns(outs, index, srcs)
+    return outs
+
+
+def scatter_add_columns_(outs: Sequence[Tensor], index: Tensor, srcs: Sequence[Tensor]) -> None:
+    """In place: ``outs[c].index_add_(0, index, srcs[c])`` for every column ``c``, in one pass
+    where the compiled loop applies (see :func:`scatter_sum_columns`, whose bits these are when
+    ``outs`` start at zero). ``outs`` may be views (e.g. the slice of a longer column a chunk of
+    targets owns), each 1-D and contiguous.
+
+    Args:
+        outs: ``k`` columns ``[dim_size]`` to add into, of the dtype of ``srcs``.
+        index: ``[n]`` int32 or int64 target of each pair, in ``[0, dim_size)``.
+        srcs: ``k`` value columns ``[n]``.
+
+    Raises:
+        ConfigError: Columns of other shapes or dtypes, or ``outs`` and ``srcs`` of different numbers.
+        IndexError: An index outside ``[0, dim_size)``.
+    """
+    outs, srcs = list(outs), list(srcs)
+    if not outs or len(outs) != len(srcs):
+        raise ConfigError(f"scatter_add_columns_: expected as many output columns as value columns, one or more "
+                          f"(got {len(outs)} and {len(srcs)})")
+    dim_size = outs[0].shape[0] if outs[0].dim() == 1 else -1
+    if any(o.dim() != 1 or o.shape[0] != dim_size or o.dtype != srcs[0].dtype or not o.is_contiguous() for o in outs):
+        got = ", ".join(_describe(o) for o in outs)
+        raise ConfigError(f"scatter_add_columns_: expected contiguous 1-D output columns of one length and the "
+                          f"values' dtype {srcs[0].dtype} (got {got})")
+    _check_pairs(srcs[0], index, dim_size)
+    if any(not isinstance(s, Tensor) or s.dim() != 1 or s.shape != index.shape or s.dtype != srcs[0].dtype
+           for s in srcs):
+        got = ", ".join(_describe(s) for s in srcs)
+        raise ConfigError(f"scatter_add_columns_: expected 1-D value columns of one dtype, each of index's length "
+                          f"{index.shape[0]} (got {got})")
+    _add_columns(outs, index, srcs)
+
+
+def _add_columns(outs: list[Tensor], index: Tensor, srcs: list[Tensor]) -> None:
     step = cpu_kernels.MAX_COLUMNS
     for c in range(0, len(srcs), step):
         if not cpu_kernels.add_columns(outs[c:c + step], index, srcs[c:c + step]):
             for out, src in zip(outs[c:c + step], srcs[c:c + step], strict=True):
                 out.index_add_(0, index, src)
-    return outs
 
 
 def scatter_mean(src: Tensor, index: Tensor, dim_size: int) -> Tensor:

@@ -617,6 +617,7 @@ def _reduce_pairs(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, 
         if isinstance(space, Box):
             first.delta, first.dist2 = position.new_empty((space.ndim, 0)), position.new_empty(0)
     parts: dict[str, list[Tensor]] = {}
+    sums: _Sums | None = None
     how_checked: dict[str, str] | None = None
     single_rule = False
     for c in itertools.chain([first], chunks):
@@ -624,13 +625,87 @@ def _reduce_pairs(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, 
         messages, single_rule = _as_dict(got)
         if how_checked is None:
             how_checked = _check_reduce(list(messages), reduce, single_rule)
+            if _Sums.applies(messages, how_checked):
+                sums = _Sums(messages, how_checked, n_t, position.device)
         elif set(messages) != set(how_checked):
             raise ConfigError(f"neighbor_reduce: the rule returned messages {sorted(messages)} for one chunk and "
                               f"{sorted(how_checked)} for another")
         m = int(c.i.shape[0])
         for name, value in messages.items():
             _check_message(name or "message", value, m, how_checked[name], "pair")
+        if sums is not None:
+            sums.add(messages, c.t, c.start, c.stop)
+            continue
         for name, value in _reduce_chunk(messages, how_checked, c.t, c.stop - c.start, fill).items():
             parts.setdefault(name, []).append(value)
+    if sums is not None:
+        return sums.result(), single_rule
     return {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in parts.items()}, single_rule
+
+
+class _Sums:
+    """Sums, means and pair counts of every chunk's messages added in place into whole columns
+    (``[k, n_targets]`` per message, each chunk into its own targets' slice): zeros, then each
+    target's pairs in pair order, the bits of a fresh :func:`scatter_sum` per chunk, without a
+    per-chunk result to stack and concatenate. Results are ``[n_targets, ...]`` views of the
+    columns (column-major).
+    """
+
+    @staticmethod
+    def applies(messages: dict[str, MessageValue], how: dict[str, str]) -> bool:
+        """Sums and means of tensors without gradients, and counts of every pair (``True``)."""
+        for name, value in messages.items():
+            if how[name] == "count":
+                if value is not True:
+                    return False
+            elif how[name] not in ("sum", "mean") or not isinstance(value, Tensor) or value.requires_grad:
+                return False
+        return True
+
+    def __init__(self, messages: dict[str, MessageValue], how: dict[str, str], n: int, device: torch.device) -> None:
+        self.how, self.n = how, n
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.columns: dict[str, Tensor] = {}
+        for name, value in messages.items():
+            if isinstance(value, Tensor) and how[name] in ("sum", "mean"):
+                dtype = torch.int64 if value.dtype == torch.bool else value.dtype
+                self.shapes[name] = tuple(value.shape[1:])
+                self.columns[name] = torch.zeros((math.prod(value.shape[1:]), n), dtype=dtype, device=device)
+        needs_count = any(h in ("count", "mean") for h in how.values())
+        self.count = torch.zeros(n, dtype=torch.int64, device=device) if needs_count else None
+
+    def add(self, messages: dict[str, MessageValue], t: Tensor, start: int, stop: int) -> None:
+        """Add one chunk's messages (``t``: ``[m]`` target minus ``start``) into targets ``start .. stop``."""
+        outs: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
+        for name, columns in self.columns.items():
+            value = messages[name]
+            assert isinstance(value, Tensor)
+            flat = value.reshape(value.shape[0], columns.shape[0])
+            if flat.dtype == torch.bool:
+                flat = flat.to(torch.int64)
+            into, values = outs.setdefault(flat.dtype, ([], []))
+            for k in range(columns.shape[0]):
+                into.append(columns[k, start:stop])
+                values.append(flat[:, k] if flat[:, k].is_contiguous() else flat[:, k].contiguous())
+        for into, values in outs.values():
+            ops.scatter_add_columns_(into, t, values)
+        if self.count is not None:
+            self.count[start:stop] = torch.bincount(t, minlength=stop - start)
+
+    def result(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for name, kind in self.how.items():
+            if kind == "count":
+                assert self.count is not None
+                out[name] = self.count.to(torch.int32)
+                continue
+            columns, shape = self.columns[name], self.shapes[name]
+            total = columns[0] if not shape else columns.t().reshape(self.n, *shape)
+            if kind == "mean":
+                assert self.count is not None
+                count = self.count.clamp(min=1).view(-1, *([1] * (total.dim() - 1)))
+                total = (total / count.to(total.dtype) if total.is_floating_point()
+                         else torch.div(total, count, rounding_mode="floor"))
+            out[name] = total
+        return out
 
