@@ -466,3 +466,33 @@ def test_scatter_add_columns_adds_into_slices_in_pair_order(dtype):
         ops.scatter_add_columns_([whole[0, :20]], index, values)
     with pytest.raises(ConfigError, match="contiguous 1-D output columns"):
         ops.scatter_add_columns_([whole[:, 0]], index, values[:1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_box_counts_of_a_mask_beside_float_sums_are_exact_int32(dtype, monkeypatch):
+    """A bool message counted next to float sums (one add pass, the count as a float column) gives
+    the pairs' int32 counts, over many small chunks as over one."""
+    from agentsim.space.continuous import search
+
+    box = Box((6.0, 6.0), periodic=True)
+    g = torch.Generator().manual_seed(7)
+    pos = (torch.rand(300, 2, generator=g) * 6.0).to(dtype)
+    a = {"pos": pos, "uid": torch.arange(300), "w": torch.rand(300, generator=g).to(dtype)}
+
+    def rule(pair):
+        near = pair.dist2 < 0.25
+        return {"w": pair.source["w"] * near, "near": near, "all": True}
+
+    how = {"w": "sum", "near": "count", "all": "count"}
+    whole = neighbor_reduce(box, a, rule, how, radius=0.9)
+    monkeypatch.setattr(search, "_MAX_CANDIDATES", 50)
+    chunked = neighbor_reduce(box, a, rule, how, radius=0.9)
+    adj = box_adjacency(pos, pos, box, 0.9, same=True)
+    d = min_image(pos.numpy()[None].astype(np.float64) - pos.numpy()[:, None].astype(np.float64), np.array([6.0, 6.0]),
+                  True)
+    near = adj & ((d ** 2).sum(-1) < 0.25)
+    for got in (whole, chunked):
+        assert got["near"].dtype == torch.int32 and got["all"].dtype == torch.int32
+        assert got["near"].tolist() == near.sum(1).tolist()
+        assert got["all"].tolist() == adj.sum(1).tolist()
+    assert torch.equal(whole["w"], chunked["w"])
