@@ -452,11 +452,20 @@ def _grid_layer_counts(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: b
     layers: list[tuple[list[str], Tensor, bool]] = []
     for a in range(0, len(flags), 2):
         group = flags[a:a + 2]
-        packed = torch.zeros(n_s, dtype=torch.int64, device=scell.device)
+        ones, terms = 0, []  # every source's constant part (a True flag), and its per-source parts
         for shift, name in zip((0, 32), group, strict=False):
             v = values[name]
-            packed += (torch.ones_like(packed) if v is True else v.to(torch.int64)) << shift  # type: ignore[union-attr]
-        layers.append((group, packed, any(values[name] is True for name in group)))
+            if v is True:
+                ones += 1 << shift
+            else:
+                term = v.to(torch.int64)  # type: ignore[union-attr]
+                terms.append(term << shift if shift else term)
+        packed = terms[0] if terms else torch.zeros(n_s, dtype=torch.int64, device=scell.device)
+        for term in terms[1:]:
+            packed = packed + term
+        if ones:
+            packed = packed + ones
+        layers.append((group, packed, ones > 0))
     for name in names:
         if name not in flags:
             layers.append(([name], values[name].to(torch.int64), False))  # type: ignore[union-attr]
@@ -475,8 +484,8 @@ def _grid_layer_counts(grid: Grid, tgt: _Agents, src: _Agents, n_t: int, same: b
         at = layer.index_select(0, tcell)  # index_select: 4x faster than layer[tcell] on the CPU
         if same and (include_center or kind == "cell"):
             at = at - flat[:n_t]  # an agent is not its own neighbor (its center offset)
-        if len(group) == 2:
-            out[group[0]], out[group[1]] = at & 0xFFFFFFFF, at >> 32
+        if len(group) == 2:  # the low 32 bits, the high ones: each a count below 2**31
+            out[group[0]], out[group[1]] = at.to(torch.int32), (at >> 32).to(torch.int32)
         else:
             value = values[group[0]]
             out[group[0]] = at.reshape(n_t, *(value.shape[1:] if isinstance(value, Tensor) else ()))
@@ -589,7 +598,7 @@ def _exact_counts(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, 
     if integer and all(h in ("sum", "count") for h in how.values()):
         if isinstance(space, Grid):
             out = _grid_layer_counts(space, tgt, src, n_t, same, values, kind, cells_radius, include_center)
-            return {k: v.to(torch.int32) if how[k] == "count" else v for k, v in out.items()}
+            return {k: v.to(torch.int32) if how[k] == "count" else v.to(torch.int64) for k, v in out.items()}
         if isinstance(space, Graph) and all(h == "count" for h in how.values()):
             at, suid = tgt["uid"][:n_t], src["uid"]
             if src.user_given and suid.numel() and int(torch.unique(suid).numel()) != int(suid.numel()):
