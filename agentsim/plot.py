@@ -398,22 +398,28 @@ def _grid_layer(traj: Any) -> str | None:
     return None
 
 
-def _grid_side(traj: Any, population: str, steps: Sequence[int]) -> int:
-    """The side of the square grid of ``population``'s cells: a 2-D environment layer's, else the
-    smallest square that holds every cell of the frames ``steps``.
+def _grid_shape(traj: Any, population: str, steps: Sequence[int]) -> tuple[int, int]:
+    """``(height, width)`` of the grid of ``population``'s cells: the recorded space's (files from
+    0.3 on), else a 2-D environment layer's, else the smallest square that holds every cell of the
+    frames ``steps``.
     """
+    space = traj.attrs.get("space")
+    if isinstance(space, dict) and space.get("kind") == "grid" and len(space.get("shape", ())) == 2:
+        return int(space["shape"][0]), int(space["shape"][1])
     layer = _grid_layer(traj)
     if layer is not None:
-        return int(np.shape(_layer_image(traj, layer, int(traj.env_steps()[0])))[1])
+        height, width = np.shape(_layer_image(traj, layer, int(traj.env_steps()[0])))
+        return int(height), int(width)
     top = max((int(traj.agents(population, "cell", step=int(s))["cell"].max(initial=0)) for s in steps), default=0)
-    return max(2, math.isqrt(top) + 1)
+    side = max(2, math.isqrt(top) + 1)
+    return side, side
 
 
-def _cells_image(agents: dict[str, np.ndarray], side: int) -> np.ndarray:
-    """``[side, side]``: each cell's group, NaN where empty."""
-    image = np.full(side * side, np.nan)
+def _cells_image(agents: dict[str, np.ndarray], shape: tuple[int, int]) -> np.ndarray:
+    """``[height, width]``: each cell's group, NaN where empty (cells in row-major order)."""
+    image = np.full(shape[0] * shape[1], np.nan)
     image[agents["cell"].astype(np.int64)] = agents["group"]
-    return image.reshape(side, side)
+    return image.reshape(shape)
 
 
 def _layer_image(traj: Any, name: str, step: int) -> np.ndarray:
@@ -475,7 +481,7 @@ def _cells_panel(traj: Any, ax: Any, population: str) -> None:
     step, agents = frame
     from matplotlib.colors import ListedColormap
 
-    ax.imshow(_cells_image(agents, _grid_side(traj, population, [step])),
+    ax.imshow(_cells_image(agents, _grid_shape(traj, population, [step])),
               cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
     ax.set_title(f"{population} at step {step}: group 0 blue, 1 orange, empty white")
     ax.set_xticks([])
@@ -544,11 +550,11 @@ def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps:
     elif grouped is not None:
         pop = grouped
         steps = traj.steps(pop)
-        side = _grid_side(traj, pop, [int(s) for s in steps])
+        shape = _grid_shape(traj, pop, [int(s) for s in steps])
         from matplotlib.colors import ListedColormap
 
         def grid(k: int) -> np.ndarray:
-            return _cells_image(traj.agents(pop, ["cell", "group"], step=int(steps[k])), side)
+            return _cells_image(traj.agents(pop, ["cell", "group"], step=int(steps[k])), shape)
         img = ax.imshow(grid(0), cmap=ListedColormap(["tab:blue", "tab:orange"]), interpolation="nearest")
         ax.set_xticks([])
         ax.set_yticks([])

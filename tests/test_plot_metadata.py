@@ -210,3 +210,28 @@ def test_plot_py_names_no_model_and_no_model_metric():
         assert not re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", code, flags=re.I), word
     for name in ('"S"', '"I"', '"R"'):  # the compartments' metric names (case matters: "r" is a file mode)
         assert name not in code, name
+
+
+def test_the_file_records_the_grid_and_the_figure_draws_its_shape(tmp_path):
+    """A 4 x 6 grid whose last row is always empty: the file records the space, and the cells panel
+    is 4 x 6 (guessing from the cells would give a 5 x 5 square)."""
+    model = asim.Model("strip", params={})
+
+    @model.init
+    def init(ic: asim.InitContext) -> asim.Grid:
+        n = ic.n_agents
+        ic.add("resident", uid=ic.uids("resident", n), cell=torch.arange(n, dtype=torch.int64),
+               group=(torch.arange(n) % 2).to(torch.int8))
+        return asim.Grid((4, 6))
+
+    @model.substep(reads=["resident.cell"], writes=["resident.cell"])
+    def stay(ctx: asim.Context) -> None:
+        ctx["resident"]["cell"] = ctx["resident"]["cell"]
+
+    out = tmp_path / "strip.h5"
+    asim.Simulation(model, agents=17, seed=1).run(2, out=out, record=["resident.cell", "resident.group"])
+    traj = read_trajectory(out)
+    assert traj.attrs["space"] == {"kind": "grid", "shape": [4, 6], "periodic": True}
+    assert plot._grid_shape(traj, "resident", [0, 2]) == (4, 6)
+    image = plot._cells_image(traj.agents("resident", ["cell", "group"], step=2), (4, 6))
+    assert image.shape == (4, 6) and np.isnan(image[3, 5]) and image[0, 1] == 1

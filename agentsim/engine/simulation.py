@@ -56,7 +56,7 @@ from agentsim.engine.perf import step_figures
 from agentsim.engine.progress import progress_bar
 from agentsim.errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from agentsim.io.locks import lock_on_rank0
-from agentsim.io.recording import Recorder, check_every, recording
+from agentsim.io.recording import Recorder, check_every, recording, space_record
 from agentsim.space.base import check_reaches
 from agentsim.space.grid import Grid
 
@@ -800,7 +800,7 @@ class Simulation:
         recorder = Recorder(out, recording(self.state, record), self.comm.rank, every,
                             continue_before=start if append else None, model=self.model.name,
                             params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size,
-                            display=self.model.metric_display())
+                            display=self.model.metric_display(), space=space_record(self.space))
         rows = _MetricRows()
         t_run = 0.0
         self._in_run = True

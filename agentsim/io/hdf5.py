@@ -409,6 +409,7 @@ class TrajectoryWriter:
         compression: str | None = "gzip",
         overwrite: bool = True,
         display: Mapping[str, Mapping[str, Any]] | None = None,
+        space: Mapping[str, Any] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self._display = _display_attrs(display)
@@ -458,6 +459,8 @@ class TrajectoryWriter:
             a["steps"] = steps
             a["steps_completed"] = 0
             a["world_size"] = world_size
+            if space is not None:
+                a["space"] = json.dumps(dict(space), sort_keys=True)
             a["versions"] = json.dumps(_versions(), sort_keys=True)
             a["completed"] = False
             self._metrics = _ScalarSeries(self._file.create_group("metrics", track_order=True))
@@ -520,7 +523,8 @@ class TrajectoryWriter:
     @classmethod
     def continue_file(cls, path: str | os.PathLike[str], *, model: str, params: Mapping[str, Any], seed: int,
                       before: int, steps: int, world_size: int = 1,
-                      display: Mapping[str, Mapping[str, Any]] | None = None) -> TrajectoryWriter:
+                      display: Mapping[str, Mapping[str, Any]] | None = None,
+                      space: Mapping[str, Any] | None = None) -> TrajectoryWriter:
         """Open the file of an interrupted (or finished) run to write on from step ``before``.
 
         Every row and frame of a step ``>= before`` is dropped (the resumed run writes them
@@ -561,6 +565,8 @@ class TrajectoryWriter:
             self.steps_completed = max(0, self._metrics.last_step or 0)
             a["steps"], a["world_size"], a["completed"] = int(steps), int(world_size), False
             a["steps_completed"] = self.steps_completed
+            if space is not None and "space" not in a:  # a file written before 0.3 records its space now
+                a["space"] = json.dumps(dict(space), sort_keys=True)
             self._file.flush()
         except (OSError, RuntimeError) as e:
             self._closed = True
@@ -1062,7 +1068,7 @@ class Trajectory:
     def __init__(self, path: str, file: h5py.File) -> None:
         self.path = path
         attrs = {k: _attr(v) for k, v in file.attrs.items()}
-        for key in ("params", "versions"):
+        for key in ("params", "versions", "space"):
             if isinstance(attrs.get(key), str):
                 attrs[key] = json.loads(attrs[key])
         if "completed" in attrs:

@@ -26,8 +26,11 @@ from agentsim.core.state import UID, State
 from agentsim.core.substep import ENV
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.io.hdf5 import TrajectoryWriter
+from agentsim.space.continuous import Box
+from agentsim.space.graph import Graph
+from agentsim.space.grid import Grid
 
-__all__ = ["FLUSH_SECONDS", "Frame", "Recorder", "Recording", "recording"]
+__all__ = ["FLUSH_SECONDS", "Frame", "Recorder", "Recording", "recording", "space_record"]
 
 # Seconds between flushes of a run's trajectory file (and at every checkpoint): a run killed at
 # any moment leaves a readable file with every step up to the last flush. Runs write without
@@ -122,6 +125,21 @@ def check_every(every: object, name: str = "every") -> int | None:
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ConfigError(f"{name}: expected an int >= 1 (got {every!r})")
     return every
+
+
+def space_record(space: object) -> dict[str, Any] | None:
+    """What a trajectory file records of a model's space (its root attribute ``space``, JSON), so
+    that figures draw it from the file alone: ``{"kind": "grid", "shape": [h, w], "periodic": ...}``,
+    ``{"kind": "box", "size": [...], "periodic": ...}``, ``{"kind": "graph", "nodes": n}``; None for
+    no space or another kind.
+    """
+    if isinstance(space, Grid):
+        return {"kind": "grid", "shape": [int(x) for x in space.shape], "periodic": bool(space.periodic)}
+    if isinstance(space, Box):
+        return {"kind": "box", "size": [float(x) for x in space.size], "periodic": bool(space.periodic)}
+    if isinstance(space, Graph):
+        return {"kind": "graph", "nodes": int(space.n_nodes)}
+    return None
 
 
 class Recorder:
