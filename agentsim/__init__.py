@@ -25,6 +25,7 @@ from agentsim.core.random import CounterRNG, StepRNG
 from agentsim.core.state import FieldSpec, Population, State
 from agentsim.core.substep import Substep
 from agentsim.engine.simulation import RunResult, Simulation
+from agentsim.engine.spec import RunSpec
 from agentsim.errors import (
     AgentsimError,
     CollectiveError,
@@ -37,7 +38,6 @@ from agentsim.errors import (
 )
 from agentsim.runner.api import run
 from agentsim.runner.launch import LaunchResult, launch
-from agentsim.runner.spec import RunSpec
 from agentsim.space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
 from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
 from agentsim.space.grid import Grid

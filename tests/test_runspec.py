@@ -206,7 +206,7 @@ def test_the_typed_options_of_run_and_launch_are_the_fields_of_runspec():
     the model, and nothing else."""
     import dataclasses
 
-    from agentsim.runner.spec import RunOptions
+    from agentsim.engine.spec import RunOptions
 
     fields = {f.name for f in dataclasses.fields(RunSpec) if f.init} - {"model"}
     assert set(RunOptions.__annotations__) == fields

@@ -40,8 +40,8 @@ def calibrate(model: Model | str, data: Series, fit_params: Sequence[str], metri
     """
     from agentsim.core.catalog import get_model
     from agentsim.distributed.process_group import DEFAULT_TIMEOUT
+    from agentsim.engine.spec import model_ref
     from agentsim.runner.launch import run_ranks
-    from agentsim.runner.spec import model_ref
 
     if isinstance(model, str):
         model = get_model(model)
@@ -66,7 +66,7 @@ def _fit_rank(comm: Comm, model: Model, settings: dict[str, Any], options: dict[
 
 
 def _fit_on_rank(comm: Comm, ref: Any, settings: dict[str, Any], options: dict[str, Any]) -> FitResult | None:
-    from agentsim.runner.spec import resolve_model
+    from agentsim.engine.spec import resolve_model
 
     result = _fit_rank(comm, resolve_model(ref), settings, options)
     return result if comm.rank == 0 else None

@@ -444,10 +444,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_spec(args: argparse.Namespace, cfg: Mapping[str, Any]) -> Any:
-    """The :class:`~agentsim.runner.spec.RunSpec` of ``agentsim run``: the flags over the config file's
+    """The :class:`~agentsim.engine.spec.RunSpec` of ``agentsim run``: the flags over the config file's
     keys (its field names), checked; ``steps`` is the run's total (a resumed run does the rest).
     """
-    from agentsim.runner.spec import RunSpec
+    from agentsim.engine.spec import RunSpec
 
     values = {k: v for k, v in cfg.items() if k != "params"}
     values.update({k: getattr(args, k) for k in RunSpec.fields() if getattr(args, k, None) is not None})
@@ -517,7 +517,7 @@ def _execute(spec: Any, quiet: bool, total: int) -> tuple[Any, int, bool, float 
     the number of processes, whether this process stays quiet, when the one-process simulation was
     built, and the spec that ran (under torchrun, with the checkpoint every rank agreed on).
     """
-    from agentsim.runner.spec import make_simulation, run_simulation
+    from agentsim.engine.spec import make_simulation, run_simulation
 
     if spec.nprocs > 1:
         from agentsim.runner.launch import launch

@@ -2,7 +2,7 @@
 
 A config file composes a model by substep name and sets its parameters and run
 options. Every key is checked; a misspelled key is an error that names it. The keys are
-fields of :class:`~agentsim.runner.spec.RunSpec` (``agentsim run`` builds one from the file
+fields of :class:`~agentsim.engine.spec.RunSpec` (``agentsim run`` builds one from the file
 and its flags, the flags first).
 
 Example ``sir.toml``::

@@ -61,9 +61,9 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
     """
     from agentsim.core.catalog import get_model
     from agentsim.distributed.process_group import DEFAULT_TIMEOUT
+    from agentsim.engine.spec import model_ref, resolve_model
     from agentsim.io.locks import hold
     from agentsim.runner.launch import run_ranks
-    from agentsim.runner.spec import model_ref, resolve_model
 
     if isinstance(model, str):
         model = get_model(model)
@@ -104,7 +104,7 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
 
 
 def _train_rank(comm: Comm, ref: Any, kwargs: dict[str, Any], run: dict[str, Any]) -> TrainResult | None:
-    from agentsim.runner.spec import resolve_model
+    from agentsim.engine.spec import resolve_model
 
     result = Trainer(resolve_model(ref), comm=comm, **kwargs).train(**run)
     return result if comm.rank == 0 else None

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentsim.core.model import Model
 from agentsim.engine.simulation import RunResult
+from agentsim.engine.spec import RunOptions, RunSpec, make_simulation, run_simulation
 from agentsim.errors import ConfigError
-from agentsim.runner.spec import RunOptions, RunSpec, make_simulation, run_simulation
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -21,12 +21,12 @@ _POSITIONAL = ("agents", "steps", "seed")
 def run(model: Model | str | RunSpec, *args: Any, **options: Unpack[RunOptions]) -> RunResult:
     """Run ``model`` for ``steps`` steps and return its :class:`~agentsim.engine.simulation.RunResult`.
 
-    ``run(spec)`` runs a :class:`~agentsim.runner.spec.RunSpec`; ``run(model, agents, steps, seed,
-    **options)`` builds one from the other fields of :class:`~agentsim.runner.spec.RunSpec` (the
+    ``run(spec)`` runs a :class:`~agentsim.engine.spec.RunSpec`; ``run(model, agents, steps, seed,
+    **options)`` builds one from the other fields of :class:`~agentsim.engine.spec.RunSpec` (the
     same result, bit for bit):
 
     Args:
-        model: A :class:`~agentsim.runner.spec.RunSpec` (then no other argument), a
+        model: A :class:`~agentsim.engine.spec.RunSpec` (then no other argument), a
             :class:`~agentsim.core.model.Model` or a model name (``"sir"``, ``"package.module:ATTR"``).
         agents: Agents at step 0 (default: the model's).
         steps, seed: Length of the run (default 100) and its seed (default 0).
@@ -40,7 +40,7 @@ def run(model: Model | str | RunSpec, *args: Any, **options: Unpack[RunOptions])
             on a terminal), ``check`` (the check mode, :mod:`agentsim.engine.contract`: every substep
             call checked against the contract that makes results the same on any number of
             processes; several times slower), and the checkpoint and resume options of
-            :class:`~agentsim.runner.spec.RunSpec`.
+            :class:`~agentsim.engine.spec.RunSpec`.
 
     Raises:
         ConfigError: A bad or unknown option (with the closest valid name).

@@ -185,7 +185,7 @@ def _ranks_job(comm: Comm, model_ref: Any, agents: int, steps: int, seed: int, p
     import torch.distributed as dist
 
     from agentsim.distributed.comm import TorchComm
-    from agentsim.runner.spec import resolve_model
+    from agentsim.engine.spec import resolve_model
 
     model = resolve_model(model_ref)
     sizes = sorted({w for w, _ in plans} | ({2} if resume else set()))
@@ -227,8 +227,8 @@ def check_model(model: Model | str, agents: int = 1000, steps: int = 10, seed: i
         The :class:`CheckReport`.
     """
     from agentsim.core.catalog import get_model
+    from agentsim.engine.spec import model_ref
     from agentsim.runner.launch import run_ranks
-    from agentsim.runner.spec import model_ref
 
     base = get_model(model) if isinstance(model, str) else model
     if not isinstance(base, Model):

@@ -44,11 +44,11 @@ from agentsim.core.model import Model
 from agentsim.distributed.comm import FAILURE_GRACE_SECONDS
 from agentsim.distributed.process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
 from agentsim.engine.simulation import RunResult
+from agentsim.engine.spec import RunOptions, RunSpec, make_simulation, model_ref, resolve_model, run_simulation
 from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from agentsim.io.locks import lock_run
 from agentsim.runner.lifeline import die_with_parent
-from agentsim.runner.spec import RunOptions, RunSpec, make_simulation, model_ref, resolve_model, run_simulation
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -289,7 +289,7 @@ _POSITIONAL = ("agents", "steps", "seed", "out", "record", "every", "partition",
 
 def launch_spec(model: Model | str | RunSpec, world_size: int | None = None, args: tuple[Any, ...] = (),
                 options: Mapping[str, Any] | None = None) -> RunSpec:
-    """The :class:`~agentsim.runner.spec.RunSpec` of a :func:`launch` call (checked)."""
+    """The :class:`~agentsim.engine.spec.RunSpec` of a :func:`launch` call (checked)."""
     options = dict(options or {})
     if len(args) > len(_POSITIONAL):
         raise ConfigError(f"launch: expected at most {2 + len(_POSITIONAL)} positional arguments (model, world_size, "
@@ -321,11 +321,11 @@ def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: A
     arguments. ``world_size=1`` runs in this process, with no process group.
 
     Args:
-        model: A :class:`~agentsim.runner.spec.RunSpec` (its ``nprocs`` processes, or ``world_size``
+        model: A :class:`~agentsim.engine.spec.RunSpec` (its ``nprocs`` processes, or ``world_size``
             if given; no other argument), or a :class:`~agentsim.core.model.Model` (built-in or defined
             at module level) or a name (``"sir"``, ``"package.module:ATTR"``).
         world_size: Number of processes (one torch thread each).
-        args, options: The other fields of :class:`~agentsim.runner.spec.RunSpec`, positional in the
+        args, options: The other fields of :class:`~agentsim.engine.spec.RunSpec`, positional in the
             order ``agents, steps, seed, out, record, every, partition, timeout`` (as in earlier
             releases) or by name: ``params``, ``device``, ``sync_every``, the spatial options
             (``layout``, ``balance_every``, ``balance_threshold``, ``bins``, ``overlap``), ``resume``,

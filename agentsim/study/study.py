@@ -108,8 +108,8 @@ def execute_run(model_ref: str, params: dict[str, Any], seed: int, agents: int, 
         options = dict(options)
         nprocs = options.pop("nprocs", 1)
         if nprocs > 1:  # a multi-rank run (the same metrics as one process, bit for bit)
+            from agentsim.engine.spec import RunSpec
             from agentsim.runner.launch import launch
-            from agentsim.runner.spec import RunSpec
 
             result = launch(RunSpec.make(model_ref, agents=agents, steps=steps, seed=seed, params=params,
                                          device=device, nprocs=nprocs, **options))
@@ -151,7 +151,7 @@ class Study:
                  replicates: int | None = None, seed: int = 0, agents: int | None = None, steps: int = 100,
                  device: str = "cpu", options: Mapping[str, Any] | None = None) -> None:
         if isinstance(model, Model):
-            from agentsim.runner.spec import model_ref
+            from agentsim.engine.spec import model_ref
 
             ref, overrides, _ = model_ref(model)
             if overrides:
