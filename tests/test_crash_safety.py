@@ -15,12 +15,13 @@ from stress_writer_kills import run_trials
 
 
 @pytest.mark.timeout(600)
-def test_ten_killed_writers_leave_readable_files_that_resume_to_the_uninterrupted_file(tmp_path):
-    summary = run_trials(10, steps=120, every=7, seed=1, workdir=str(tmp_path))
+@pytest.mark.parametrize("trials", [4, pytest.param(10, marks=pytest.mark.slow)])
+def test_killed_writers_leave_readable_files_that_resume_to_the_uninterrupted_file(tmp_path, trials):
+    summary = run_trials(trials, steps=120, every=7, seed=1, workdir=str(tmp_path))
     failed = [r for r in summary["rows"] if not (r["readable"] and r["identical"])]
     assert not failed, failed
     killed = [r for r in summary["rows"] if not r["finished_before_kill"]]
-    assert len(killed) >= 8  # the kills landed while the runs were writing
+    assert len(killed) >= trials - 2  # the kills landed while the runs were writing
 
 
 @pytest.mark.timeout(300)
