@@ -220,12 +220,7 @@ def scatter_sum_columns(srcs: Sequence[Tensor], index: Tensor, dim_size: int) ->
     srcs = list(srcs)
     if not srcs:
         raise ConfigError("scatter_sum_columns: expected one or more value columns (got none)")
-    _check_pairs(srcs[0], index, dim_size)
-    if any(not isinstance(s, Tensor) or s.dim() != 1 or s.shape != index.shape or s.dtype != srcs[0].dtype
-           for s in srcs):
-        got = ", ".join(_describe(s) for s in srcs)
-        raise ConfigError(f"scatter_sum_columns: expected 1-D columns of one dtype, each of index's length "
-                          f"{index.shape[0]} (got {got})")
+    _check_value_columns("scatter_sum_columns", "columns", srcs, index, dim_size)
     outs = [srcs[0].new_zeros(dim_size) for _ in srcs]
     _add_columns(outs, index, srcs)
     return outs
@@ -255,13 +250,18 @@ def scatter_add_columns_(outs: Sequence[Tensor], index: Tensor, srcs: Sequence[T
         got = ", ".join(_describe(o) for o in outs)
         raise ConfigError(f"scatter_add_columns_: expected contiguous 1-D output columns of one length and the "
                           f"values' dtype {srcs[0].dtype} (got {got})")
+    _check_value_columns("scatter_add_columns_", "value columns", srcs, index, dim_size)
+    _add_columns(outs, index, srcs)
+
+
+def _check_value_columns(fn: str, what: str, srcs: list[Tensor], index: Tensor, dim_size: int) -> None:
+    """``srcs``: 1-D columns of one dtype, each of ``index``'s length (and ``index``, ``dim_size`` checked)."""
     _check_pairs(srcs[0], index, dim_size)
     if any(not isinstance(s, Tensor) or s.dim() != 1 or s.shape != index.shape or s.dtype != srcs[0].dtype
            for s in srcs):
         got = ", ".join(_describe(s) for s in srcs)
-        raise ConfigError(f"scatter_add_columns_: expected 1-D value columns of one dtype, each of index's length "
-                          f"{index.shape[0]} (got {got})")
-    _add_columns(outs, index, srcs)
+        raise ConfigError(f"{fn}: expected 1-D {what} of one dtype, each of index's length {index.shape[0]} "
+                          f"(got {got})")
 
 
 def _add_columns(outs: list[Tensor], index: Tensor, srcs: list[Tensor]) -> None:
