@@ -344,7 +344,7 @@ def model_ref(model: Model | str) -> ModelRef:
                       if issubclass(type(v), Model) and model.same_definition(v)), None)
         if found is None:
             continue
-        if module.__name__ == "__main__" and getattr(module, "__file__", None) is None:
+        if module.__name__ == "__main__" and not os.path.isfile(getattr(module, "__file__", None) or ""):
             raise ConfigError(f"model '{model.name}' is defined in an interactive session (or `python -c`), "
                               "which worker processes cannot import: define it at module level in a file and "
                               "pass the Model, 'package.module:ATTR' or 'path/to/file.py:ATTR'")
