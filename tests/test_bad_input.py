@@ -1,4 +1,4 @@
-"""Bad input: every case of the table in docs/bad_input.md gets a clear message and a non-zero
+"""Bad input: every case of the table in docs/reference/errors.md gets a clear message and a non-zero
 exit from the ``agentsim`` command, never a traceback from inside torch or h5py.
 
 Each case writes what it needs under a temporary directory (``DIR`` in the messages), runs
@@ -19,7 +19,7 @@ import pytest
 
 from agentsim.cli.main import main
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "reference" / "errors.md"
 RUN = ["run", "--quiet", "--steps", "3"]
 
 
@@ -969,7 +969,7 @@ def test_the_docs_table_lists_every_case():
     text = DOC.read_text()
     table = text[text.index("| # | case |"):]
     table = table[:table.index("\n\n") + 1] if "\n\n" in table else table
-    assert table == markdown(), "docs/bad_input.md is out of date: python tests/test_bad_input.py --write"
+    assert table == markdown(), "docs/reference/errors.md is out of date: python tests/test_bad_input.py --write"
 
 
 if __name__ == "__main__":

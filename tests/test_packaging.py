@@ -27,10 +27,10 @@ def test_reference_models_import_as_agentsim_models_and_no_top_level_models(tmp_
 def test_pyproject_lists_every_package_directory():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     mapped = {name: ROOT / path for name, path in config["package-dir"].items()}
-    found = {"agentsim.models"} | {
+    found = {"agentsim.models", "agentsim.data"} | {
         ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "agentsim").rglob("__init__.py")}
     assert sorted(config["packages"]) == sorted(found)
-    assert mapped == {"agentsim.models": ROOT / "models"}
+    assert mapped == {"agentsim.models": ROOT / "models", "agentsim.data": ROOT / "data"}
 
 
 def test_the_kernel_sources_are_compiled_and_installed():

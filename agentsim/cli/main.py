@@ -75,7 +75,10 @@ from typing import Any
 from agentsim.errors import AgentsimError, ConfigError
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``agentsim`` command's argument parser, every subcommand included (the documentation's
+    command-line reference is generated from it).
+    """
     p = argparse.ArgumentParser(prog="agentsim", description="PyTorch-native agent-based simulation")
     sub = p.add_subparsers(dest="command", required=True)
     _run_parser(sub)
@@ -699,7 +702,7 @@ def _fmt(v: object) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``agentsim`` command; returns its exit status (see the module docstring)."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "models":
             return cmd_models()
