@@ -69,7 +69,6 @@ napoleon_use_rtype = False
 
 html_theme = "furo"
 html_title = f"agentsim {release}"
-html_static_path = ["_static"]
 suppress_warnings = ["mystnb.unknown_mime_type"]
 napoleon_use_ivar = True  # "Attributes:" sections as fields, not a second description of each property
 myst_ref_domains = ["std", "py"]  # Markdown links resolve to pages and Python objects only

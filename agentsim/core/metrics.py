@@ -2,7 +2,7 @@
 on any number of ranks.
 
 A :class:`Metric` is a function of the state (a :class:`~agentsim.core.context.MetricsContext`)
-that returns per-agent values: ``[n]`` (or 0-d) for a scalar metric, ``[n, K]`` (a row of K
+that returns per-agent values: ``[n]`` (or a 0-d integer for a sum) for a scalar metric, ``[n, K]`` (a row of K
 values per agent) for a vector metric. The engine sums them over agents and ranks (a vector
 metric column by column): integers and bools in int64, floats in int64 fixed point with
 :data:`METRIC_FRAC_BITS` fractional bits (integer addition is associative, so the order of
@@ -72,14 +72,18 @@ from torch import Tensor
 from agentsim._native import kernels as cpu_kernels
 from agentsim.core import ops
 from agentsim.core.context import MetricsContext
-from agentsim.errors import ConfigError, did_you_mean
+from agentsim.errors import ConfigError, SimulationError, did_you_mean
 
-__all__ = ["METRIC_FRAC_BITS", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
+__all__ = ["METRIC_FRAC_BITS", "METRIC_VALUE_LIMIT", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
            "check_edges", "local_sums", "metric_row", "sum_of_squares"]
 
 METRIC_FRAC_BITS = 24
 REDUCTIONS = ("sum", "mean")
 _COUNT = "#count"  # the entry that counts a mean metric's values (metric names cannot hold '#')
+_INVALID = "#invalid"  # the entry that counts the ranks whose float values a fixed-point sum cannot hold
+#: The largest magnitude of a float metric value the fixed-point sum holds exactly (larger values,
+#: NaN and inf stop the run with an error naming the metric, on every rank at the same step).
+METRIC_VALUE_LIMIT = 2.0 ** (62 - METRIC_FRAC_BITS)
 
 MetricFn = Callable[[MetricsContext], Any]
 # One metric's entries in the sums: their names, whether each is a float, their int64 sums ``[k]`` (CPU).
@@ -378,6 +382,12 @@ class Metric:
             count = int(value.n_values)
             block: Block = ([self.name], [True], value.total.to(torch.int64).cpu().reshape(1))
         elif isinstance(value, Tensor):
+            if value.dim() == 0 and (value.is_floating_point() or self.reduce == "mean"):
+                raise ConfigError(
+                    f"metric '{self.name}': expected per-agent values [n] (got one value, a 0-d tensor); the engine "
+                    "sums the values of every agent on every process exactly, a sum or mean taken here would "
+                    "depend on how agents are split among processes: return the per-agent values, an ExactSum "
+                    "(agentsim.core.metrics.sum_of_squares), or compute it from other metrics with @model.derived")
             if value.dim() == 2:
                 k = int(value.shape[1])
                 if k == 0:
@@ -397,9 +407,12 @@ class Metric:
         else:
             raise ConfigError(f"metric '{self.name}': expected a tensor of per-agent values or an ExactSum "
                               f"(got {type(value).__name__})")
-        if self.reduce == "sum":
-            return [block]
-        return [block, ([self.name + _COUNT], [False], torch.tensor([count], dtype=torch.int64))]
+        blocks = [block]
+        if isinstance(value, Tensor) and value.is_floating_point():
+            blocks.append(([self.name + _INVALID], [False], _invalid(value)))
+        if self.reduce == "mean":
+            blocks.append(([self.name + _COUNT], [False], torch.tensor([count], dtype=torch.int64)))
+        return blocks
 
     def _histogram(self, value: Any) -> Block:
         """The counts per bin of this rank's values, ``[K]`` int64."""
@@ -412,6 +425,17 @@ class Metric:
         if edges is None:
             edges = self._edges[value.device] = torch.tensor(self.hist, dtype=torch.float64, device=value.device)
         return self.entries(k), [False] * k, histogram_counts(value, edges)
+
+
+def _invalid(values: Tensor) -> Tensor:
+    """``[1]`` int64: 1 if ``values`` hold NaN, inf or a magnitude of :data:`METRIC_VALUE_LIMIT` or
+    more (which a fixed-point sum would turn into garbage without a word), else 0 (one pass).
+    """
+    if values.numel() == 0:
+        return torch.zeros(1, dtype=torch.int64)
+    low, high = torch.aminmax(values.detach())
+    ok = bool(-METRIC_VALUE_LIMIT < float(low) <= float(high) < METRIC_VALUE_LIMIT)  # False for NaN
+    return torch.tensor([0 if ok else 1], dtype=torch.int64)
 
 
 def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
@@ -545,7 +569,7 @@ def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
     i = 0
     while i < len(names):
         name = names[i]
-        if name.endswith(_COUNT):
+        if name.endswith((_COUNT, _INVALID)):
             i += 1
             continue
         base, _, entry = name.rpartition("#")
@@ -575,6 +599,13 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
     """
     declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
     raw = sums.values.cpu().numpy()
+    invalid = [name[:-len(_INVALID)] for name, v in zip(sums.names, raw.tolist(), strict=True)
+               if name.endswith(_INVALID) and v]
+    if invalid:  # the global sums: every rank raises at the same step
+        raise SimulationError(f"step {step}: metric {', '.join(repr(n) for n in invalid)}: NaN, inf or a value of "
+                              f"magnitude {METRIC_VALUE_LIMIT:.3g} or more among the per-agent values (on "
+                              f"{int(max(raw[sums.names.index(n + _INVALID)] for n in invalid))} process(es)), "
+                              "which an exact fixed-point sum cannot hold")
     scale = 2.0 ** -METRIC_FRAC_BITS
     out: dict[str, Any] = {"step": step}
     for item in _layout(tuple(sums.names), tuple(sums.is_float), declared):
