@@ -430,7 +430,7 @@ def neighbors_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                 for variant, values in d["per_round_ms_per_step"][agents].items():
                     bars.append((f"{variant}, {int(agents):,} agents" + (f" ({rel})" if len(files) > 1 else ""),
                                  [v / base for v in values]))
-        _bars(ax, bars, "ms per step / median of `model` at the same size (dots: each round)", log=False)
+        _bars(ax, bars, "ms per step / median of model at the same size (dots: each round)", log=False)
         ax.axvline(1.0, color="grey", linewidth=0.8)
     rows = sum(len(v) for _, d in files for v in d["per_round_ms_per_step"].values())
     return Section("neighbors", "`neighbor_reduce` against hand-written plumbing (`bench_neighbors.py`)",
