@@ -12,7 +12,7 @@
 # Results go to benchmarks/results/ (peers-*-cuda.json/md, scaling-*.json) and, where $OUT is set
 # (the device tool's output folder), into one tar file there too. The peers run on the CPU only and are not installed on such a machine:
 # the suites run agentsim's side alone (--agentsim-only); their figures are set beside the peers'
-# measured on the 2-core host in benchmarks/README.md.
+# measured on the 2-core host in benchmarks/LOG.md.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."

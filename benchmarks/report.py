@@ -1,0 +1,797 @@
+"""Render the recorded benchmark results as Markdown tables and PNG plots.
+
+    python benchmarks/report.py                                  # -> docs/_generated/
+    python benchmarks/report.py --results DIR --out FILE.md --images DIR
+
+Reads every ``*.json`` under ``benchmarks/results/`` (subfolders included), groups the files into
+suites by name and content, and writes one Markdown file with a section per suite (a table of
+what each file recorded, its machine, date and commit, and one plot) plus the plots as PNG files.
+Nothing is measured here and nothing is filled in: a field a file does not record is rendered as
+"not recorded", and a file that no suite reads is listed at the end with the reason. The
+documentation's benchmarks page includes the Markdown (``docs/_ext/benchmarks_page.py`` calls
+:func:`write` when the build starts); this module needs matplotlib, not Sphinx.
+
+Suites (by file name; a file whose name matches but lacks the fields its suite reads is listed as
+not rendered, with the missing fields):
+
+- ``peers-<suite>*.json`` (``bench_peers.py``): one section per suite, the table the script wrote;
+- ``roofline.json`` (``bench_roofline.py``);
+- ``models*.json`` (``bench_models.py``) and ``neighbors*.json`` (``bench_neighbors.py``);
+- ``scaling*.json`` (``bench_scaling.py``): strong scaling, grouped by model and agents;
+- ``ab*.json`` (``bench_ab.py``): new / old ratios per work item;
+- ``parent_kills.json``, ``writer_kills.json``, ``untrusted_files.json``,
+  ``stress_write_failures.json`` (the ``stress_*.py`` scripts).
+
+The output is deterministic: files are read in sorted order, numbers formatted with fixed
+precision, and the PNG files carry no time stamp or software version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+NOT_RECORDED = "not recorded"
+
+#: Work items of ``bench_ab.py`` (its docstring): what each measures.
+AB_ITEMS = {
+    "sir_seconds": "SIR main job (`agentsim run sir --steps 100`), simulation seconds",
+    "sir_init_seconds": "the same run's initialization seconds",
+    "boids_w1_ms_per_step": "boids on one process, ms per step",
+    "boids_w2_ms_per_step": "boids on 2 ranks, spatial partition, ms per step",
+    "randomwalk_ms_per_step": "random walk on one process, ms per step",
+    "schelling_ms_per_step": "Schelling on one process, ms per step",
+    "circles_ms_per_step": "circles on one process, ms per step",
+}
+
+#: Titles of the ``bench_peers.py`` suites.
+PEER_TITLES = {
+    "sir": "SIR against Starsim",
+    "boids": "Boids against Mesa",
+    "targets": "Random walk against AgentTorch, and Schelling",
+    "memory": "SIR at 100M agents: memory and initialization",
+    "sizes": "Agent-updates per second by population size",
+    "circles": "Circles (FLAME GPU 2's benchmark)",
+}
+PEER_ORDER = ["sir", "boids", "targets", "memory", "sizes", "circles"]
+
+STRESS = {
+    "parent_kills.json": "Launcher kills (`stress_parent_kills.py`)",
+    "writer_kills.json": "Writer kills (`stress_writer_kills.py`)",
+    "stress_write_failures.json": "Injected write failures (`stress_write_failures.py`)",
+    "untrusted_files.json": "Corrupted and malicious checkpoints (`stress_untrusted_files.py`)",
+}
+
+#: Fields each suite reads from a file; a file lacking one is listed as not rendered.
+REQUIRED = {
+    "peers": ["suite", "runs", "table"],
+    "ab": ["rounds", "per_round", "median", "median_ratio_new_over_old"],
+    "scaling": ["model", "agents", "world_size", "runs", "speedup"],
+    "roofline": ["bandwidth", "rows"],
+    "models": ["meta", "results"],
+    "neighbors": ["median_ms_per_step", "per_round_ms_per_step"],
+    "parent_kills.json": ["trials", "rows"],
+    "writer_kills.json": ["trials", "rows"],
+    "stress_write_failures.json": ["counts", "rows"],
+    "untrusted_files.json": ["trials", "outcomes", "by_corruption"],
+}
+
+
+@dataclass
+class Section:
+    """One suite: a heading, Markdown lines and at most one figure."""
+
+    key: str
+    title: str
+    files: list[str]
+    lines: list[str]
+    plot: Callable[[Any], None] | None = None
+    plot_size: tuple[float, float] = (7.0, 3.6)
+    alt: str = ""
+
+
+@dataclass
+class Report:
+    """What :func:`render` found: the sections, the files not rendered, the other files."""
+
+    sections: list[Section] = field(default_factory=list)
+    not_rendered: list[tuple[str, str]] = field(default_factory=list)
+    other_files: list[str] = field(default_factory=list)
+
+    @property
+    def suites(self) -> list[str]:
+        """The keys of the rendered sections, in page order."""
+        return [s.key for s in self.sections]
+
+
+# --------------------------------------------------------------------------------------------
+# formatting and provenance
+
+
+def _cell(value: Any) -> str:
+    text = str(value).replace("|", "\\|").replace("\n", " ")
+    return text if text.strip() else " "
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown (GFM) table."""
+    out = ["| " + " | ".join(_cell(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def num(x: float | None, digits: int = 3) -> str:
+    """``x`` with ``digits`` significant digits (no exponent below 1e6), or "-" for None."""
+    if x is None:
+        return "-"
+    if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:#.{digits}g}".rstrip(".") if abs(x) < 10 ** digits else f"{x:,.0f}"
+
+
+def _short(commit: str) -> str:
+    commit = str(commit)
+    return commit[:7] if len(commit) >= 7 and all(c in "0123456789abcdef" for c in commit.lower()) else commit
+
+
+def _meta(d: dict[str, Any]) -> dict[str, Any]:
+    meta = d.get("meta")
+    return {**d, **meta} if isinstance(meta, dict) else d
+
+
+def _device_names(d: dict[str, Any]) -> list[str]:
+    names: set[str] = set()
+    runs = d.get("runs")
+    if isinstance(runs, dict):
+        for rounds in runs.values():
+            for r in rounds if isinstance(rounds, list) else []:
+                if isinstance(r, dict) and r.get("device_name") not in (None, "cpu"):
+                    names.add(str(r["device_name"]))
+    return sorted(names)
+
+
+def machine(d: dict[str, Any]) -> str:
+    """The machine as the file records it (its own fields joined), or "not recorded"."""
+    m = _meta(d)
+    parts = []
+    if m.get("machine"):
+        parts.append(str(m["machine"]))
+    elif m.get("cpu_count"):
+        parts.append(f"{m['cpu_count']} CPUs")
+    names = [str(m["device_name"])] if m.get("device_name") not in (None, "cpu") else _device_names(d)
+    parts += names
+    if m.get("device") and not names:
+        parts.append(f"device {m['device']}")
+    if m.get("torch"):
+        parts.append(f"torch {m['torch']}")
+    if m.get("python"):
+        parts.append(f"Python {m['python']}")
+    threads = m.get("torch_threads", m.get("threads", m.get("threads_per_rank")))
+    if isinstance(threads, int):
+        parts.append(f"{threads} torch thread{'s' if threads != 1 else ''}" + (" per rank" if "threads_per_rank" in m
+                                                                              else ""))
+    return ", ".join(parts) if parts else NOT_RECORDED
+
+
+def date(d: dict[str, Any]) -> str:
+    """The date the file records, or "not recorded"."""
+    m = _meta(d)
+    if m.get("date"):
+        return str(m["date"])
+    if m.get("time"):
+        return str(m["time"])[:10]
+    return NOT_RECORDED
+
+
+def commit(d: dict[str, Any]) -> str:
+    """The commit the file records (old -> new for an A/B), or "not recorded"."""
+    m = _meta(d)
+    commits = m.get("commits")
+    if isinstance(commits, dict) and commits.get("old") and commits.get("new"):
+        return f"{_short(commits['old'])} -> {_short(commits['new'])}"
+    for key in ("commit", "git_commit"):
+        if m.get(key):
+            return _short(m[key])
+    return NOT_RECORDED
+
+
+def provenance(files: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The table of each file's machine, date and commit."""
+    return table(["file", "machine", "date", "commit"],
+                 [[f"`{rel}`", machine(d), date(d), commit(d)] for rel, d in files])
+
+
+# --------------------------------------------------------------------------------------------
+# plots (matplotlib's object API with the Agg canvas: no pyplot state, no display)
+
+
+def _bars(ax: Any, bars: list[tuple[str, list[float]]], unit: str, log: bool | None = None) -> None:
+    """Horizontal bars at the median of each entry's values, with every value as a dot."""
+    labels = [b[0] for b in bars]
+    medians = [statistics.median(b[1]) for b in bars]
+    y = list(range(len(bars)))[::-1]
+    ax.barh(y, medians, color="#4c78a8", height=0.6)
+    for yi, (_, values) in zip(y, bars, strict=True):
+        ax.plot(values, [yi] * len(values), "o", color="black", markersize=3)
+    ax.set_yticks(y, labels, fontsize=8)
+    if log is None:
+        positive = [v for v in medians if v > 0]
+        log = bool(positive) and max(positive) / min(positive) > 30
+    if log:
+        ax.set_xscale("log")
+        ax.get_xaxis().set_minor_formatter("")
+    ax.set_xlabel(unit)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _save(section: Section, out: io.BytesIO) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=section.plot_size, dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    assert section.plot is not None
+    section.plot(ax)
+    fig.tight_layout()
+    fig.savefig(out, format="png", metadata={"Software": None})
+
+
+# --------------------------------------------------------------------------------------------
+# suites
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _peer_side_values(runs: list[Any], suite: str) -> list[float]:
+    key = "run_seconds" if suite == "sir" else "seconds_per_step"
+    return [float(r[key]) for r in runs if isinstance(r, dict) and r.get(key) is not None]
+
+
+def peers_section(suite: str, files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """A ``bench_peers.py`` suite: each file's table, and the medians of its rounds side by side."""
+    lines = provenance(files)
+    for rel, d in files:
+        rows = d["table"]
+        width = max((len(r) for r in rows), default=0)
+        if width == 3:
+            header = ["model, agents", "agent-updates/s (ms per step)", "peak RSS (whole process)"]
+        elif width == 5:
+            header = ["work", "peer", "agentsim", "ratio", "target"]
+        else:
+            header = [f"column {i + 1}" for i in range(width)]
+        lines += [f"`{rel}` (rounds: {d.get('rounds', NOT_RECORDED)}; agentsim's device: "
+                  f"{d.get('device', NOT_RECORDED)}):", ""]
+        lines += table(header, [[*r, *[""] * (width - len(r))] for r in rows])
+    section = Section(f"peers-{suite}", PEER_TITLES.get(suite, f"bench_peers.py suite `{suite}`"),
+                      [rel for rel, _ in files], lines)
+
+    if suite == "sizes":
+        def plot(ax: Any) -> None:
+            from matplotlib.lines import Line2D
+
+            styles = ["-o", "--s", ":^", "-.v"]
+            names = sorted({key.rsplit("_", 1)[0] for _, d in files for key in d["runs"]})
+            for i, (_, d) in enumerate(files):
+                models: dict[str, list[tuple[int, float]]] = {}
+                for key, rounds in sorted(d["runs"].items()):
+                    good = [r for r in rounds if isinstance(r, dict) and r.get("seconds_per_step")]
+                    if good:
+                        agents = int(good[0]["agents"])
+                        rate = agents / _median([float(r["seconds_per_step"]) for r in good])
+                        models.setdefault(key.rsplit("_", 1)[0], []).append((agents, rate))
+                for model, points in sorted(models.items()):
+                    points.sort()
+                    ax.plot([p[0] for p in points], [p[1] for p in points], styles[i % len(styles)],
+                            color=f"C{names.index(model)}", markersize=4)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("agents")
+            ax.set_ylabel("agent-updates/s")
+            ax.grid(alpha=0.3)
+            handles = [Line2D([], [], color=f"C{j}", label=m) for j, m in enumerate(names)]
+            handles += [Line2D([], [], color="black", linestyle=styles[i % len(styles)][:-1],
+                               marker=styles[i % len(styles)][-1], markersize=4, label=rel)
+                        for i, (rel, _) in enumerate(files)]
+            ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        section.plot, section.plot_size = plot, (8.5, 4.2)
+        section.alt = "agent-updates per second against the number of agents, per model and file"
+        return section
+
+    if suite == "memory":
+        def plot(ax: Any) -> None:
+            bars = []
+            for rel, d in files:
+                bare = [float(b) for b in d["runs"].get("bare", []) if isinstance(b, (int, float))]
+                for r in d["runs"].get("sir", []):
+                    agents = float(r["agents"])
+                    bars.append((f"peak RSS, whole process ({rel})", [r["peak_rss_bytes"] / agents]))
+                    if bare:
+                        bars.append((f"peak RSS above a bare process ({rel})",
+                                     [(r["peak_rss_bytes"] - _median(bare)) / agents]))
+                    if r.get("peak_gpu_bytes"):
+                        bars.append((f"GPU allocator peak ({rel})", [r["peak_gpu_bytes"] / agents]))
+            _bars(ax, bars, "bytes per agent", log=False)
+        section.plot, section.plot_size = plot, (8.0, 3.0)
+        section.alt = "bytes per agent at 100M agents, per file"
+        return section
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for rel, d in files:
+            for side, rounds in d["runs"].items():
+                values = _peer_side_values(rounds, suite)
+                if values:
+                    bars.append((f"{side} ({rel})", [v if suite == "sir" else v * 1000 for v in values]))
+        _bars(ax, bars, "seconds per run (100 days)" if suite == "sir" else "ms per step")
+    section.plot = plot
+    section.plot_size = (8.0, 1.0 + 0.45 * sum(len(d["runs"]) for _, d in files))
+    section.alt = "median seconds of each side, one bar per side and file, dots for each round"
+    return section
+
+
+def roofline_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_roofline.py``: each model's step against its bytes at the measured bandwidth."""
+    lines = provenance(files)
+    for rel, d in files:
+        bw = d["bandwidth"]
+        parts = []
+        for name, label in (("default_threads", f"{bw.get('threads', NOT_RECORDED)} threads"),
+                            ("one_thread", "one thread")):
+            if isinstance(bw.get(name), dict):
+                parts.append(f"{label}: " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in sorted(bw[name].items())))
+        lines += [f"`{rel}`: streaming bandwidth measured with torch, " + "; ".join(parts) + ".", ""]
+        lines += table(["model", "agents", "B/agent/step (lower bound)", "bound per step", "measured per step",
+                        "fraction of bound"],
+                       [[r["model"], f"{r['agents']:,}", num(r["bytes_per_agent"], 2),
+                         f"{r['bound_seconds'] * 1000:.1f} ms", f"{r['seconds_per_step'] * 1000:.1f} ms",
+                         f"{r['fraction_of_bound'] * 100:.1f}%"] for r in d["rows"]])
+
+    def plot(ax: Any) -> None:
+        labels, measured, bound = [], [], []
+        for rel, d in files:
+            for r in d["rows"]:
+                labels.append(f"{r['model']} {r['agents']:,}" + (f" ({rel})" if len(files) > 1 else ""))
+                measured.append(r["seconds_per_step"] * 1000)
+                bound.append(r["bound_seconds"] * 1000)
+        x = list(range(len(labels)))
+        ax.bar([i - 0.2 for i in x], measured, 0.4, label="measured per step", color="#4c78a8")
+        ax.bar([i + 0.2 for i in x], bound, 0.4, label="bandwidth bound per step", color="#f58518")
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms per step")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    return Section("roofline", "Roofline: steps against memory bandwidth (`bench_roofline.py`)",
+                   [rel for rel, _ in files], lines, plot,
+                   alt="measured ms per step and the bandwidth bound per model, log scale")
+
+
+def models_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_models.py``: steps/s and agent-updates/s per model and size."""
+    lines = provenance(files)
+    for rel, d in files:
+        m = d["meta"]
+        lines += [f"`{rel}` (device {m.get('device', NOT_RECORDED)}; median of each row's repeats):", ""]
+        lines += table(["model", "agents", "ms per step", "steps/s", "agent-updates/s", "x randomwalk",
+                        "substeps (ms)", "init"],
+                       [[r["model"], f"{r['agents']:,}", f"{r['median_step_s'] * 1000:.2f}", num(r["steps_per_s"]),
+                         num(r["agent_updates_per_s"]), num(r.get("cost_vs_randomwalk"), 2),
+                         ", ".join(f"{k} {v:.2f}" for k, v in r.get("substep_ms", {}).items()) or "-",
+                         f"{r['init_s']:.3f} s" if "init_s" in r else "-"] for r in d["results"]])
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for rel, d in files:
+            for r in d["results"]:
+                values = [float(r["agents"]) / s for s in r.get("all_step_s", [r["median_step_s"]])]
+                bars.append((f"{r['model']} {r['agents']:,}" + (f" ({rel})" if len(files) > 1 else ""), values))
+        _bars(ax, bars, "agent-updates/s (median of repeats; dots: each repeat)", log=True)
+    rows = sum(len(d["results"]) for _, d in files)
+    return Section("models", "Models, one process (`bench_models.py`)", [rel for rel, _ in files], lines, plot,
+                   (7.0, 1.0 + 0.4 * rows), alt="agent-updates per second per model and size")
+
+
+def neighbors_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_neighbors.py``: a boids on ``neighbor_reduce`` against the reference and hand-tuned ones."""
+    lines = provenance(files)
+    for rel, d in files:
+        med = d["median_ms_per_step"]
+        lines += [f"`{rel}` (rounds: {d.get('rounds', NOT_RECORDED)}; timed steps per run: "
+                  f"{d.get('steps', NOT_RECORDED)}; torch threads: {d.get('torch_threads', NOT_RECORDED)}): ms per "
+                  "step, medians of the rounds, and medians of the per-round ratios:", ""]
+        rows = []
+        for agents in sorted(med, key=int):
+            diff = d.get("max_abs_heading_diff_vs_model", {}).get(agents, {})
+            rows.append([f"{int(agents):,}", *(num(med[agents].get(v)) for v in ("user", "model", "handtuned")),
+                         num(d.get("median_ratio_user_over_model", {}).get(agents)),
+                         num(d.get("median_ratio_model_over_handtuned", {}).get(agents)),
+                         num(diff.get("user")) if diff else NOT_RECORDED])
+        lines += table(["agents", "user", "model", "handtuned", "user / model", "model / handtuned",
+                        "max heading difference, user vs model"], rows)
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for rel, d in files:
+            for agents in sorted(d["per_round_ms_per_step"], key=int):
+                base = _median(d["per_round_ms_per_step"][agents]["model"])
+                for variant, values in d["per_round_ms_per_step"][agents].items():
+                    bars.append((f"{variant}, {int(agents):,} agents" + (f" ({rel})" if len(files) > 1 else ""),
+                                 [v / base for v in values]))
+        _bars(ax, bars, "ms per step / median of model at the same size (dots: each round)", log=False)
+        ax.axvline(1.0, color="grey", linewidth=0.8)
+    rows = sum(len(v) for _, d in files for v in d["per_round_ms_per_step"].values())
+    return Section("neighbors", "`neighbor_reduce` against hand-written plumbing (`bench_neighbors.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 1.0 + 0.4 * rows),
+                   alt="step time of each boids variant relative to the reference model")
+
+
+def scaling_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_scaling.py``: speedup of W ranks over one, against the ceilings measured beside it."""
+    lines = provenance(files)
+    rows = []
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for _, d in sorted(files, key=lambda f: (f[1]["model"], f[1]["agents"], f[1]["world_size"])):
+        groups.setdefault((d["model"], d["agents"]), []).append(d)
+        w = d["world_size"]
+        one, many = d["runs"].get("1", {}), d["runs"].get(str(w), {})
+        rows.append([d["model"], f"{d['agents']:,}", w, d.get("repeats", NOT_RECORDED),
+                     f"{one['seconds_per_step'] * 1000:.1f}" if one else "-",
+                     f"{many['seconds_per_step'] * 1000:.1f}" if many else "-",
+                     f"{d['speedup']:.2f}", f"{d['efficiency'] * 100:.0f}%" if "efficiency" in d else "-",
+                     f"{many['comm_share'] * 100:.0f}%" if "comm_share" in many else "-",
+                     num(d.get("ceiling_speedup")), num(d.get("lockstep_speedup")),
+                     num(d.get("partition_overhead")),
+                     f"{many['halo_bytes_per_step'] / 1e3:,.1f}" if "halo_bytes_per_step" in many else "-"])
+    lines += ["W = world size (processes, one torch thread each). Speedup: W=1 over W ms per step, each W's own "
+              "round. Ceiling: W independent processes of N/W agents at once, no partitioner; in step: the same "
+              "held together by a barrier after every step. Partitioned / independent: the partitioned run's "
+              "time over the independent processes'.", ""]
+    lines += table(["model", "agents", "W", "rounds", "W=1 ms/step", "W ms/step", "speedup", "efficiency",
+                    "communication share", "ceiling (independent)", "ceiling in step", "partitioned / independent",
+                    "halo kB/step"], rows)
+
+    def plot(ax: Any) -> None:
+        for i, ((model, agents), ds) in enumerate(sorted(groups.items())):
+            ws = [1] + [d["world_size"] for d in ds]
+            ax.plot(ws, [1.0] + [d["speedup"] for d in ds], "-o", color=f"C{i}", label=f"{model} {agents:,}")
+            if all("ceiling_speedup" in d for d in ds):
+                ax.plot(ws, [1.0] + [d["ceiling_speedup"] for d in ds], ":", color=f"C{i}")
+        ticks = sorted({d["world_size"] for _, d in files} | {1})
+        ax.plot(ticks, ticks, color="grey", linewidth=0.8, label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks)
+        ax.get_xaxis().set_major_formatter("{x:.0f}")
+        ax.get_xaxis().set_minor_formatter("")
+        ax.set_xlabel("processes (W)")
+        ax.set_ylabel("speedup over W=1 (dotted: ceiling)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return Section("scaling", "Strong scaling with the spatial partitioner (`bench_scaling.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 4.0),
+                   alt="speedup against the number of processes per model and size, with the ceilings")
+
+
+def _ab_ratios(d: dict[str, Any], item: str) -> list[float]:
+    old, new = d["per_round"].get("old", {}).get(item), d["per_round"].get("new", {}).get(item)
+    if not old or not new or len(old) != len(new):
+        return []
+    return [n / o for o, n in zip(old, new, strict=True) if o]
+
+
+def ab_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_ab.py``: per work item, old and new medians and the new / old ratios of the rounds."""
+    lines = provenance(files)
+    rows = []
+    for rel, d in files:
+        for item, ratio in d["median_ratio_new_over_old"].items():
+            unit = " ms" if item.endswith("_ms_per_step") else " s" if item.endswith("_seconds") else ""
+            per_round = _ab_ratios(d, item)
+            rows.append([f"`{rel}`", f"`{item}`", f"{num(d['median']['old'].get(item))}{unit}",
+                         f"{num(d['median']['new'].get(item))}{unit}", f"{ratio:.3f}",
+                         f"{min(per_round):.3f}-{max(per_round):.3f}" if per_round else "-", d["rounds"],
+                         {True: "yes", False: "no"}.get(d.get("same_final_sir"), NOT_RECORDED)
+                         if item.startswith("sir") else ""])
+    lines += table(["file", "work item", "old (median)", "new (median)", "new / old: median of rounds",
+                    "new / old: range of rounds", "rounds", "same final SIR counts"], rows)
+    lines += ["Work items (`bench_ab.py`): " + "; ".join(f"`{k}`: {v}" for k, v in AB_ITEMS.items())
+              + ". The population of each item is a flag of the command, not recorded in the file.", ""]
+
+    def plot(ax: Any) -> None:
+        labels, y = [], 0
+        entries = [(rel, d, item) for rel, d in files for item in d["median_ratio_new_over_old"]]
+        for rel, d, item in reversed(entries):
+            per_round = _ab_ratios(d, item)
+            ax.plot(per_round, [y] * len(per_round), "o", color="grey", markersize=3)
+            ax.plot([d["median_ratio_new_over_old"][item]], [y], "D", color="#4c78a8", markersize=5)
+            labels.append(f"{rel.removesuffix('.json')}: {item}")
+            y += 1
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xscale("log")
+        ax.set_xticks([0.25, 0.5, 0.75, 1.0, 1.5, 2.0])
+        ax.get_xaxis().set_major_formatter("{x:g}")
+        ax.get_xaxis().set_minor_formatter("")
+        ax.set_xlabel("new / old (diamond: median of rounds; dots: each round); below 1: new faster")
+        ax.grid(axis="x", alpha=0.3)
+    n = sum(len(d["median_ratio_new_over_old"]) for _, d in files)
+    return Section("ab", "A/B: one checkout against another (`bench_ab.py`)", [rel for rel, _ in files], lines, plot,
+                   (8.0, 1.0 + 0.22 * n), alt="new over old ratio per work item and file, log scale")
+
+
+def _counts_table(d: dict[str, Any], keys: list[str]) -> list[str]:
+    return table(["field", "value"], [[k, d[k]] for k in keys if k in d])
+
+
+def parent_kills_section(rel: str, d: dict[str, Any]) -> Section:
+    """``stress_parent_kills.py``: the launcher SIGKILLed, its workers gone, the resume identical."""
+    lines = provenance([(rel, d)])
+    lines += _counts_table(d, ["trials", "steps", "checkpoint_every", "grace_seconds",
+                               "run_seconds_after_first_checkpoint", "killed_while_running", "no_orphans",
+                               "max_worker_survival_s", "resumed_exit_0", "steps_completed_equals_total", "identical",
+                               "ok", "seconds"])
+
+    def plot(ax: Any) -> None:
+        rows = d["rows"]
+        x = list(range(len(rows)))
+        ax.bar(x, [r.get("workers_outlived_parent_s", 0.0) for r in rows],
+               color=["#4c78a8" if r.get("ok") else "#e45756" for r in rows])
+        if "grace_seconds" in d:
+            ax.axhline(d["grace_seconds"], color="black", linewidth=0.8, linestyle="--", label="grace (pass limit)")
+            ax.legend(fontsize=8)
+        ax.set_xlabel("trial (red: failed)")
+        ax.set_ylabel("s the workers outlived the launcher")
+        ax.grid(axis="y", alpha=0.3)
+    return Section("parent_kills", STRESS["parent_kills.json"], [rel], lines, plot, (7.0, 3.0),
+                   alt="seconds each killed launcher's workers outlived it, per trial, against the grace limit")
+
+
+def writer_kills_section(rel: str, d: dict[str, Any]) -> Section:
+    """``stress_writer_kills.py``: a writing run SIGKILLed; the file readable, the resume identical."""
+    lines = provenance([(rel, d)])
+    rows = d["rows"]
+    lines += _counts_table(d, ["trials", "steps", "checkpoint_every", "run_seconds", "readable",
+                               "identical_after_resume"])
+    lines += [f"Killed after the run had finished: {sum(bool(r.get('finished_before_kill')) for r in rows)} of "
+              f"{len(rows)} trials.", ""]
+
+    def plot(ax: Any) -> None:
+        for ok, color, label in ((True, "#4c78a8", "identical after resume"), (False, "#e45756", "not identical")):
+            sel = [r for r in rows if bool(r.get("identical")) == ok]
+            if sel:
+                ax.plot([r["kill_after"] for r in sel], [r.get("steps_in_file", 0) for r in sel], "o", color=color,
+                        markersize=3, label=label)
+        ax.set_xlabel("kill after (s)")
+        ax.set_ylabel("steps in the killed file")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return Section("writer_kills", STRESS["writer_kills.json"], [rel], lines, plot, (7.0, 3.0),
+                   alt="steps in the file at each kill against the kill time")
+
+
+def write_failures_section(rel: str, d: dict[str, Any]) -> Section:
+    """``stress_write_failures.py``: an injected write failure, per target and process count."""
+    lines = provenance([(rel, d)])
+    lines += table(["count", "trials"], [[k, v] for k, v in d["counts"].items()])
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in d["rows"]:
+        groups.setdefault((str(r.get("kind")), int(r.get("nprocs", 0))), []).append(r)
+    lines += table(["failure in", "processes", "trials", "failure hit", "ok"],
+                   [[k, n, len(rs), sum(bool(r.get("hit")) for r in rs), sum(bool(r.get("ok")) for r in rs)]
+                    for (k, n), rs in sorted(groups.items())])
+
+    def plot(ax: Any) -> None:
+        keys = sorted(groups)
+        labels = [f"{k}, {n} proc." for k, n in keys]
+        hit = [sum(bool(r.get("hit")) and bool(r.get("ok")) for r in groups[k]) for k in keys]
+        unhit = [sum(not r.get("hit") and bool(r.get("ok")) for r in groups[k]) for k in keys]
+        bad = [sum(not r.get("ok") for r in groups[k]) for k in keys]
+        y = list(range(len(keys)))[::-1]
+        ax.barh(y, hit, color="#4c78a8", label="failure hit, refused cleanly")
+        ax.barh(y, unhit, left=hit, color="#9ecae9", label="failure past the last write, run finished")
+        ax.barh(y, bad, left=[a + b for a, b in zip(hit, unhit, strict=True)], color="#e45756", label="not ok")
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.set_xlabel("trials")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return Section("stress_write_failures", STRESS["stress_write_failures.json"], [rel], lines, plot, (8.5, 3.2),
+                   alt="trials per failure target and process count, by outcome")
+
+
+def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
+    """``stress_untrusted_files.py``: corrupted checkpoints refused, or the uninterrupted result."""
+    lines = provenance([(rel, d)])
+    summary = {k: d[k] for k in ("trials", "seed", "subprocess", "seconds", "payload_ran") if k in d}
+    summary["failures"] = len(d.get("failures", []))
+    summary["distinct error messages"] = len(d.get("messages", {}))
+    if d.get("command"):
+        summary["command"] = f"`{d['command']}`"
+    lines += table(["field", "value"], [[k, v] for k, v in summary.items()])
+    by: dict[str, dict[str, int]] = {}
+    for key, n in d["by_corruption"].items():
+        what, _, outcome = key.partition(" -> ")
+        by.setdefault(what, {})[outcome] = n
+    outcomes = sorted({o for v in by.values() for o in v})
+    lines += table(["checkpoint, corruption", *outcomes], [[k, *(v.get(o, 0) for o in outcomes)]
+                                                           for k, v in sorted(by.items())])
+
+    def plot(ax: Any) -> None:
+        keys = sorted(by)
+        y = list(range(len(keys)))[::-1]
+        left = [0] * len(keys)
+        for i, o in enumerate(outcomes):
+            values = [by[k].get(o, 0) for k in keys]
+            ax.barh(y, values, left=left, color=f"C{i}", label=o)
+            left = [a + b for a, b in zip(left, values, strict=True)]
+        ax.set_yticks(y, keys, fontsize=8)
+        ax.set_xlabel("trials")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return Section("untrusted_files", STRESS["untrusted_files.json"], [rel], lines, plot, (8.0, 3.6),
+                   alt="trials per checkpoint kind and corruption, by outcome")
+
+
+# --------------------------------------------------------------------------------------------
+# grouping
+
+
+def classify(rel: str, d: Any) -> str | None:
+    """The suite a results file belongs to (by its name), or None."""
+    name = Path(rel).name
+    if not isinstance(d, dict):
+        return None
+    if name.startswith("peers-"):
+        return "peers"
+    if name.startswith("ab"):
+        return "ab"
+    if name.startswith("scaling"):
+        return "scaling"
+    if name == "roofline.json":
+        return "roofline"
+    if name.startswith("models"):
+        return "models"
+    if name.startswith("neighbors"):
+        return "neighbors"
+    if name in STRESS:
+        return name
+    return None
+
+
+def render(results: Path) -> Report:
+    """Read every JSON file under ``results`` and build the report's sections (no files written)."""
+    report = Report()
+    by_suite: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path in sorted(p for p in results.rglob("*") if p.is_file()):
+        rel = path.relative_to(results).as_posix()
+        if path.suffix != ".json":
+            report.other_files.append(rel)
+            continue
+        try:
+            d = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            report.not_rendered.append((rel, f"not valid JSON ({type(e).__name__})"))
+            continue
+        suite = classify(rel, d)
+        if suite is None:
+            keys = ", ".join(f"`{k}`" for k in list(d)[:8]) if isinstance(d, dict) else type(d).__name__
+            report.not_rendered.append((rel, f"no suite reads this file name (fields: {keys})"))
+            continue
+        missing = [k for k in REQUIRED[suite] if k not in d]
+        if missing:
+            report.not_rendered.append((rel, f"looks like `{suite}` but lacks " + ", ".join(f"`{k}`" for k in missing)))
+            continue
+        by_suite.setdefault(suite, []).append((rel, d))
+
+    peers: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for rel, d in by_suite.get("peers", []):
+        peers.setdefault(str(d["suite"]), []).append((rel, d))
+    for suite in sorted(peers, key=lambda s: (PEER_ORDER.index(s) if s in PEER_ORDER else len(PEER_ORDER), s)):
+        report.sections.append(peers_section(suite, peers[suite]))
+    for key, build in (("roofline", roofline_section), ("models", models_section), ("neighbors", neighbors_section),
+                       ("scaling", scaling_section), ("ab", ab_section)):
+        if key in by_suite:
+            report.sections.append(build(by_suite[key]))
+    stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,
+              "stress_write_failures.json": write_failures_section, "untrusted_files.json": untrusted_section}
+    for name, build_one in stress.items():
+        for rel, d in by_suite.get(name, []):
+            report.sections.append(build_one(rel, d))
+    return report
+
+
+def markdown(report: Report, image_dir: str) -> str:
+    """The report as Markdown; plots referenced as ``image_dir/<suite>.png``."""
+    out = ["<!-- Generated by benchmarks/report.py from benchmarks/results/: do not edit. -->", ""]
+    for s in report.sections:
+        out += [f"## {s.title}", "", "Files: " + ", ".join(f"`{f}`" for f in s.files) + ".", "", *s.lines]
+        if s.plot is not None:
+            out += [f"![{s.alt or s.title}]({image_dir}/{s.key}.png)", ""]
+    out += ["## Files not rendered", ""]
+    if report.not_rendered:
+        out += ["JSON files under `benchmarks/results/` that no section above reads:", ""]
+        out += table(["file", "why"], [[f"`{rel}`", why] for rel, why in report.not_rendered])
+    else:
+        out += ["Every JSON file under `benchmarks/results/` is rendered above.", ""]
+    if report.other_files:
+        out += ["Other files there (logs and the Markdown tables the scripts print), not rendered: "
+                + ", ".join(f"`{f}`" for f in report.other_files) + ".", ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _write_if_changed(path: Path, data: bytes) -> bool:
+    if path.exists() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return True
+
+
+def _fingerprint(results: Path) -> str:
+    from importlib.metadata import version
+
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(version("matplotlib").encode())
+    for p in sorted(p for p in results.rglob("*") if p.is_file()):
+        h.update(p.relative_to(results).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def write(results: Path, out_md: Path, images: Path) -> Report | None:
+    """Write the Markdown to ``out_md`` and one PNG per section into ``images``.
+
+    Skips all work (returns None) when neither the results nor this module changed since the
+    last call that wrote the same outputs; otherwise returns the :class:`Report`. Files whose
+    bytes do not change are not rewritten (their times stay, so Sphinx does not re-read the page).
+    """
+    stamp = images / ".fingerprint"
+    fingerprint = _fingerprint(results)
+    if out_md.exists() and stamp.exists() and stamp.read_text() == fingerprint:
+        return None
+    report = render(results)
+    images.mkdir(parents=True, exist_ok=True)
+    wanted = {f"{s.key}.png" for s in report.sections if s.plot is not None}
+    for old in images.glob("*.png"):
+        if old.name not in wanted:
+            old.unlink()
+    for s in report.sections:
+        if s.plot is None:
+            continue
+        buf = io.BytesIO()
+        _save(s, buf)
+        _write_if_changed(images / f"{s.key}.png", buf.getvalue())
+    image_dir = Path(os.path.relpath(images, out_md.parent)).as_posix()
+    _write_if_changed(out_md, markdown(report, image_dir).encode())
+    stamp.write_text(fingerprint)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "_generated" / "benchmarks-tables.md")
+    ap.add_argument("--images", type=Path, default=None, help="default: benchmarks/ next to --out")
+    args = ap.parse_args(argv)
+    images = args.images or args.out.parent / "benchmarks"
+    stamp = images / ".fingerprint"
+    if stamp.exists():
+        stamp.unlink()  # the command line always renders
+    report = write(args.results, args.out, images)
+    assert report is not None
+    print(f"wrote {args.out} ({len(report.sections)} sections: {', '.join(report.suites)})")
+    for rel, why in report.not_rendered:
+        print(f"not rendered: {rel}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
