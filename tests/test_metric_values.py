@@ -73,3 +73,21 @@ FLAGGED = ages("torch.where(state['walker']['uid'] == 97, age * float('nan'), ag
 def test_a_nan_on_one_process_stops_every_process_at_the_same_step():
     with pytest.raises(SimulationError, match=r"step 0: metric 'bad': NaN.*on 1 process"):
         asim.launch(FLAGGED, world_size=2, agents=100, steps=3, seed=1, timeout=60.0)
+
+
+def test_a_sum_beyond_the_fixed_point_range_stops_the_run_instead_of_wrapping():
+    # 1000 agents worth 1e9 each: a sum of 1e12, past 2**39 (it wrapped to -9.95e7 before)
+    with pytest.raises(SimulationError, match=r"step 0: metric 'bad': its sum may exceed 5.5e\+11 in magnitude"):
+        asim.run(ages("age * 0 + 1e9", "mean"), agents=1000, steps=1, seed=1)
+    assert asim.run(ages("age * 0 + 1e8", "mean"), agents=1000, steps=1, seed=1).metrics["bad"].tolist() == [1e8, 1e8]
+
+
+WIDE = ages("torch.where(state['walker']['uid'] < 50, age * 0 + (2.0**38 - 1), age * 0 - (2.0**38 - 1))")
+
+
+@pytest.mark.timeout(180)
+def test_the_sum_range_check_does_not_depend_on_the_number_of_processes():
+    with pytest.raises(SimulationError, match=r"its sum may exceed"):
+        asim.run(WIDE, agents=100, steps=1, seed=1)
+    with pytest.raises(SimulationError, match=r"its sum may exceed"):
+        asim.launch(WIDE, world_size=2, agents=100, steps=1, seed=1, timeout=60.0)

@@ -62,3 +62,10 @@ def test_the_readme_model_gives_the_same_bits_on_2_ranks(tmp_path, monkeypatch, 
     assert "move" in got.plan() and "ms/step" in got.plan()
 
 
+
+
+def test_the_readme_links_point_at_files_that_exist():
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
+    local = [link for link in links if "://" not in link]
+    assert len(local) >= 20 and all((ROOT / link).is_file() for link in local), \
+        [link for link in local if not (ROOT / link).is_file()]

@@ -74,16 +74,21 @@ from agentsim.core import ops
 from agentsim.core.context import MetricsContext
 from agentsim.errors import ConfigError, SimulationError, did_you_mean
 
-__all__ = ["METRIC_FRAC_BITS", "METRIC_VALUE_LIMIT", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
+__all__ = ["METRIC_FRAC_BITS", "METRIC_SUM_LIMIT", "METRIC_VALUE_LIMIT", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
            "check_edges", "local_sums", "metric_row", "sum_of_squares"]
 
 METRIC_FRAC_BITS = 24
 REDUCTIONS = ("sum", "mean")
 _COUNT = "#count"  # the entry that counts a mean metric's values (metric names cannot hold '#')
 _INVALID = "#invalid"  # the entry that counts the ranks whose float values a fixed-point sum cannot hold
+_BOUND = "#bound"  # the entry that bounds a float metric's |sum| (rows times largest magnitude), summed over ranks
 #: The largest magnitude of a float metric value the fixed-point sum holds exactly (larger values,
 #: NaN and inf stop the run with an error naming the metric, on every rank at the same step).
 METRIC_VALUE_LIMIT = 2.0 ** (62 - METRIC_FRAC_BITS)
+#: The largest magnitude of a float metric's sum (a vector metric's column sums): a metric whose
+#: values could add up to more (the sum of ``floor(|v|) + 1`` over every value on every rank)
+#: stops the run with an error naming the metric instead of wrapping around.
+METRIC_SUM_LIMIT = 2.0 ** (63 - METRIC_FRAC_BITS)
 
 MetricFn = Callable[[MetricsContext], Any]
 # One metric's entries in the sums: their names, whether each is a float, their int64 sums ``[k]`` (CPU).
@@ -409,7 +414,7 @@ class Metric:
                               f"(got {type(value).__name__})")
         blocks = [block]
         if isinstance(value, Tensor) and value.is_floating_point():
-            blocks.append(([self.name + _INVALID], [False], _invalid(value)))
+            blocks.append(([self.name + _INVALID, self.name + _BOUND], [False, False], _range_entries(value)))
         if self.reduce == "mean":
             blocks.append(([self.name + _COUNT], [False], torch.tensor([count], dtype=torch.int64)))
         return blocks
@@ -427,15 +432,22 @@ class Metric:
         return self.entries(k), [False] * k, histogram_counts(value, edges)
 
 
-def _invalid(values: Tensor) -> Tensor:
-    """``[1]`` int64: 1 if ``values`` hold NaN, inf or a magnitude of :data:`METRIC_VALUE_LIMIT` or
-    more (which a fixed-point sum would turn into garbage without a word), else 0 (one pass).
+def _range_entries(values: Tensor) -> Tensor:
+    """``[2]`` int64: whether ``values`` hold NaN, inf or a magnitude of :data:`METRIC_VALUE_LIMIT` or
+    more (1, else 0), and a bound on the magnitude of their (column) sums, the sum of
+    ``floor(|v|) + 1`` over the values (exact, so the same for any split of the agents among ranks;
+    capped at :data:`METRIC_SUM_LIMIT`). A fixed-point sum would turn either into garbage without a
+    word; :func:`metric_row` raises on the global entries.
     """
     if values.numel() == 0:
-        return torch.zeros(1, dtype=torch.int64)
-    low, high = torch.aminmax(values.detach())
-    ok = bool(-METRIC_VALUE_LIMIT < float(low) <= float(high) < METRIC_VALUE_LIMIT)  # False for NaN
-    return torch.tensor([0 if ok else 1], dtype=torch.int64)
+        return torch.zeros(2, dtype=torch.int64)
+    v = values.detach()
+    low, high = (float(x) for x in torch.aminmax(v))
+    if not -METRIC_VALUE_LIMIT < low <= high < METRIC_VALUE_LIMIT:  # also False for NaN
+        return torch.tensor([1, 0], dtype=torch.int64)
+    # integers below 2**53 add exactly in float64 in any order; past that the sum is far over the cap
+    bound = float(v.abs().floor_().sum(dtype=torch.float64)) + v.numel()
+    return torch.tensor([0, int(min(bound, METRIC_SUM_LIMIT))], dtype=torch.int64)
 
 
 def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
@@ -557,6 +569,23 @@ class _Item(NamedTuple):
     hist: tuple[float, ...] | None
 
 
+def _check_ranges(step: int, names: Sequence[str], raw: np.ndarray) -> None:
+    """Raise where a float metric's global entries say its values or sum leave the fixed-point range
+    (every rank holds the same global sums, so every rank raises at the same step).
+    """
+    for i, name in enumerate(names):
+        if name.endswith(_INVALID) and raw[i]:
+            raise SimulationError(
+                f"step {step}: metric '{name[:-len(_INVALID)]}': NaN, inf or a value of magnitude "
+                f"{METRIC_VALUE_LIMIT:.3g} or more among the per-agent values (on {int(raw[i])} process(es)), which "
+                "an exact fixed-point sum cannot hold")
+        if name.endswith(_BOUND) and raw[i] >= METRIC_SUM_LIMIT:
+            raise SimulationError(
+                f"step {step}: metric '{name[:-len(_BOUND)]}': its sum may exceed {METRIC_SUM_LIMIT:.3g} in "
+                f"magnitude (the sum of |values|), beyond what an exact fixed-point sum holds; "
+                "measure it in a larger unit (thousands, millions) or return fewer values")
+
+
 @functools.lru_cache(maxsize=64)
 def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
             declared: tuple[tuple[str, str, tuple[float, ...] | None], ...]) -> tuple[_Item, ...]:
@@ -569,7 +598,7 @@ def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
     i = 0
     while i < len(names):
         name = names[i]
-        if name.endswith((_COUNT, _INVALID)):
+        if name.endswith((_COUNT, _INVALID, _BOUND)):
             i += 1
             continue
         base, _, entry = name.rpartition("#")
@@ -599,13 +628,7 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
     """
     declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
     raw = sums.values.cpu().numpy()
-    invalid = [name[:-len(_INVALID)] for name, v in zip(sums.names, raw.tolist(), strict=True)
-               if name.endswith(_INVALID) and v]
-    if invalid:  # the global sums: every rank raises at the same step
-        raise SimulationError(f"step {step}: metric {', '.join(repr(n) for n in invalid)}: NaN, inf or a value of "
-                              f"magnitude {METRIC_VALUE_LIMIT:.3g} or more among the per-agent values (on "
-                              f"{int(max(raw[sums.names.index(n + _INVALID)] for n in invalid))} process(es)), "
-                              "which an exact fixed-point sum cannot hold")
+    _check_ranges(step, sums.names, raw)
     scale = 2.0 ** -METRIC_FRAC_BITS
     out: dict[str, Any] = {"step": step}
     for item in _layout(tuple(sums.names), tuple(sums.is_float), declared):
