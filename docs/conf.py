@@ -56,6 +56,7 @@ nb_execution_show_tb = True
 nb_execution_in_temp = True
 nb_merge_streams = True
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # `!agentsim ...` cells run under a terminal: no progress bars
 
 # autodoc: Google-style docstrings (napoleon); type hints shown in the description
 autodoc_default_options = {"members": True, "show-inheritance": False, "member-order": "bysource"}
