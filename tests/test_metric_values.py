@@ -52,7 +52,8 @@ def test_the_largest_values_below_the_limit_are_summed_exactly():
     assert result.metrics["bad"].tolist() == [top, top]
 
 
-@pytest.mark.parametrize(("body", "reduce"), [("age.sum()", "sum"), ("age.mean()", "mean"), ("(age > 40).sum()", "mean")])
+@pytest.mark.parametrize(("body", "reduce"),
+                         [("age.sum()", "sum"), ("age.mean()", "mean"), ("(age > 40).sum()", "mean")])
 def test_one_value_for_the_whole_population_is_refused_where_its_sum_would_depend_on_the_split(body, reduce):
     with pytest.raises(ConfigError, match=r"metric 'bad': expected per-agent values \[n\] \(got one value, a 0-d "
                                           r"tensor\).*return the per-agent values"):

@@ -93,6 +93,13 @@ def test_a_script_runs_its_module_level_model_on_two_processes_and_a_guarded_one
         "`if __name__ == \"__main__\":`" in proc.stderr, proc.stderr
     proc = run_in(tmp_path, [sys.executable, "-c", body + "asim.run(MODEL, agents=60, steps=3, nprocs=2)"])
     assert proc.returncode != 0 and "ConfigError: model 'script' is defined in an interactive session" in proc.stderr
+    (tmp_path / "unguarded.py").write_text(body + "asim.run(MODEL, agents=60, steps=3, nprocs=2)\n")
+    proc = run_in(tmp_path, [sys.executable, "unguarded.py"])
+    assert proc.returncode != 0
+    assert "a run on 2 processes was started while a worker process imported the script that started it (" \
+        in proc.stderr and "unguarded.py): " in proc.stderr, proc.stderr
+    assert "its output above says why (a worker that fails as it starts is often a script that starts runs at " \
+        "module level" in proc.stderr, proc.stderr
     proc = subprocess.run([sys.executable, "-"], input=body + "asim.run(MODEL, agents=60, steps=3, nprocs=2)",
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "ConfigError: model 'script' is defined in an interactive session" in proc.stderr

@@ -124,7 +124,8 @@ def test_a_vector_metric_is_the_exact_sum_of_each_column():
     assert row["x"].tolist() == [row[f"x{j}"] for j in range(4)]  # the same bits as one scalar metric per column
     assert list(row) == ["step", "n_a", "x", "f", "c", "b", "x0", "x1", "x2", "x3"]
     sums = local_sums(metrics[:1], mc)
-    assert sums.names == ["n_a", "x#0", "x#1", "x#2", "x#3", "x#invalid", "x#bound"] and sums.values.dtype == torch.int64
+    assert sums.names == ["n_a", "x#0", "x#1", "x#2", "x#3", "x#invalid", "x#bound"]
+    assert sums.values.dtype == torch.int64
 
 
 def test_a_mean_vector_divides_each_column_by_the_rows():

@@ -74,8 +74,8 @@ from agentsim.core import ops
 from agentsim.core.context import MetricsContext
 from agentsim.errors import ConfigError, SimulationError, did_you_mean
 
-__all__ = ["METRIC_FRAC_BITS", "METRIC_SUM_LIMIT", "METRIC_VALUE_LIMIT", "REDUCTIONS", "Derived", "ExactSum", "Histogram", "Metric", "MetricSums",
-           "check_edges", "local_sums", "metric_row", "sum_of_squares"]
+__all__ = ["METRIC_FRAC_BITS", "METRIC_SUM_LIMIT", "METRIC_VALUE_LIMIT", "REDUCTIONS", "Derived", "ExactSum",
+           "Histogram", "Metric", "MetricSums", "check_edges", "local_sums", "metric_row", "sum_of_squares"]
 
 METRIC_FRAC_BITS = 24
 REDUCTIONS = ("sum", "mean")

@@ -21,6 +21,7 @@ comes raises after the group's ``timeout``, so a run never hangs.
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
 import signal
@@ -120,7 +121,9 @@ class _Failure:
                     how = f"signal {signal.Signals(-code).name}"
                 except ValueError:
                     how = f"signal {-code}"
-            return f"rank {self.rank} of {world_size} died ({how}) without reporting an error"
+            hint = ("; its output above says why (a worker that fails as it starts is often a script that starts "
+                    "runs at module level, outside `if __name__ == \"__main__\":`)") if code == 1 else ""
+            return f"rank {self.rank} of {world_size} died ({how}) without reporting an error{hint}"
         r = self.report
         if r["module"] == errors.__name__:  # agentsim's own error: its message says it all
             return f"rank {self.rank} of {world_size} failed with {r['type']}: {r['message']}"
@@ -364,6 +367,13 @@ def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: A
         [0, 1, 2]
     """
     spec = launch_spec(model, world_size, args, options)
+    script = _importing_main_in_a_worker() if spec.nprocs > 1 else None
+    if script is not None:
+        raise ConfigError(
+            f"a run on {spec.nprocs} processes was started while a worker process imported the script that "
+            f"started it ({script}): worker processes begin "
+            "by running the script's module level, so they would start runs of their own; put the run under "
+            "`if __name__ == \"__main__\":` (the model stays at module level)")
     resolved = spec.resolved_model()
     if spec.out is not None:
         parent = os.path.dirname(os.path.abspath(spec.out))
@@ -388,6 +398,19 @@ def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: A
     result: RunResult = results[0]
     result.model = resolved
     return result
+
+
+def _importing_main_in_a_worker() -> str | None:
+    """The parent's script (path or module name) where this process is a spawned worker running it as
+    ``__mp_main__`` (multiprocessing's spawn preparation: a run started there does not belong), else None.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in ("_fixup_main_from_path", "_fixup_main_from_name") and "multiprocessing" in code.co_filename:
+            return str(frame.f_locals.get("main_path", frame.f_locals.get("mod_name", "the script")))
+        frame = frame.f_back
+    return None
 
 
 def check_resume(checkpoint: str | os.PathLike[str], model: Model, *, agents: int, seed: int, sync_every: int,
