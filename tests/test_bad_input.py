@@ -289,7 +289,7 @@ CASES = [
                  nb = ctx.neighbors("a")
                  i, j = asim.radius_pairs(nb["pos"], ctx.space, 2.5, uid=nb["uid"], n_query=nb.n_local)
                  ctx["a"]["x"] = ctx["a"]["x"] + 0 * i.numel()
-         """), 1, "substep 'step' declares reach 1.0 = 1.0 but searches radius 2.5"),
+         """), 1, "substep 'step' declares reach 1.0 but searches radius 2.5"),
     Case("model-reach-kind", "model definition", "a reach the space does not have",
          model_case("m_reachkind", """
              @model.substep(writes=["a.x"], neighbors={"a": ["x"]}, reach="moore:1")

@@ -441,4 +441,5 @@ def _limited(space: Any, substep: Substep, params: Params) -> Any:
     kind, value = resolve_reach(substep, params)
     if kind != "length":
         return space
-    return limit(value, f"substep '{substep.name}' declares reach {substep.reach!r} = {value}")
+    named = f" = {value}" if isinstance(substep.reach, str) else ""  # a parameter's name: say its value
+    return limit(value, f"substep '{substep.name}' declares reach {substep.reach!r}{named}")

@@ -27,7 +27,8 @@ code (:func:`~agentsim.runner.launch.run_ranks` does the same for any function
 ``fn(comm, ...)``). Under torchrun, torchrun stops and (with ``--max-restarts``) restarts all
 workers; the process group is built under a per-attempt store prefix
 (``TORCHELASTIC_RESTART_COUNT``) so a restart does not read the failed attempt's keys.
-A restarted run starts again from step 0 (no checkpoints yet). For your own driver
+A restarted worker given ``--checkpoint-every`` resumes from the newest complete checkpoint in
+``--checkpoint-dir`` by itself (without checkpoints it starts again from step 0). For your own driver
 code, the building blocks are :func:`~agentsim.distributed.process_group.process_group`
 and the one engine with a partitioner::
 
@@ -115,7 +116,6 @@ measures speedup, parallel efficiency and the communication share of W=2 against
 
 Not built yet
 -------------
-- checkpoints and resume after a torchrun restart;
 - rebalancing from measured step times (borders move by agent counts only; step times
   are recorded);
 - graph partitions better than contiguous uid blocks (no edge-cut minimization).
