@@ -155,9 +155,9 @@ def test_config_keys_are_run_spec_fields():
 
 
 def _cli_args(*argv: str) -> argparse.Namespace:
-    from agentsim.cli.main import _parser
+    from agentsim.cli.main import build_parser
 
-    return _parser().parse_args(["run", *argv])
+    return build_parser().parse_args(["run", *argv])
 
 
 def test_a_config_file_run_equals_the_command_line_run(tmp_path):

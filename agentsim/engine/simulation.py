@@ -119,14 +119,21 @@ def check_steps(steps: Any) -> int:
     return int(steps)
 
 
+SEED_LIMIT = 2**63  # seeds are in [0, SEED_LIMIT): what a trajectory file's int64 attribute holds
+
+
 def check_seed(seed: Any) -> int:
-    """Validate a seed (an int)."""
+    """Validate a seed: an int in ``[0, 2**63)`` (draws are keyed by the seed modulo ``2**64``, so a
+    negative seed would silently be another one's alias).
+    """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ConfigError(f"seed: expected an int (got {seed!r})")
+    if not 0 <= int(seed) < SEED_LIMIT:
+        raise ConfigError(f"seed: expected an int in [0, 2**63) (got {int(seed)})")
     return int(seed)
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     """What :meth:`Simulation.run` (and :func:`agentsim.run`, :func:`agentsim.launch`) return.
 
@@ -157,6 +164,13 @@ class RunResult:
     perf: list[dict[str, float]] = field(default_factory=list)
     comm_seconds: list[float] = field(default_factory=list)
     comm_bytes: list[int] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        steps = len(self.metrics.get("step", [])) - 1
+        name = self.model.name if self.model is not None else "?"
+        shown = [k for k in self.metrics if k != "step"]
+        return (f"RunResult(model={name!r}, steps={steps}, world_size={self.world_size}, seconds={self.seconds:.3g}, "
+                f"path={self.path!r}, metrics=[{', '.join(shown[:8])}{', ...' if len(shown) > 8 else ''}])")
 
     def plan(self) -> str:
         """The model's execution order with this run's milliseconds per substep and share."""

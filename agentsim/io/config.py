@@ -38,7 +38,10 @@ KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "rec
         # checkpoints (as --checkpoint-every, --checkpoint-dir, --keep, --checkpoint-async, --max-restarts)
         "checkpoint_every", "checkpoint_dir", "keep", "checkpoint_async", "max_restarts",
         # the check mode (as --check)
-        "check")
+        "check",
+        # how this invocation runs (as --resume DIR; writing on into `out`; a progress bar): every
+        # field of RunSpec.to_dict() is a key, so a spec saved as a file loads back
+        "resume", "append", "progress")
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:

@@ -390,8 +390,8 @@ class StudyData:
         try:
             pd = importlib.import_module("pandas")
         except ImportError:
-            raise ConfigError("to_dataframe needs pandas (pip install pandas); .summary is a dict of "
-                              "numpy arrays") from None
+            raise ImportError('to_dataframe needs pandas: pip install "agentsim[analysis]" (.summary is a dict of '
+                              "numpy arrays)") from None
         return pd.DataFrame(self.summary)
 
 
