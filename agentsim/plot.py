@@ -75,10 +75,9 @@ def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
     """:func:`plot_file`, returning every page written: ``[out]``, or ``OUT-1.png``, ``OUT-2.png``,
     ... when the figure has more than :data:`PAGE` metrics.
     """
-    import matplotlib
+    from agentsim.io.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     path = os.fspath(path)
     selected = _selection(metrics)
@@ -513,10 +512,9 @@ def _counts(traj: Any, step: int) -> str:
 
 def animate_file(path: str | os.PathLike[str], out: str | os.PathLike[str], fps: int = 8) -> str:
     """Animate the recorded frames of the trajectory ``path`` into ``out`` (``.gif`` or ``.mp4``)."""
-    import matplotlib
+    from agentsim.io.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.animation import FFMpegWriter, FuncAnimation, PillowWriter
 
     from agentsim.io.hdf5 import read_trajectory

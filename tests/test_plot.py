@@ -3,6 +3,9 @@ a trajectory or study gets a clear error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from agentsim.cli.main import main
@@ -153,3 +156,14 @@ def test_a_vector_metric_is_drawn_as_a_heat_map(tmp_path):
     png = (tmp_path / "v.png").read_bytes()
     assert png[:8] == PNG and len(png) > 15_000
     assert plot_file(path, tmp_path / "ages.png", metrics="ages") == str(tmp_path / "ages.png")
+
+
+def test_drawing_a_file_keeps_the_backend_of_a_session_that_uses_pyplot(tmp_path):
+    # a notebook's inline backend must survive plot_file, or its later figures stop showing
+    code = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot as plt; import agentsim as asim; "
+            "from agentsim.plot import plot_file; "
+            f"asim.run('sir', agents=300, steps=3, out={str(tmp_path / 's.h5')!r}); "
+            f"plot_file({str(tmp_path / 's.h5')!r}, {str(tmp_path / 's.png')!r}); print(matplotlib.get_backend())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "svg" and (tmp_path / "s.png").stat().st_size > 1000

@@ -17,6 +17,7 @@ import pytest
 
 import agentsim as asim
 from agentsim.cli.main import main
+from agentsim.io.locks import LockedError
 from agentsim.study import Study, StudyError, read_study, study_status
 
 TESTS = str(Path(__file__).resolve().parent)
@@ -225,3 +226,21 @@ def test_runs_on_several_processes_each_give_the_one_process_study(tmp_path):
     for k in a.runs:
         for m in a.runs[k]["metrics"]:
             assert np.array_equal(a.runs[k]["metrics"][m], b.runs[k]["metrics"][m]), (k, m)
+
+
+@pytest.mark.timeout(240)
+def test_a_second_driver_cannot_replace_the_file_of_a_running_study(tmp_path):
+    out, log = tmp_path / "study.h5", tmp_path / "log.txt"
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(out), "0", str(log), TESTS])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not out.exists():
+            time.sleep(0.1)
+        assert proc.poll() is None and out.exists()
+        other = Study("sir", {"beta": [0.03]}, replicates=1, agents=50, steps=2)
+        with pytest.raises(LockedError, match=rf"study file .*study.h5.* pid {proc.pid}"):
+            other.run(out, workers=1, overwrite=True)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert read_study(out).spec["model"] == "study_models:flaky"  # the running study's file, not replaced

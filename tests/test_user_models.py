@@ -96,10 +96,15 @@ def test_a_script_runs_its_module_level_model_on_two_processes_and_a_guarded_one
     (tmp_path / "unguarded.py").write_text(body + "asim.run(MODEL, agents=60, steps=3, nprocs=2)\n")
     proc = run_in(tmp_path, [sys.executable, "unguarded.py"])
     assert proc.returncode != 0
-    assert "a run on 2 processes was started while a worker process imported the script that started it (" \
-        in proc.stderr and "unguarded.py): " in proc.stderr, proc.stderr
-    assert "its output above says why (a worker that fails as it starts is often a script that starts runs at " \
-        "module level" in proc.stderr, proc.stderr
+    assert "a run on 2 processes is started at the module level of the script (" in proc.stderr, proc.stderr
+    assert "unguarded.py:" in proc.stderr and "put the run under `if __name__ == \"__main__\":`" in proc.stderr
+    assert "rank 0" not in proc.stderr  # refused before any worker started
+    study = "asim.Study('study_script.py:MODEL', {'rate': [0.3]}, replicates=2, agents=60, steps=3)"
+    (tmp_path / "study_script.py").write_text(body + study + ".run('s.h5', workers=2)\n")
+    proc = run_in(tmp_path, [sys.executable, "study_script.py"])
+    assert proc.returncode != 0 and "a study on a process pool is started at the module level of the script (" \
+        in proc.stderr and "study_script.py:" in proc.stderr, proc.stderr
+    assert not (tmp_path / "s.h5").exists()
     proc = subprocess.run([sys.executable, "-"], input=body + "asim.run(MODEL, agents=60, steps=3, nprocs=2)",
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "ConfigError: model 'script' is defined in an interactive session" in proc.stderr

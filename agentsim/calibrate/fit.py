@@ -230,10 +230,9 @@ def _curvature_stderr(objective: Objective, best: Mapping[str, float], rel: floa
 def plot_fit(objective: Objective, result: FitResult, path: str | os.PathLike[str],
              published: Mapping[str, str] | None = None) -> None:
     """The data against the fitted model: the mean of the replicates kept, their 10-90 % band."""
-    import matplotlib
+    from agentsim.io.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     series = objective.ensemble(result.params)
     kept = series[:, objective.kept(series)].numpy()

@@ -34,8 +34,8 @@ def train(model: Model | str, agents: int | None = None, updates: int = 50, seed
           **partition_options: Any) -> TrainResult:
     """Train ``model``'s policy with PPO for ``updates`` updates on ``world_size`` processes.
 
-    The same ``seed`` gives the same parameters on any ``world_size`` (within 1e-6 relative,
-    see :mod:`agentsim.learn.trainer`).
+    The same ``seed`` gives the same parameters, bit for bit, on any ``world_size`` with the default
+    ``sync="exact"`` (to rounding with ``sync="ddp"``; see :mod:`agentsim.learn.trainer`).
 
     Args:
         model: A :class:`~agentsim.core.model.Model` or a model name (``"spillover"``, ``"pkg.mod:ATTR"``).
@@ -124,10 +124,9 @@ def plot_training(history: Sequence[Mapping[str, float]] | str | os.PathLike[str
     Returns:
         ``out`` as a string.
     """
-    import matplotlib
+    from agentsim.io.figures import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = _rows(history)
     if not rows:

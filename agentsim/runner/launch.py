@@ -21,7 +21,6 @@ comes raises after the group's ``timeout``, so a run never hangs.
 
 from __future__ import annotations
 
-import inspect
 import os
 import pickle
 import signal
@@ -49,7 +48,7 @@ from agentsim.engine.spec import RunOptions, RunSpec, make_simulation, model_ref
 from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from agentsim.io.locks import lock_run
-from agentsim.runner.lifeline import die_with_parent
+from agentsim.runner.lifeline import die_with_parent, script_being_imported_by_worker, unguarded_script_line
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -367,7 +366,13 @@ def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: A
         [0, 1, 2]
     """
     spec = launch_spec(model, world_size, args, options)
-    script = _importing_main_in_a_worker() if spec.nprocs > 1 else None
+    line = unguarded_script_line() if spec.nprocs > 1 else None
+    if line is not None:
+        raise ConfigError(f"a run on {spec.nprocs} processes is started at the module level of the script ({line}), "
+                          "outside `if __name__ == \"__main__\":`: its worker processes begin by running the "
+                          "script's module level, so each would start the run again; put the run under "
+                          "`if __name__ == \"__main__\":` (the model stays at module level)")
+    script = script_being_imported_by_worker() if spec.nprocs > 1 else None
     if script is not None:
         raise ConfigError(
             f"a run on {spec.nprocs} processes was started while a worker process imported the script that "
@@ -398,19 +403,6 @@ def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: A
     result: RunResult = results[0]
     result.model = resolved
     return result
-
-
-def _importing_main_in_a_worker() -> str | None:
-    """The parent's script (path or module name) where this process is a spawned worker running it as
-    ``__mp_main__`` (multiprocessing's spawn preparation: a run started there does not belong), else None.
-    """
-    frame = inspect.currentframe()
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name in ("_fixup_main_from_path", "_fixup_main_from_name") and "multiprocessing" in code.co_filename:
-            return str(frame.f_locals.get("main_path", frame.f_locals.get("mod_name", "the script")))
-        frame = frame.f_back
-    return None
 
 
 def check_resume(checkpoint: str | os.PathLike[str], model: Model, *, agents: int, seed: int, sync_every: int,

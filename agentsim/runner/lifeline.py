@@ -11,15 +11,18 @@ not available (not Linux), a daemon thread polls ``os.getppid()`` every
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import ctypes.util
+import inspect
 import os
 import signal
 import sys
 import threading
 import time
 
-__all__ = ["PARENT_POLL_SECONDS", "die_with_parent", "parent_death_signal"]
+__all__ = ["PARENT_POLL_SECONDS", "die_with_parent", "parent_death_signal", "script_being_imported_by_worker",
+           "unguarded_script_line"]
 
 PARENT_POLL_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
@@ -53,3 +56,57 @@ def die_with_parent(parent: int) -> str:
 
         threading.Thread(target=watch, name="agentsim-parent-watch", daemon=True).start()
     return how
+
+
+def script_being_imported_by_worker() -> str | None:
+    """The parent's script (path or module name) where this process is a spawned worker running it as
+    ``__mp_main__`` (multiprocessing's spawn preparation: a run started there does not belong), else None.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in ("_fixup_main_from_path", "_fixup_main_from_name") and "multiprocessing" in code.co_filename:
+            return str(frame.f_locals.get("main_path", frame.f_locals.get("mod_name", "the script")))
+        frame = frame.f_back
+    return None
+
+
+def unguarded_script_line() -> str | None:
+    """``'script.py:LINE'`` where this call comes from the module level of the ``__main__`` script
+    outside an ``if __name__ == "__main__":`` block, else None (no script file, or guarded).
+
+    Worker processes started by ``spawn`` run the script's module level again: a call there would
+    run again in every worker, so :func:`agentsim.launch` and :meth:`agentsim.Study.run` refuse it in
+    the parent, before any worker starts.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    if str(getattr(getattr(main, "__spec__", None), "name", "")).endswith("__main__"):
+        return None  # `python -m package`: spawn does not run a package's __main__ again
+    frame = inspect.currentframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_guard(node.test) and node.lineno <= line <= (node.end_lineno or 0):
+            return None
+    return f"{path}:{line}"
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]

@@ -39,7 +39,9 @@ from agentsim.errors import ConfigError, NetworkError
 __all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "make_executor"]
 
 EXECUTORS = ("local", "ray")
-SYSTEM_FAILURE = "the worker process died (killed, out of memory, or a crash)"
+SYSTEM_FAILURE = ("the worker process died (killed, out of memory, or a crash; its output says why: a script that "
+                  "runs a study at module level, outside `if __name__ == \"__main__\":`, makes every worker fail "
+                  "as it starts)")
 
 
 _PARENT_POLL_SECONDS = 1.0

@@ -47,6 +47,8 @@ from agentsim.distributed.netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect
 from agentsim.engine.progress import progress_bar
 from agentsim.engine.simulation import Simulation, check_agents, check_steps
 from agentsim.errors import AgentsimError, ConfigError
+from agentsim.io.locks import lock_run
+from agentsim.runner.lifeline import script_being_imported_by_worker, unguarded_script_line
 from agentsim.study.executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
 from agentsim.study.store import StudyFile, read_study, status_path
 from agentsim.study.sweep import grid
@@ -231,6 +233,32 @@ class Study:
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
             raise ConfigError(f"workers: expected an int >= 1 (got {workers!r})")
         connect_timeout = check_connect_timeout(connect_timeout)
+        line = unguarded_script_line() if executor == "local" else None
+        if line is not None:
+            raise ConfigError(f"a study on a process pool is started at the module level of the script ({line}), "
+                              "outside `if __name__ == \"__main__\":`: its worker processes begin by running the "
+                              "script's module level, so each would start the study again; put study.run(...) "
+                              "under `if __name__ == \"__main__\":` (the model stays at module level)")
+        script = script_being_imported_by_worker()
+        if script is not None:
+            raise ConfigError(f"a study was started while a worker process imported the script that started it "
+                              f"({script}): worker processes begin by running the script's module level, so they "
+                              "would start studies of their own; put study.run(...) under "
+                              "`if __name__ == \"__main__\":` (the model stays at module level)")
+        # This driver alone writes the file: a second driver given the same path (even with overwrite)
+        # fails at once, naming this one, instead of replacing the file under it.
+        locks = lock_run(out, what="study file")
+        try:
+            return self._run_locked(out, n_workers, executor, resume, overwrite, retries, retry_exceptions, errors,
+                                    progress, log_json, address, cpus_per_run, gpus_per_run, connect_timeout)
+        finally:
+            for lock in reversed(locks):
+                lock.release()
+
+    def _run_locked(self, out: str | os.PathLike[str], n_workers: int, executor: str, resume: bool, overwrite: bool,
+                    retries: int, retry_exceptions: bool, errors: str, progress: bool,
+                    log_json: str | IO[str] | None, address: str | None, cpus_per_run: float, gpus_per_run: float,
+                    connect_timeout: float) -> StudyResult:
         t0 = time.perf_counter()
         fresh = not (resume and os.path.exists(out))  # the file is made now (not one resumed)
         store = StudyFile(out, self.spec(), len(self.runs), resume=resume, overwrite=overwrite)
