@@ -210,3 +210,12 @@ def test_the_typed_options_of_run_and_launch_are_the_fields_of_runspec():
 
     fields = {f.name for f in dataclasses.fields(RunSpec) if f.init} - {"model"}
     assert set(RunOptions.__annotations__) == fields
+
+
+def test_a_spec_saved_with_to_dict_loads_back_as_a_config_file(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    spec = asim.RunSpec("sir", agents=300, steps=4, seed=2, params={"beta": 0.05}, out=str(tmp_path / "a.h5"))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec.to_dict()))  # every field, None ones included
+    from agentsim.io.config import load_config
+
+    assert asim.RunSpec.from_dict(load_config(tmp_path / "spec.yaml")) == spec

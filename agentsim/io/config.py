@@ -80,6 +80,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         if key not in KEYS:
             raise ConfigError(f"config file '{path}': unknown key '{key}' (valid: {', '.join(KEYS)})."
                               + did_you_mean(str(key), KEYS))
+    data = {k: v for k, v in data.items() if v is not None}  # a YAML null (RunSpec.to_dict's None): not given
     if "params" in data and not isinstance(data["params"], dict):
         raise ConfigError(f"config file '{path}': 'params' must be a table of name = value")
     if "substeps" in data and not (isinstance(data["substeps"], list)
