@@ -383,7 +383,7 @@ class OverlapExchange:
         got = {k: torch.cat([h[k] for h in heads]) for k in heads[0]}  # every rank's header, rank order
         sent = got["ints"][:, 4:].to(torch.float64)  # [W, W] migrants from row rank to column rank
         report, self._report = self._report, None
-        summary = report.summary(got, at_step_end)
+        summary = report.summary(got, at_step_end, rank=comm.rank)
         summary.figures.agents += sent.sum(0) - sent.sum(1)
         summary.figures.migrated += sent.sum(1)  # and any of a rebalance, counted before
         self.partition.add_summary(summary)

@@ -31,6 +31,7 @@ Every operation that communicates is a collective: every rank calls it, in the s
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -55,6 +56,7 @@ __all__ = ["PARTITIONS", "PERF_FIGURES", "SPATIAL_OPTIONS", "IdentityPartition",
 
 PARTITIONS = ("data", "spatial")
 SPATIAL_OPTIONS = ("layout", "balance_every", "balance_threshold", "bins", "overlap")
+MAX_FLAGS = 64  # a step report's flag slots (more flags share the last one)
 
 
 class RankFigures(NamedTuple):
@@ -138,24 +140,73 @@ class StepReport:
     figures: RankFigures
     sums: MetricSums | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    env: dict[str, Tensor] | None = None
 
     def rows(self) -> dict[str, Tensor]:
-        """The report as one-row tensors, the same names, dtypes and shapes on every rank."""
+        """The report as one-row tensors, the same names, dtypes and shapes on every rank, whatever
+        flags this rank recorded: their conditions in :data:`MAX_FLAGS` slots (flags past the last
+        slot share it) and their signature (count, checksum of the messages).
+        """
         rows = {"v": self.figures.to_tensor()}
+        slots = torch.zeros(MAX_FLAGS, dtype=torch.bool)
         if self.flags:
-            rows["flags"] = torch.stack([f.condition for f in self.flags]).to(device="cpu", dtype=torch.bool)[None]
+            up = torch.stack([f.condition.reshape(()) for f in self.flags]).to(device="cpu", dtype=torch.bool)
+            slots[:min(len(up), MAX_FLAGS)] = up[:MAX_FLAGS]
+            slots[MAX_FLAGS - 1] |= bool(up[MAX_FLAGS - 1:].any())
+        rows["flags"] = slots[None]
+        messages = "\n".join(f.message for f in self.flags).encode()
+        rows["flag_sig"] = torch.tensor([[len(self.flags), zlib.crc32(messages)]], dtype=torch.int64)
         if self.sums is not None:
             rows["sums"] = self.sums.values[None]
+        if self.env:
+            rows["env"] = torch.stack([env_checksum(layer) for layer in self.env.values()])[None]
         return rows
 
-    def summary(self, got: Mapping[str, Tensor], at_step_end: bool) -> StepSummary:
-        """What every rank learns from every rank's :meth:`rows` (``[W, ...]``, rank order)."""
-        raised = [f.message for f, up in zip(self.flags, got["flags"].any(0).tolist(), strict=True) if up] \
-            if self.flags else []
+    def summary(self, got: Mapping[str, Tensor], at_step_end: bool, rank: int) -> StepSummary:
+        """What every rank learns from every rank's :meth:`rows` (``[W, ...]``, rank order); ``rank``: this rank.
+
+        Where every rank recorded the same flags (the usual case: a substep calls ``ctx.flag`` on
+        every rank, with a condition that may be False), every rank raises the messages of the flags
+        set on any rank. Where ranks recorded different flags (a flag recorded on some ranks only),
+        each rank raises its own and names the other ranks that raised theirs.
+        """
+        up = got["flags"]
+        raised: list[str] = []
+        same = bool((got["flag_sig"] == got["flag_sig"][0]).all())
+        slots = up.any(0) if same else up[rank]
+        raised = [f.message for i, f in enumerate(self.flags) if bool(slots[min(i, MAX_FLAGS - 1)])]
+        if not same:
+            others = [r for r in range(up.shape[0]) if r != rank and bool(up[r].any())]
+            if others:
+                raised.append(f"rank {', '.join(map(str, others))} raised error conditions of its own (see its "
+                              "messages; the ranks recorded different flags: a ctx.flag called on some ranks only)")
+        if self.env:
+            differ = (got["env"] != got["env"][:1]).any(0).tolist()
+            names = [name for name, d in zip(self.env, differ, strict=True) if d]
+            if names:
+                raised.append(
+                    f"env {', '.join(names)}: the processes' copies differ after this step (every process holds "
+                    "every layer whole, and a substep must change it alike on every process): a substep that writes "
+                    "it draws from torch.rand or another source not keyed like ctx.rng, or computes a cell from "
+                    "this process's agents without declaring a combine; draw with ctx.rng keyed by cell index "
+                    "(`agentsim check` names the substep)")
         sums = None
         if self.sums is not None:
             sums = MetricSums(self.sums.names, self.sums.is_float, got["sums"].sum(0))
         return StepSummary(self.step, raised, RanksFigures.from_tensor(got["v"]), sums, at_step_end, self.seconds)
+
+
+def env_checksum(layer: Tensor) -> Tensor:
+    """A 0-d int64 checksum of an env layer's bits (their int64 sum, with a weight per position class
+    so that most moves of a value change it too): equal copies give equal checksums (one pass).
+    """
+    flat = layer.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    size = flat.element_size()
+    bits = flat.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
+    odd = bits[1::2].sum(dtype=torch.int64) if bits.numel() > 1 else torch.zeros((), dtype=torch.int64)
+    return (bits.sum(dtype=torch.int64) + 3 * odd).to(device="cpu")
 
 
 @dataclass
@@ -349,7 +400,7 @@ class IdentityPartition:
         """Every rank's report now, in one all_gather."""
         self.take_figures(report)
         got = comm.all_gather_rows(report.rows(), rows_per_rank=1)
-        self._summaries.append(report.summary(got, at_step_end=True))
+        self._summaries.append(report.summary(got, at_step_end=True, rank=comm.rank))
 
     def add_summary(self, summary: StepSummary) -> None:
         """Queue a summary for :meth:`reports`."""

@@ -39,7 +39,7 @@ from torch import Tensor
 from agentsim._native import build as native
 from agentsim.core import ops
 from agentsim.core.comm import Comm, CommStats, LocalComm
-from agentsim.core.context import Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
+from agentsim.core.context import Birth, Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
 from agentsim.core.model import Model
 from agentsim.core.params import Params
 from agentsim.core.policy import resolve_actors
@@ -559,7 +559,8 @@ class Simulation:
                               step_seconds=time.perf_counter() - t_enter + carried_seconds,
                               comm_seconds=stats.seconds, bytes_sent=float(stats.bytes_sent))
         t_report, stats_report = time.perf_counter(), self.comm.stats.snapshot()
-        part.end_step(state, StepReport(state.step, flags, figures, sums, seconds), self.comm, hold=self._in_run)
+        env = state.env if self.comm.world_size > 1 else None  # every process's copies compared
+        part.end_step(state, StepReport(state.step, flags, figures, sums, seconds, env), self.comm, hold=self._in_run)
         self._carried = (time.perf_counter() - t_report, self.comm.stats.since(stats_report))
         self._take_reports()
 
@@ -631,7 +632,7 @@ class Simulation:
         """Apply the deaths and births a substep asked for; its flags and NaN flags."""
         for death in effects.deaths:
             self.state.populations[death.population].keep(~death.dies)
-        for birth in effects.births:
+        for birth in self._births(s, effects):
             offset, total = self.comm.birth_offset(birth.parent_uid)
             population = self.state.populations[birth.population]
             population.spawn(birth.parent_uid, birth.fields, uid_offset=offset, n_born_total=total)
@@ -641,6 +642,27 @@ class Simulation:
                 born = {k: population[k][population.n - m:] for k in stored}
                 self.snapshots.add_births(birth.population, self.comm.all_gather_rows(born))
         return effects.flags + self._nan_flags(s) + self._position_flags(s)
+
+    def _births(self, s: Substep, effects: Effects) -> list[Birth]:
+        """One birth per population ``s`` declares births in, in the declared order: this rank's
+        ``ctx.spawn`` calls for it joined, or none (an empty one), so that every rank takes part in the
+        same collectives however often it called ``ctx.spawn`` (an ``if`` on local data may skip it).
+        """
+        out = []
+        for name in s.births:
+            calls = [b for b in effects.births if b.population == name]
+            if len(calls) == 1:
+                out.append(calls[0])
+                continue
+            population = self.state.populations[name]
+            fields = [k for k in population.specs if k != UID]
+            if not calls:
+                out.append(Birth(name, torch.zeros(0, dtype=torch.int64, device=self.device),
+                                 {k: population[k][:0] for k in fields}))
+            else:
+                out.append(Birth(name, torch.cat([b.parent_uid for b in calls]),
+                                 {k: torch.cat([b.fields[k] for b in calls]) for k in fields}))
+        return out
 
     def _position_flags(self, s: Substep) -> list[Flag]:
         """On a grid: a flag per cell field ``s`` writes, set if it holds a cell outside the grid."""
