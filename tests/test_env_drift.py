@@ -69,3 +69,14 @@ def test_the_checksum_sees_a_changed_value_and_most_moves():
     assert env_checksum(swapped.reshape(3, 4)) != same
     for layer in (torch.ones(5, dtype=torch.bool), torch.tensor(3, dtype=torch.int64), torch.ones(4, dtype=torch.int8)):
         assert env_checksum(layer).dtype == torch.int64
+
+
+def test_a_metric_that_reads_state_env_is_told_to_read_owned_env():
+    model = noisy(keyed=True)
+
+    @model.metric
+    def noise_total(state: asim.MetricsContext) -> torch.Tensor:
+        return state.env["noise"]
+
+    with pytest.raises(AttributeError, match=r"a metric reads env layers with state.owned_env\(name\)"):
+        asim.run(model, agents=20, steps=1, seed=1)

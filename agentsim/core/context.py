@@ -133,7 +133,8 @@ class EnvView:
         if key not in self._readable:
             raise FieldAccessError(
                 f"substep '{self._substep.name}' reads 'env.{key}' but does not declare it "
-                f"(declared: {sorted(self._readable) or 'none'})." + did_you_mean(key, self._env)
+                f"(declared env reads: {sorted(f'env.{k}' for k in self._readable) or 'none'}); add 'env.{key}' "
+                "to reads=" + ("" if key in self._env else "." + did_you_mean(key, self._env))
             )
         return self._env[key]
 
@@ -429,6 +430,15 @@ class MetricsContext:
         if self.owned_env_fn is not None:
             return self.owned_env_fn(name)
         return self.state.env[name].reshape(-1)
+
+    @property
+    def env(self) -> None:
+        """Not available: every process holds every layer whole, so a metric of ``env[name]`` would
+        count each cell once per process; a metric reads :meth:`owned_env` (each cell counted once).
+        """
+        raise AttributeError("a metric reads env layers with state.owned_env(name) (the cells this process owns, "
+                             "flattened), not state.env: every process holds every layer whole, so summing the "
+                             "layer would count each cell once per process")
 
 
 def _limited(space: Any, substep: Substep, params: Params) -> Any:
