@@ -24,7 +24,9 @@ def rank_in_group(group: Tensor, key: Tensor) -> Tensor:
 
     Args:
         group: int64 ``[n]`` group id per row (e.g. a cell index).
-        key: int64 ``[n]`` key per row (e.g. ``rng.bits(uid, stream)``); keys should be distinct.
+        key: int64 ``[n]`` key per row (e.g. ``rng.bits(uid, stream)``), distinct within a group:
+            equal keys are ranked by row order, which depends on how agents are split among
+            processes (64-bit ``rng.bits`` keys are distinct but for a chance of about ``n**2 / 2**65``).
 
     Examples:
         >>> rank_in_group(torch.tensor([3, 1, 3, 3]), torch.tensor([5, 0, -2, 9])).tolist()
