@@ -100,7 +100,7 @@ def test_any_bytes_as_a_config_file_are_read_or_refused_cleanly(data, suffix):
 def test_run_options_are_an_exact_number_or_a_config_error(value):
     is_int = isinstance(value, int) and not isinstance(value, bool)
     for check, ok in [(check_agents, is_int and value >= 1), (check_steps, is_int and value >= 0),
-                      (check_seed, is_int), (check_every, is_int and value >= 1),
+                      (check_seed, is_int and 0 <= value < 2**63), (check_every, is_int and value >= 1),
                       (check_keep, is_int and value >= 1)]:
         try:
             got = check(value)
