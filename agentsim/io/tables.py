@@ -19,7 +19,7 @@ from agentsim.errors import ConfigError, OutputError, did_you_mean
 from agentsim.io.hdf5 import Trajectory, read_trajectory
 
 if TYPE_CHECKING:
-    import pandas  # type: ignore[import-untyped,unused-ignore]  # no stubs without pandas-stubs
+    import pandas  # optional (the analysis extra): mypy ignores a missing pandas or xarray (pyproject.toml)
     import xarray
 
 __all__ = ["read_frames", "read_metrics"]
