@@ -569,19 +569,29 @@ class _Item(NamedTuple):
     hist: tuple[float, ...] | None
 
 
+@functools.lru_cache(maxsize=64)
+def _range_slots(names: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
+    """Each float metric's name with the indexes of its ``#invalid`` and ``#bound`` entries (computed
+    once per layout, as :func:`_layout`: no per-entry work at every step).
+    """
+    index = {name: i for i, name in enumerate(names)}
+    return tuple((name[:-len(_INVALID)], i, index[name[:-len(_INVALID)] + _BOUND])
+                 for i, name in enumerate(names) if name.endswith(_INVALID))
+
+
 def _check_ranges(step: int, names: Sequence[str], raw: np.ndarray) -> None:
     """Raise where a float metric's global entries say its values or sum leave the fixed-point range
     (every rank holds the same global sums, so every rank raises at the same step).
     """
-    for i, name in enumerate(names):
-        if name.endswith(_INVALID) and raw[i]:
+    for metric, invalid, bound in _range_slots(tuple(names)):
+        if raw[invalid]:
             raise SimulationError(
-                f"step {step}: metric '{name[:-len(_INVALID)]}': NaN, inf or a value of magnitude "
-                f"{METRIC_VALUE_LIMIT:.3g} or more among the per-agent values (on {int(raw[i])} process(es)), which "
-                "an exact fixed-point sum cannot hold")
-        if name.endswith(_BOUND) and raw[i] >= METRIC_SUM_LIMIT:
+                f"step {step}: metric '{metric}': NaN, inf or a value of magnitude "
+                f"{METRIC_VALUE_LIMIT:.3g} or more among the per-agent values (on {int(raw[invalid])} process(es)), "
+                "which an exact fixed-point sum cannot hold")
+        if raw[bound] >= METRIC_SUM_LIMIT:
             raise SimulationError(
-                f"step {step}: metric '{name[:-len(_BOUND)]}': its sum may exceed {METRIC_SUM_LIMIT:.3g} in "
+                f"step {step}: metric '{metric}': its sum may exceed {METRIC_SUM_LIMIT:.3g} in "
                 f"magnitude (the sum of |values|), beyond what an exact fixed-point sum holds; "
                 "measure it in a larger unit (thousands, millions) or return fewer values")
 
@@ -628,10 +638,11 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
     """
     declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
     raw = sums.values.cpu().numpy()
-    _check_ranges(step, sums.names, raw)
+    names = tuple(sums.names)
+    _check_ranges(step, names, raw)
     scale = 2.0 ** -METRIC_FRAC_BITS
     out: dict[str, Any] = {"step": step}
-    for item in _layout(tuple(sums.names), tuple(sums.is_float), declared):
+    for item in _layout(names, tuple(sums.is_float), declared):
         count = None if item.count_at is None else int(raw[item.count_at])
         if item.vector:
             block = raw[item.start:item.stop]

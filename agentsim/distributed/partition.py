@@ -159,7 +159,7 @@ class StepReport:
         if self.sums is not None:
             rows["sums"] = self.sums.values[None]
         if self.env:
-            rows["env"] = torch.stack([env_checksum(layer) for layer in self.env.values()])[None]
+            rows["env"] = torch.stack([env_checksum(layer) for layer in self.env.values()]).cpu()[None]
         return rows
 
     def summary(self, got: Mapping[str, Tensor], at_step_end: bool, rank: int) -> StepSummary:
@@ -171,7 +171,6 @@ class StepReport:
         each rank raises its own and names the other ranks that raised theirs.
         """
         up = got["flags"]
-        raised: list[str] = []
         same = bool((got["flag_sig"] == got["flag_sig"][0]).all())
         slots = up.any(0) if same else up[rank]
         raised = [f.message for i, f in enumerate(self.flags) if bool(slots[min(i, MAX_FLAGS - 1)])]
@@ -205,8 +204,8 @@ def env_checksum(layer: Tensor) -> Tensor:
         flat = flat.to(torch.uint8)
     size = flat.element_size()
     bits = flat.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[size])
-    odd = bits[1::2].sum(dtype=torch.int64) if bits.numel() > 1 else torch.zeros((), dtype=torch.int64)
-    return (bits.sum(dtype=torch.int64) + 3 * odd).to(device="cpu")
+    odd = bits[1::2].sum(dtype=torch.int64)  # 0 for a single value
+    return bits.sum(dtype=torch.int64) + 3 * odd  # on the layer's device: the report moves them at once
 
 
 @dataclass

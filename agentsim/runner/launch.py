@@ -48,7 +48,7 @@ from agentsim.engine.spec import RunOptions, RunSpec, make_simulation, model_ref
 from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from agentsim.io.locks import lock_run
-from agentsim.runner.lifeline import die_with_parent, script_being_imported_by_worker, unguarded_script_line
+from agentsim.runner.lifeline import die_with_parent, refuse_unguarded_start
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -366,19 +366,8 @@ def launch(model: Model | str | RunSpec, world_size: int | None = None, *args: A
         [0, 1, 2]
     """
     spec = launch_spec(model, world_size, args, options)
-    line = unguarded_script_line() if spec.nprocs > 1 else None
-    if line is not None:
-        raise ConfigError(f"a run on {spec.nprocs} processes is started at the module level of the script ({line}), "
-                          "outside `if __name__ == \"__main__\":`: its worker processes begin by running the "
-                          "script's module level, so each would start the run again; put the run under "
-                          "`if __name__ == \"__main__\":` (the model stays at module level)")
-    script = script_being_imported_by_worker() if spec.nprocs > 1 else None
-    if script is not None:
-        raise ConfigError(
-            f"a run on {spec.nprocs} processes was started while a worker process imported the script that "
-            f"started it ({script}): worker processes begin "
-            "by running the script's module level, so they would start runs of their own; put the run under "
-            "`if __name__ == \"__main__\":` (the model stays at module level)")
+    if spec.nprocs > 1:
+        refuse_unguarded_start(f"a run on {spec.nprocs} processes", "the run")
     resolved = spec.resolved_model()
     if spec.out is not None:
         parent = os.path.dirname(os.path.abspath(spec.out))

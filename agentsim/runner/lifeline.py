@@ -21,8 +21,10 @@ import sys
 import threading
 import time
 
-__all__ = ["PARENT_POLL_SECONDS", "die_with_parent", "parent_death_signal", "script_being_imported_by_worker",
-           "unguarded_script_line"]
+from agentsim.errors import ConfigError
+
+__all__ = ["PARENT_POLL_SECONDS", "die_with_parent", "parent_death_signal", "refuse_unguarded_start",
+           "script_being_imported_by_worker", "unguarded_script_line"]
 
 PARENT_POLL_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
@@ -110,3 +112,26 @@ def _is_main_guard(test: ast.expr) -> bool:
     names = [s.id for s in sides if isinstance(s, ast.Name)]
     values = [s.value for s in sides if isinstance(s, ast.Constant)]
     return names == ["__name__"] and values == ["__main__"]
+
+
+def refuse_unguarded_start(what: str, call: str, *, from_parent: bool = True) -> None:
+    """Refuse to start ``what`` (e.g. ``"a run on 2 processes"``) where spawned worker processes would
+    start it again: from a script's module level outside ``if __name__ == "__main__":``
+    (:func:`unguarded_script_line`, checked in the parent where ``from_parent``), or in a worker that
+    is running its parent's script (:func:`script_being_imported_by_worker`). ``call``: what to put
+    under the guard.
+
+    Raises:
+        ConfigError: Naming the script's line (or the script) and the fix.
+    """
+    guard = '`if __name__ == "__main__":`'
+    line = unguarded_script_line() if from_parent else None
+    if line is not None:
+        raise ConfigError(f"{what} is started at the module level of the script ({line}), outside {guard}: its "
+                          "worker processes begin by running the script's module level, so each would start it "
+                          f"again; put {call} under {guard} (the model stays at module level)")
+    script = script_being_imported_by_worker()
+    if script is not None:
+        raise ConfigError(f"{what} was started while a worker process imported the script that started it "
+                          f"({script}): worker processes begin by running the script's module level, so they "
+                          f"would start it again; put {call} under {guard} (the model stays at module level)")

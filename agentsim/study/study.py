@@ -48,7 +48,7 @@ from agentsim.engine.progress import progress_bar
 from agentsim.engine.simulation import Simulation, check_agents, check_steps
 from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.locks import lock_run
-from agentsim.runner.lifeline import script_being_imported_by_worker, unguarded_script_line
+from agentsim.runner.lifeline import refuse_unguarded_start
 from agentsim.study.executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
 from agentsim.study.store import StudyFile, read_study, status_path
 from agentsim.study.sweep import grid
@@ -233,18 +233,9 @@ class Study:
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
             raise ConfigError(f"workers: expected an int >= 1 (got {workers!r})")
         connect_timeout = check_connect_timeout(connect_timeout)
-        line = unguarded_script_line() if executor == "local" else None
-        if line is not None:
-            raise ConfigError(f"a study on a process pool is started at the module level of the script ({line}), "
-                              "outside `if __name__ == \"__main__\":`: its worker processes begin by running the "
-                              "script's module level, so each would start the study again; put study.run(...) "
-                              "under `if __name__ == \"__main__\":` (the model stays at module level)")
-        script = script_being_imported_by_worker()
-        if script is not None:
-            raise ConfigError(f"a study was started while a worker process imported the script that started it "
-                              f"({script}): worker processes begin by running the script's module level, so they "
-                              "would start studies of their own; put study.run(...) under "
-                              "`if __name__ == \"__main__\":` (the model stays at module level)")
+        # spawned pool workers run the script's module level again (Ray's workers do not)
+        refuse_unguarded_start("a study on a process pool" if executor == "local" else "a study", "study.run(...)",
+                               from_parent=executor == "local")
         # This driver alone writes the file: a second driver given the same path (even with overwrite)
         # fails at once, naming this one, instead of replacing the file under it.
         locks = lock_run(out, what="study file")
