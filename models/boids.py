@@ -28,6 +28,7 @@ import math
 import torch
 
 from agentsim import Box, Context, InitContext, MetricsContext, Model, PairView, Param, neighbor_reduce
+from agentsim.core import portable
 
 model = Model(
     "boids",
@@ -61,7 +62,7 @@ def flock(ctx: Context) -> None:
     heading = nb["heading"][: nb.n_local]
     new = heading + steer / n.clamp(min=1)
     x, y = new[:, :1], new[:, 1:]
-    ctx["boid"]["heading"] = torch.where(n > 0, new / torch.sqrt(x * x + y * y), heading)  # alone: keeps it
+    ctx["boid"]["heading"] = torch.where(n > 0, new / portable.sqrt(x * x + y * y), heading)  # alone: keeps it
 
 
 @model.substep(reads=["boid.heading"], writes=["boid.pos"])
@@ -80,7 +81,7 @@ def init(ic: InitContext) -> Box:
     uid = ic.uids("boid", n)
     pos = box.wrap(ic.rng.uniform(uid, "init_pos", draws=2, dtype=torch.float32) * side)
     angle = ic.rng.uniform(uid, "init_heading", dtype=torch.float64) * (2 * math.pi)
-    heading = torch.stack([torch.cos(angle), torch.sin(angle)], -1).to(torch.float32)
+    heading = torch.stack([portable.cos(angle), portable.sin(angle)], -1).to(torch.float32)
     ic.add("boid", uid=uid, pos=pos, heading=heading)
     return box
 

@@ -19,6 +19,8 @@ mean drift falls as the points settle into a lattice (:func:`mean_drift`).
 Forces are summed by :func:`agentsim.neighbor_reduce` over pairs in the canonical order of
 :func:`agentsim.space.continuous.radius_pairs` (per point, sources by cell then uid), so results
 do not depend on row order or on how the points are split over ranks. Float32 positions, as FLAME GPU 2's.
+``sin`` and ``sqrt`` are :mod:`agentsim.core.portable`'s, so a run on a GPU (where the force rule
+runs as one fused kernel) gives the CPU's bits.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from agentsim import Box, Context, InitContext, MetricsContext, Model, PairView, Param, neighbor_reduce
+from agentsim.core import portable
 
 PI = 3.141  # FLAME GPU 2's constant in the force (not math.pi): same forces as its benchmark
 
@@ -52,14 +55,17 @@ def move(ctx: Context) -> None:
         sep = pair.dist
         # The search's radius is inclusive; FLAME's test is strict (and a point at 0 feels nothing).
         in_range = (sep < p["radius"]) & (sep > 0)
-        k_over_sep = torch.where(in_range, torch.sin(sep / p["radius"] * (PI * -2)) * p["repulse"] / sep, 0.0)
+        k_over_sep = torch.where(in_range, portable.sin(sep / p["radius"] * (PI * -2)) * p["repulse"] / sep, 0.0)
         return {"force": pair.delta * k_over_sep.unsqueeze(1), "n": in_range}
 
     s = neighbor_reduce(ctx.space, ctx.neighbors("point"), push, {"n": "count"}, radius=p["radius"])
     force = s["force"] / s["n"].clamp(min=1).unsqueeze(1)  # [n, dims]: the mean force
     points = ctx["point"]
     points["pos"] = ctx.space.wrap(points["pos"] + force)
-    points["drift"] = torch.sqrt((force * force).sum(1))
+    length2 = force[:, 0] * force[:, 0]  # squares added in dim order: the same bits on every device
+    for k in range(1, force.shape[1]):
+        length2 = length2 + force[:, k] * force[:, k]
+    points["drift"] = portable.sqrt(length2)
 
 
 @model.init

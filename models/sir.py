@@ -68,8 +68,8 @@ model = Model(
 
 def infection_table(beta: float, max_k: int, device: torch.device) -> torch.Tensor:
     """``q[k] = (1 - beta)**k``: probability of escaping ``k`` infectious contacts (float64)."""
-    k = torch.arange(max_k + 1, dtype=torch.float64, device=device)
-    return torch.exp(k * math.log1p(-beta)) if beta < 1 else (k == 0).to(torch.float64)
+    k = torch.arange(max_k + 1, dtype=torch.float64)  # on the CPU: the same bits whatever the device
+    return (torch.exp(k * math.log1p(-beta)) if beta < 1 else (k == 0).to(torch.float64)).to(device)
 
 
 @model.substep(reads=["person.status"], writes=["person.status", "person.infected_day"],

@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Triton decides at import whether its kernels run compiled or in its interpreter: without a GPU
+# the fused kernels' tests (test_fused.py) run them interpreted, on the CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from equivalence import reference_runs, run_on_subgroups
 
 from agentsim.runner.launch import run_ranks

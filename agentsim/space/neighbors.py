@@ -64,8 +64,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentsim.core import ops
+from agentsim.core import ops, portable
 from agentsim.errors import ConfigError, did_you_mean
+from agentsim.space import fused
 from agentsim.space.continuous.box import Box
 from agentsim.space.continuous.search import _source_order, radius_pair_chunks
 from agentsim.space.graph.network import Graph
@@ -203,8 +204,10 @@ class PairView:
 
     @property
     def dist(self) -> Tensor:
-        """``[m]`` distance ``sqrt(dist2)`` (length units). Continuous space only."""
-        return torch.sqrt(self.dist2)
+        """``[m]`` distance ``sqrt(dist2)`` (length units), correctly rounded: the same bits on every
+        device (:func:`agentsim.core.portable.sqrt`). Continuous space only.
+        """
+        return portable.sqrt(self.dist2)
 
     def source_values(self, values: Tensor) -> Tensor:
         """``values[j]``, ``[m, ...]``: per-source values ``[n_sources, ...]`` at each pair's source."""
@@ -617,6 +620,10 @@ def _reduce_pairs(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, 
     reductions; returns the reduced messages by name and whether the rule returned a single one.
     """
     position = tgt[space.position_field]
+    if isinstance(space, Box) and fused.wanted(position.device):
+        got = _fused_box(space, tgt, src, n_t, same, rule, reduce, radius)
+        if got is not None:
+            return got
     if isinstance(space, Box):
         chunks: Iterator[_Chunk] = _box_chunks(space, tgt, src, n_t, same, radius)
     elif isinstance(space, Grid):
@@ -654,6 +661,42 @@ def _reduce_pairs(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, 
     if sums is not None:
         return sums.result(), single_rule
     return {k: v[0] if len(v) == 1 else torch.cat(v) for k, v in parts.items()}, single_rule
+
+
+def _fused_box(box: Box, tgt: _Agents, src: _Agents, n_t: int, same: bool, rule: Rule,
+               reduce: str | Mapping[str, str], radius: float) -> tuple[dict[str, Tensor], bool] | None:
+    """The reduction through the fused kernel (:mod:`agentsim.space.fused`), or None (the reason
+    noted in :func:`agentsim.space.fused.status`) where it does not apply.
+    """
+    from agentsim.space.fused import radius as fused_radius
+
+    pos = tgt[box.position_field]
+    if pos.dtype != torch.float32 or src[box.position_field].dtype != torch.float32:
+        fused.note(f"torch: positions of dtype {pos.dtype} (the kernel takes float32)")
+        return None
+    if n_t == 0 or src[box.position_field].shape[0] == 0:
+        fused.note("torch: no targets or no sources")
+        return None
+    if torch.is_grad_enabled() and (pos.requires_grad or src[box.position_field].requires_grad):
+        fused.note("torch: positions that require grad")
+        return None
+    tr = fused_radius.translation(rule, box.ndim, tgt, src)
+    if isinstance(tr, str):
+        fused.note(f"torch: {tr}")
+        return None
+    how = _check_reduce(list(tr.messages), reduce, tr.single)
+    for name, message in tr.messages.items():
+        counted = message is True or message[1] == torch.bool
+        if how[name] not in ("sum", "mean", "count") or (message is True if how[name] != "count" else not counted):
+            fused.note(f"torch: reduction {how[name]!r} of message {name!r}")
+            return None
+    for f in tr.fields:
+        value = (src if f.side == "source" else tgt)[f.name]
+        if torch.is_grad_enabled() and value.requires_grad:
+            fused.note(f"torch: field {f.name!r} requires grad")
+            return None
+    fused.note("fused")
+    return fused_radius.radius_reduce(box, tgt, src, n_t, same, radius, tr, how), tr.single
 
 
 class _Sums:

@@ -1,0 +1,111 @@
+"""Elementwise math with the same bits on every device: the CPU, CUDA, and agentsim's GPU kernels.
+
+torch's CPU kernels and CUDA's math library compute ``sqrt``, ``sin``, ``cos`` and friends by
+different algorithms: on the CPU ``torch.sqrt`` of float32 differs from the correctly rounded
+square root in about one value in seven (by one unit in the last place), and ``torch.sin``
+differs from CUDA's ``sinf`` likewise. A model that must give the same trajectory on a CPU and
+on a GPU uses these functions instead, in its rules:
+
+- :func:`sqrt`: the correctly rounded square root (IEEE 754), which the GPU computes natively
+  and the CPU through NumPy's (hardware) square root;
+- :func:`sin`, :func:`cos`: a fixed sequence of additions, multiplications and ``floor`` (a
+  Cody-Waite range reduction and minimax polynomials), each operation correctly rounded on every
+  device, so the result is the same everywhere. Float32: within 2 units in the last place of the
+  true value for ``|x| < 2**15`` (accuracy, not reproducibility, degrades beyond).
+
+Each is also what :mod:`agentsim.space.fused` (the GPU neighbor kernels) emits for it when a
+pair rule calls it, so a rule gives the same bits through the torch ops and through a kernel.
+Autograd flows through all three.
+
+Examples:
+    >>> import torch
+    >>> from agentsim.core import portable
+    >>> x = torch.tensor([0.0, 1.0, 2.0])
+    >>> portable.sqrt(x).tolist()
+    [0.0, 1.0, 1.4142135381698608]
+    >>> [round(v, 6) for v in portable.sin(torch.tensor([0.0, 1.5707964, 3.0])).tolist()]
+    [0.0, 1.0, 0.14112]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["cos", "sin", "sqrt"]
+
+# pi / 2 in three pieces (float32 Cody-Waite): n * _PIO2_HI is exact for |n| < 2**16.
+_TWO_OVER_PI = 0.6366197723675814
+_PIO2_HI = 1.5703125
+_PIO2_MID = 4.837512969970703125e-4
+_PIO2_LO = 7.54978995489188216e-8
+# Minimax polynomials of sin and cos on [-pi/4, pi/4] (Cephes' sinf / cosf).
+_S1, _S2, _S3 = -1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4
+_C1, _C2, _C3 = 4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5
+
+
+def _exact_sqrt(x: Tensor) -> Tensor:
+    """The traced stand-in of :func:`sqrt` (a rule traced for a GPU kernel calls this by name)."""
+    return sqrt(x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    """The correctly rounded square root of ``x`` (any shape, float), the same bits on any device.
+
+    Args:
+        x: A float tensor (any shape).
+
+    Returns:
+        ``sqrt(x)``, the shape and dtype of ``x`` (NaN where ``x < 0``).
+    """
+    if isinstance(x, torch.fx.Proxy):  # a rule being traced for a GPU kernel
+        return x.tracer.create_proxy("call_function", _exact_sqrt, (x,), {})  # type: ignore[return-value]
+    if x.device.type != "cpu":
+        return torch.sqrt(x)  # CUDA's sqrt (and torch's on it) is IEEE's, correctly rounded
+    if x.requires_grad and torch.is_grad_enabled():
+        # torch's float64 square root rounds to float32 correctly (53 >= 2 * 24 + 2 bits)
+        return torch.sqrt(x.double()).to(x.dtype) if x.dtype == torch.float32 else torch.sqrt(x)
+    with np.errstate(invalid="ignore"):
+        return torch.from_numpy(np.sqrt(x.detach().numpy()))
+
+
+def _quadrant_sin_cos(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q, s, c)``: ``x = n * pi / 2 + r`` with ``|r| <= pi / 4``, ``q = n mod 4`` (float), and
+    ``sin(r)``, ``cos(r)``. Only additions, multiplications, ``floor`` and ``where``.
+    """
+    n = torch.floor(x * _TWO_OVER_PI + 0.5)
+    r = x - n * _PIO2_HI
+    r = r - n * _PIO2_MID
+    r = r - n * _PIO2_LO
+    q = n - torch.floor(n * 0.25) * 4.0
+    r2 = r * r
+    s = r + r * r2 * (_S1 + r2 * (_S2 + r2 * _S3))
+    c = 1.0 - r2 * 0.5 + r2 * r2 * (_C1 + r2 * (_C2 + r2 * _C3))
+    return q, s, c
+
+
+def sin(x: Tensor) -> Tensor:
+    """``sin(x)`` (radians), the same bits on any device.
+
+    Args:
+        x: A float tensor (any shape; radians).
+
+    Returns:
+        ``sin(x)``, the shape and dtype of ``x``.
+    """
+    q, s, c = _quadrant_sin_cos(x)
+    return torch.where(q == 0.0, s, torch.where(q == 1.0, c, torch.where(q == 2.0, -s, -c)))
+
+
+def cos(x: Tensor) -> Tensor:
+    """``cos(x)`` (radians), the same bits on any device.
+
+    Args:
+        x: A float tensor (any shape; radians).
+
+    Returns:
+        ``cos(x)``, the shape and dtype of ``x``.
+    """
+    q, s, c = _quadrant_sin_cos(x)
+    return torch.where(q == 0.0, c, torch.where(q == 1.0, -s, torch.where(q == 2.0, -c, s)))
