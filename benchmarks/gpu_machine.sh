@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The issue-16 measurements on a machine with a CUDA GPU and many cores, from the repository root:
 #
+#   bash benchmarks/gpu_machine.sh gpu       # issue 31: CUDA tests (CPU = GPU bits), then every GPU figure of
+#                                            # bench_gpu.py into benchmarks/results/<gpu>/gpu.json (< 8 min on an H100)
 #   bash benchmarks/gpu_machine.sh cuda      # CUDA tests; boids, targets, SIR and circles suites on the GPU
 #   bash benchmarks/gpu_machine.sh release   # 0.3: kernels built at install (-Werror), CUDA tests, layer/kernel/
 #                                            # neighbor tests, neighbor_reduce boids benchmark on the CPU
@@ -40,6 +42,14 @@ release)
         tests/test_cpu_kernels.py tests/test_neighbors.py tests/test_baselines.py 2>&1 | tail -4
     $PY benchmarks/bench_neighbors.py --rounds 5 --agents 10000 200000 --out "$RESULTS/neighbors-device.json" | tail -8
     save release "$RESULTS"/neighbors-device.json
+    ;;
+gpu)
+    facts
+    gpu=$($PY -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
+    mkdir -p "$RESULTS/$gpu"
+    timeout 170 $PY -m pytest -q -p no:cacheprovider -o addopts="" -m cuda tests/ 2>&1 | tail -25
+    timeout 400 $PY benchmarks/bench_gpu.py --parts steps bits ppo largest --out "$RESULTS/$gpu/gpu.json"
+    if [ -n "${OUT:-}" ]; then cp "$RESULTS/$gpu/gpu.json" "$OUT/"; fi
     ;;
 cuda)
     facts

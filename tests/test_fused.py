@@ -19,6 +19,8 @@ from agentsim.space.fused.radius import kernel_source
 from agentsim.space.fused.rule import FieldSpec, Untranslatable, translate
 
 triton = pytest.importorskip("triton", reason="the fused kernels need Triton (the gpu extra)")
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter on a CPU-only machine; "
+                                "with a GPU the kernels are compiled and tests/test_cli.py compares GPU and CPU runs")
 
 
 @pytest.fixture

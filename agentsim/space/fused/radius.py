@@ -308,7 +308,7 @@ def _results(tr: Translation, how: dict[str, str], outs: dict[str, Tensor], npai
         if message is True or kind == "count":
             result[name] = (npairs if message is True else outs[name][0]).to(torch.int32)
             continue
-        _, dtype, shape = message
+        shape = message[2]
         columns = outs[name]
         total = columns[0] if not shape else columns.t().reshape(n_t, *shape)
         if kind == "mean":
