@@ -127,6 +127,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--small", action="store_true", help="tiny sizes: check the script itself")
     p.add_argument("--parts", nargs="*", default=["steps", "bits", "ppo", "largest"])
+    p.add_argument("--largest-models", nargs="*", default=["randomwalk", "sir"])
+    p.add_argument("--max-agents", type=int, default=0, help="cap of the largest runs (0: what fits)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     dev, small = args.device, args.small
@@ -172,25 +174,26 @@ def main() -> None:
             _report(row)
             out["bits"].append(row)
             save()
+    if "ppo" in args.parts:
+        row = _child(PPO, scale(1_000_000), dev, timeout=120)
+        _report(row)
+        out["ppo"] = row
+        save()
     if "largest" in args.parts:
         out["largest"] = []
         memory = out.get("gpu_memory_bytes") or 0
-        for model in ("randomwalk", "sir"):
+        for model in args.largest_models:
             probe = _child(STEP, model, scale(100_000_000), 1, dev, timeout=120)
             _report(probe)
             out["largest"].append(probe)
             per_agent = probe.get("bytes_per_agent")
             if per_agent and memory:
                 n = int(0.85 * memory / per_agent) // 1_000_000 * 1_000_000
+                n = min(n, args.max_agents) if args.max_agents else n
                 row = _child(STEP, model, n, 1, dev, timeout=150)
                 _report(row)
                 out["largest"].append(row)
             save()
-    if "ppo" in args.parts:
-        row = _child(PPO, scale(1_000_000), dev, timeout=120)
-        _report(row)
-        out["ppo"] = row
-        save()
     save()
     print(f"wrote {path}")
 
