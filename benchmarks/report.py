@@ -84,6 +84,7 @@ REQUIRED = {
     "writer_kills.json": ["trials", "rows"],
     "stress_write_failures.json": ["counts", "rows"],
     "untrusted_files.json": ["trials", "outcomes", "by_corruption"],
+    "gpu": ["device"],
 }
 
 
@@ -645,6 +646,32 @@ def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
 # grouping
 
 
+def gpu_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_gpu.py``: step times, CPU = GPU bits, the largest runs and PPO on one GPU."""
+    lines = provenance(files)
+    for rel, d in files:
+        lines += [f"`{rel}` ({d.get('gpu', NOT_RECORDED)}, torch {d.get('torch', NOT_RECORDED)}):", ""]
+        steps = d.get("steps", []) + d.get("largest", [])
+        if steps:
+            rows = [[r["model"], f"{int(r['agents']):,}", r.get("fused_mode", "auto"),
+                     "fused" if r.get("path") == "fused" else "torch ops", num(r["seconds_per_step"] * 1e3),
+                     num(r.get("bytes_per_agent")), num(r.get("init_seconds"))]
+                    for r in steps if "error" not in r]
+            rows += [[" ".join(r.get("args", [])), "", "", "", r["error"], "", ""] for r in steps if "error" in r]
+            lines += table(["model", "agents", "AGENTSIM_FUSED", "neighbor path", "ms per step (median)",
+                            "peak GPU bytes per agent", "init s"], rows)
+        if d.get("bits"):
+            lines += table(["model", "agents", "steps", "CPU vs GPU", "GPU run to run"],
+                           [[r.get("model", ""), f"{int(r.get('agents', 0)):,}", r.get("steps", ""),
+                             r.get("cpu_vs_gpu", r.get("error", "")), r.get("gpu_run_to_run", "")]
+                            for r in d["bits"]])
+        if d.get("ppo"):
+            ppo = d["ppo"]
+            lines += [f"PPO on spillover: {ppo.get('error') or num(ppo.get('agent_steps_per_s')) + ' agent-steps/s'}"
+                      f" ({ppo.get('people', ' '.join(ppo.get('args', [])))} people).", ""]
+    return Section("gpu", "One GPU (`bench_gpu.py`)", [rel for rel, _ in files], lines)
+
+
 def classify(rel: str, d: Any) -> str | None:
     """The suite a results file belongs to (by its name), or None."""
     name = Path(rel).name
@@ -662,6 +689,8 @@ def classify(rel: str, d: Any) -> str | None:
         return "models"
     if name.startswith("neighbors"):
         return "neighbors"
+    if name.startswith("gpu"):
+        return "gpu"
     if name in STRESS:
         return name
     return None
@@ -697,7 +726,8 @@ def render(results: Path) -> Report:
         peers.setdefault(str(d["suite"]), []).append((rel, d))
     for suite in sorted(peers, key=lambda s: (PEER_ORDER.index(s) if s in PEER_ORDER else len(PEER_ORDER), s)):
         report.sections.append(peers_section(suite, peers[suite]))
-    for key, build in (("roofline", roofline_section), ("models", models_section), ("neighbors", neighbors_section),
+    for key, build in (("gpu", gpu_section), ("roofline", roofline_section), ("models", models_section),
+                       ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section)):
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
