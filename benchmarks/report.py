@@ -669,7 +669,17 @@ def gpu_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
             ppo = d["ppo"]
             lines += [f"PPO on spillover: {ppo.get('error') or num(ppo.get('agent_steps_per_s')) + ' agent-steps/s'}"
                       f" ({ppo.get('people', ' '.join(ppo.get('args', [])))} people).", ""]
-    return Section("gpu", "One GPU (`bench_gpu.py`)", [rel for rel, _ in files], lines)
+    def plot(ax: Any) -> None:
+        bars = []
+        for _rel, d in files:
+            for r in d.get("steps", []):
+                if "error" not in r:
+                    path = "fused" if r.get("path") == "fused" else "torch ops"
+                    bars.append((f"{r['model']} {int(r['agents']):,} ({path})", [r["seconds_per_step"] * 1e3]))
+        _bars(ax, bars, "ms per step (median of the steps)")
+    n_bars = sum(1 for _, d in files for r in d.get("steps", []) if "error" not in r)
+    return Section("gpu", "One GPU (`bench_gpu.py`)", [rel for rel, _ in files], lines, plot,
+                   (7.0, 1.0 + 0.4 * max(n_bars, 1)), "GPU milliseconds per step by model, size and neighbor path")
 
 
 def classify(rel: str, d: Any) -> str | None:

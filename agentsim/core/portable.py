@@ -60,7 +60,7 @@ def sqrt(x: Tensor) -> Tensor:
         ``sqrt(x)``, the shape and dtype of ``x`` (NaN where ``x < 0``).
     """
     if isinstance(x, torch.fx.Proxy):  # a rule being traced for a GPU kernel
-        return x.tracer.create_proxy("call_function", _exact_sqrt, (x,), {})  # type: ignore[return-value]
+        return x.tracer.create_proxy("call_function", _exact_sqrt, (x,), {})
     if x.device.type != "cpu":
         return torch.sqrt(x)  # CUDA's sqrt (and torch's on it) is IEEE's, correctly rounded
     if x.requires_grad and torch.is_grad_enabled():

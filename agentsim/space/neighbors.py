@@ -621,9 +621,9 @@ def _reduce_pairs(space: Any, tgt: _Agents, src: _Agents, n_t: int, same: bool, 
     """
     position = tgt[space.position_field]
     if isinstance(space, Box) and fused.wanted(position.device):
-        got = _fused_box(space, tgt, src, n_t, same, rule, reduce, radius)
-        if got is not None:
-            return got
+        through_kernel = _fused_box(space, tgt, src, n_t, same, rule, reduce, radius)
+        if through_kernel is not None:
+            return through_kernel
     if isinstance(space, Box):
         chunks: Iterator[_Chunk] = _box_chunks(space, tgt, src, n_t, same, radius)
     elif isinstance(space, Grid):

@@ -26,6 +26,8 @@ PUBLIC_MODULES: dict[str, str] = {
     "agentsim.distributed": "process groups and partitioners",
     "agentsim.runner.launch": "starting W ranks: launch, run_ranks",
     "agentsim.core.ops": "vectorized reductions with exact, order-free sums",
+    "agentsim.core.portable": "sqrt, sin and cos with the same bits on the CPU and on a GPU",
+    "agentsim.space.fused": "the fused GPU neighbor kernels: which path a call takes",
     "agentsim.core.metrics": "metric declarations and exact metric sums",
     "agentsim.grad.relax": "relaxed discrete draws for gradients",
     "agentsim.learn": "training agent policies with PPO",

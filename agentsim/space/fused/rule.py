@@ -190,7 +190,7 @@ class _Translator:
         self.values[node] = self.translate(node, target, args, kwargs, example)
 
     def translate(self, node: fx.Node, target: Any, args: Any, kwargs: Any, example: Any) -> Any:
-        what = node.format_node()
+        what = node.format_node() or node.name
         if target is getattr and args[0] == "pair":
             return self.pair_attribute(str(args[1]))
         if target is operator.getitem and isinstance(args[0], _Side):
@@ -334,7 +334,7 @@ def translate(rule: Callable[[Any], Any], ndim: int, fields: Callable[[str, str]
         Untranslatable: What the translation does not cover, named.
     """
     try:
-        graph = fx.Tracer().trace(rule)  # type: ignore[arg-type]
+        graph = fx.Tracer().trace(rule)
     except Untranslatable:
         raise
     except Exception as exc:  # tracing runs the user's rule on proxies: any failure means "not traceable"
