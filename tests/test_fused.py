@@ -204,3 +204,22 @@ def test_portable_sin_cos_accuracy(fn, ref):
     want = ref(x.double().numpy())
     assert np.abs(got - want).max() < 4 * np.finfo(np.float32).eps
     assert fn(torch.tensor([0.0])).item() == (0.0 if fn is portable.sin else 1.0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("partition", ["data", "spatial"])
+def test_fused_on_two_processes_equals_one_process_through_torch(interpreted, monkeypatch, tmp_path, partition):
+    """Halo agents reach the kernel as sources (ctx.neighbors(pop)): 2 processes through the kernel
+    write the file 1 process writes through the torch ops, bit for bit."""
+    from equivalence import assert_same_bits, h5_datasets
+
+    from agentsim import run
+
+    monkeypatch.setenv("AGENTSIM_FUSED", "never")
+    run("circles", agents=160, steps=3, out=tmp_path / "one.h5")
+    monkeypatch.setenv("AGENTSIM_FUSED", "always")  # inherited by the ranks, as TRITON_INTERPRET is
+    monkeypatch.delenv("AGENTSIM_KERNEL_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where the ranks write the kernel source
+    run("circles", agents=160, steps=3, nprocs=2, partition=partition, out=tmp_path / "two.h5")
+    assert list((tmp_path / "cache" / "agentsim" / "fused").glob("radius_*.py"))  # the ranks ran the kernel
+    assert_same_bits(h5_datasets(str(tmp_path / "one.h5")), h5_datasets(str(tmp_path / "two.h5")), partition)
