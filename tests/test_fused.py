@@ -223,3 +223,28 @@ def test_fused_on_two_processes_equals_one_process_through_torch(interpreted, mo
     run("circles", agents=160, steps=3, nprocs=2, partition=partition, out=tmp_path / "two.h5")
     assert list((tmp_path / "cache" / "agentsim" / "fused").glob("radius_*.py"))  # the ranks ran the kernel
     assert_same_bits(h5_datasets(str(tmp_path / "one.h5")), h5_datasets(str(tmp_path / "two.h5")), partition)
+
+
+def test_cached_translation_follows_changed_constants_and_fields(interpreted, monkeypatch):
+    """A rule is translated once per set of baked-in values: a changed parameter or field dtype
+    gives a new kernel, never the stale one."""
+    box = Box((10.0, 10.0))
+    agents = _agents(60, 2, 10.0, seed=6)
+    p = {"scale": 1.0}
+
+    def rule(pair):
+        return {"w": pair.dist2 * p["scale"] + pair.source["age"]}
+
+    for scale, age_dtype in [(1.0, torch.int64), (3.0, torch.int64), (3.0, torch.int32)]:
+        p["scale"] = scale
+        agents["age"] = agents["age"].to(age_dtype)
+        a, b = _both(monkeypatch, box, agents, rule, "sum", radius=2.0)
+        _same(a, b)
+
+
+@pytest.mark.parametrize("side, radius", [(5.0, 2.0), (3.0, 1.0), (7.0, 3.4)])
+def test_fused_small_periodic_boxes(interpreted, monkeypatch, side, radius):
+    """Boxes of 2 or 3 cells per dim, where several offsets wrap onto one cell (each pair once)."""
+    agents = _agents(40, 2, side, seed=7)
+    a, b = _both(monkeypatch, Box((side, side), periodic=True), agents, boids_rule, {"n": "count"}, radius=radius)
+    _same(a, b)

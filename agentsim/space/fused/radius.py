@@ -21,6 +21,8 @@ import importlib.util
 import math
 import os
 import tempfile
+import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -202,24 +204,74 @@ def _field_specs(tgt: Any, src: Any) -> Any:
 _TRANSLATIONS: dict[Any, Translation | str] = {}
 
 
+class _Uncacheable(Exception):
+    pass
+
+
+def _frozen(value: Any, depth: int = 0) -> Any:
+    """A hashable snapshot of a value a traced rule may have baked in as a constant, or
+    :class:`_Uncacheable` (then the rule is traced at every call: a stale constant is never reused).
+    """
+    if value is None or isinstance(value, (bool, int, float, str, complex)):
+        return (type(value).__name__, value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, types.ModuleType):
+        return ("module", value.__name__)
+    if depth > 3:
+        raise _Uncacheable
+    if isinstance(value, types.FunctionType):
+        cells = tuple(_frozen(c.cell_contents, depth + 1) for c in value.__closure__ or ())
+        defaults = tuple(_frozen(d, depth + 1) for d in value.__defaults__ or ())
+        return ("function", id(value.__code__), cells, defaults, _globals_used(value, depth + 1))
+    if isinstance(value, (types.BuiltinFunctionType, type)):
+        return ("builtin", id(value))
+    if isinstance(value, Mapping) and len(value) <= 256:
+        return ("mapping", tuple(sorted((str(k), _frozen(v, depth + 1)) for k, v in value.items())))
+    if isinstance(value, (tuple, list)) and len(value) <= 256:
+        return (type(value).__name__, tuple(_frozen(v, depth + 1) for v in value))
+    raise _Uncacheable
+
+
+def _globals_used(fn: types.FunctionType, depth: int) -> Any:
+    """The module-level names ``fn`` reads (constants, modules, functions), frozen."""
+    names = [n for n in fn.__code__.co_names if n in fn.__globals__]
+    return tuple((n, _frozen(fn.__globals__[n], depth)) for n in names)
+
+
 def translation(rule: Any, ndim: int, tgt: Any, src: Any) -> Translation | str:
-    """The rule's translation, or the reason it has none (cached per rule code, dims and fields)."""
-    code = getattr(rule, "__code__", None)
-    closure = getattr(rule, "__closure__", None) or ()
+    """The rule's translation, or the reason it has none.
+
+    Cached per rule: its code, and the values of everything it reads that tracing bakes in as
+    constants (closure cells, defaults, the module-level names it uses; a rule reading an object
+    that cannot be snapshot is traced at every call), the dims, and the fields' dtypes and widths.
+    """
+    specs = _field_specs(tgt, src)
     try:
-        cells = tuple(c.cell_contents for c in closure)
-        key: Any = (code, ndim, repr(cells))
-    except ValueError:
+        key: Any = (ndim, _frozen(rule)) if isinstance(rule, types.FunctionType) else None
+    except (_Uncacheable, ValueError):  # ValueError: an empty closure cell
         key = None
-    if key is not None and key in _TRANSLATIONS:
-        return _TRANSLATIONS[key]
+    cached = _TRANSLATIONS.get(key) if key is not None else None
+    if isinstance(cached, Translation) and all(_same_spec(specs, f) for f in cached.fields):
+        return cached
+    if isinstance(cached, str):
+        return cached
     try:
-        got: Translation | str = translate(rule, ndim, _field_specs(tgt, src))
+        got: Translation | str = translate(rule, ndim, specs)
     except Untranslatable as exc:
         got = str(exc)
-    if key is not None and len(_TRANSLATIONS) < 256:
+    if key is not None:
+        if len(_TRANSLATIONS) >= 256:
+            _TRANSLATIONS.clear()
         _TRANSLATIONS[key] = got
     return got
+
+
+def _same_spec(specs: Any, f: FieldSpec) -> bool:
+    try:
+        return bool(specs(f.side, f.name) == f)
+    except Untranslatable:
+        return False
 
 
 def radius_reduce(box: Box, tgt: Any, src: Any, n_t: int, same: bool, radius: float, tr: Translation,
