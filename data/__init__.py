@@ -9,6 +9,10 @@ one index case; boys confined to bed on days 1-14), the sources in the file's he
     from agentsim.data import path
 
     in_bed = read_series(path("boarding_school_flu.csv"), "in_bed")
+
+``us_age_pyramid.csv`` and ``us_household_size.csv``: approximate US shares of the population by
+5-year age band and of households by size (sources in each file's header), the default tables of
+:mod:`agentsim.population`.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ The layers, bottom to top (a module may import its own package and any layer bel
     _native               C kernels and their build; nothing else from agentsim
     core                  params, state, substep, context, random, ops, metrics, env, model, comm protocol
     space                 grid, continuous box, graph, neighbor interactions
+    population            synthetic populations: people in households, schools, workplaces
     grad                  differentiable collectives, relaxed draws, rollout gradients
     io                    HDF5, recording, checkpoints, config files, locks
     distributed           partitioners, torch.distributed comm, process groups
@@ -37,6 +38,7 @@ LAYERS: list[set[str]] = [
     {"agentsim._native"},
     {"agentsim.core"},
     {"agentsim.space"},
+    {"agentsim.population"},
     {"agentsim.grad"},
     {"agentsim.io"},
     {"agentsim.distributed"},

@@ -28,6 +28,7 @@ PUBLIC_MODULES: dict[str, str] = {
     "agentsim.core.ops": "vectorized reductions with exact, order-free sums",
     "agentsim.core.portable": "sqrt, sin and cos with the same bits on the CPU and on a GPU",
     "agentsim.space.fused": "the fused GPU neighbor kernels: which path a call takes",
+    "agentsim.population": "synthetic populations: households, schools, workplaces, localities",
     "agentsim.core.metrics": "metric declarations and exact metric sums",
     "agentsim.grad.relax": "relaxed discrete draws for gradients",
     "agentsim.learn": "training agent policies with PPO",

@@ -1,0 +1,142 @@
+"""Synthetic populations (agentsim.population): the same people however they are built, the
+tables' distributions, places where they belong, the locality partition and its edge cut."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import agentsim.population.synthetic as synthetic
+from agentsim import ConfigError
+from agentsim.population import (
+    AgePyramid,
+    HouseholdSizes,
+    PopulationTables,
+    edge_cut,
+    partition_localities,
+    synthesize,
+)
+
+N, SEED, PER = 120_000, 5, 4000
+
+
+@pytest.fixture(scope="module")
+def pop():
+    return synthesize(N, seed=SEED, people_per_locality=PER)
+
+
+def _same(a, b) -> None:
+    for f in synthetic._COLUMNS:
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_built_by_localities_equals_built_whole(pop, world_size):
+    owner = partition_localities(pop.localities, world_size)
+    parts = [synthesize(N, seed=SEED, people_per_locality=PER, localities=torch.nonzero(owner == r).flatten())
+             for r in range(world_size)]
+    order = torch.argsort(torch.cat([p.uid for p in parts]))
+    for f in synthetic._COLUMNS:
+        assert torch.equal(torch.cat([getattr(p, f) for p in parts])[order], getattr(pop, f)), f
+    assert sum(len(p) for p in parts) == N
+
+
+def test_batches_give_the_same_people(pop, monkeypatch):
+    monkeypatch.setattr(synthetic, "_BATCH_PEOPLE", 15_000)
+    _same(synthesize(N, seed=SEED, people_per_locality=PER), pop)
+
+
+def test_seeds(pop):
+    _same(synthesize(N, seed=SEED, people_per_locality=PER), pop)
+    other = synthesize(N, seed=SEED + 1, people_per_locality=PER)
+    assert not torch.equal(other.age, pop.age)
+
+
+def test_people_and_households(pop):
+    assert torch.equal(pop.uid, torch.arange(N))
+    loc = pop.localities
+    assert int(loc.population.sum()) == N and int(loc.population.min()) > 0
+    assert torch.equal(torch.bincount(pop.locality.long(), minlength=loc.n_localities), loc.population)
+    # a household's id is its first member's uid; members are consecutive uids in one locality
+    heads, sizes = torch.unique(pop.household, return_counts=True)
+    assert torch.equal(pop.age[heads] >= 18, torch.ones_like(heads, dtype=torch.bool))
+    assert bool((pop.locality[heads] == pop.locality[heads + sizes - 1]).all())
+    table = HouseholdSizes.default()
+    share = torch.bincount(sizes.clamp(max=table.size[-1]), minlength=table.size[-1] + 1)[1:].double() / len(sizes)
+    want = torch.tensor(table.weight, dtype=torch.float64) / sum(table.weight)
+    assert (share - want).abs().max() < 0.01  # cut households (one per locality) aside
+
+
+def test_ages(pop):
+    ages = AgePyramid.default()
+    assert int(pop.age.min()) >= 0 and int(pop.age.max()) <= ages.age_to[-1]
+    children = float((pop.age < 18).double().mean())
+    assert 0.15 < children < 0.35
+
+
+def test_schools_workplaces_and_community(pop):
+    t = PopulationTables()
+    pupil = pop.school >= 0
+    in_band = torch.zeros_like(pupil)
+    for a, b in t.school_bands:
+        in_band |= (pop.age >= a) & (pop.age <= b)
+    assert torch.equal(pupil, in_band)
+    assert torch.equal(pop.school[pupil] >> 32, pop.locality[pupil].long())  # schools of the home locality
+    worker = pop.work >= 0
+    assert bool(((pop.age[worker] >= t.adult_age) & (pop.age[worker] < t.retirement_age)).all())
+    working_age = (pop.age >= t.adult_age) & (pop.age < t.retirement_age)
+    rate = float(worker.sum()) / float(working_age.sum())
+    assert abs(rate - t.employment_rate) < 0.01
+    away = float(((pop.work[worker] >> 32) != pop.locality[worker].long()).double().mean())
+    assert abs(away - t.commute) < 0.01
+    _, size = torch.unique(pop.work[worker], return_counts=True)
+    assert int(size.max()) <= t.workplace_max and int(size.max()) > 100  # heavy tailed
+    assert float(size.double().median()) <= 3
+    assert torch.equal(pop.community >> 32, pop.locality.long())
+    assert pop.nbytes() / N == 46
+
+
+def test_partition_balances_people_and_cuts_only_commuting(pop):
+    big = synthesize(400_000, seed=1, people_per_locality=400)  # 1024 localities
+    for world in (2, 4, 8):
+        owner = partition_localities(big.localities, world)
+        people = torch.bincount(owner.index_select(0, big.locality.long()), minlength=world)
+        assert int(people.min()) > 0 and float(people.max()) / float(people.float().mean()) < 1.05
+        cut = edge_cut(big, owner)
+        assert cut["household"] == cut["school"] == cut["community"] == 0.0
+        assert 0 < cut["work"] < 0.5 and cut["all"] < 0.1
+    assert torch.equal(partition_localities(big.localities, 1), torch.zeros(big.localities.n_localities,
+                                                                            dtype=torch.int64))
+
+
+def test_tables_from_csv_and_their_errors(tmp_path):
+    ages = tmp_path / "ages.csv"
+    ages.write_text("# mine\nage_from,age_to,percent\n0,17,30\n18,64,55\n65,90,15\n")
+    households = tmp_path / "hh.csv"
+    households.write_text("size,percent\n1,50\n2,50\n")
+    tables = PopulationTables(ages=AgePyramid.from_csv(ages), households=HouseholdSizes.from_csv(households))
+    small = synthesize(5000, seed=1, tables=tables, people_per_locality=1000)
+    assert int(torch.unique(small.household, return_counts=True)[1].max()) <= 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text("age,percent\n0,1\n")
+    with pytest.raises(ConfigError, match="expected the columns age_from, age_to, percent"):
+        AgePyramid.from_csv(bad)
+    bad.write_text("age_from,age_to,percent\n0,10,x\n")
+    with pytest.raises(ConfigError, match="line 2: expected 3 numbers"):
+        AgePyramid.from_csv(bad)
+    bad.write_text("age_from,age_to,percent\n0,10,5\n12,20,5\n")
+    with pytest.raises(ConfigError, match="contiguous bands"):
+        AgePyramid.from_csv(bad)
+    with pytest.raises(ConfigError, match="increasing sizes"):
+        HouseholdSizes((2, 1), (1.0, 1.0))
+    with pytest.raises(ConfigError, match="commute: expected in"):
+        PopulationTables(commute=1.5)
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="n >= 1"):
+        synthesize(0)
+    with pytest.raises(ConfigError, match="locality ids are 0 .. 3"):
+        synthesize(1000, people_per_locality=300, localities=torch.tensor([7]))
+    with pytest.raises(ConfigError, match="world_size >= 1"):
+        partition_localities(synthesize(100).localities, 0)
