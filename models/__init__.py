@@ -1,4 +1,4 @@
-"""The reference models (sir, boids, schelling, wolfsheep, randomwalk, flu, spillover, circles, sugarscape).
+"""The reference models (sir, boids, schelling, wolfsheep, randomwalk, flu, spillover, circles, sugarscape, covid).
 
 They live in the top-level ``models/`` folder of the repository and install as
 ``agentsim.models`` (see ``[tool.setuptools.package-dir]`` in ``pyproject.toml``), so

@@ -17,7 +17,7 @@ from agentsim.core.catalog import BUILTIN
 
 PATH = Path(__file__).parent / "baselines" / "models.json"
 CONFIG = {"agents": 600, "steps": 12, "seed": 7}
-AGENTS = {"wolfsheep": 300}
+AGENTS = {"wolfsheep": 300, "covid": 5000}
 
 
 def compute() -> dict[str, dict[str, list]]:

@@ -10,7 +10,7 @@ of it (and the same working directory).
 
 Examples:
     >>> sorted(BUILTIN)
-    ['boids', 'circles', 'flu', 'randomwalk', 'schelling', 'sir', 'spillover', 'sugarscape', 'wolfsheep']
+    ['boids', 'circles', 'covid', 'flu', 'randomwalk', 'schelling', 'sir', 'spillover', 'sugarscape', 'wolfsheep']
     >>> get_model("sir").name
     'sir'
 """
@@ -38,6 +38,7 @@ BUILTIN: dict[str, str] = {
     "flu": "agentsim.models.flu:MODEL",
     "circles": "agentsim.models.circles:MODEL",
     "sugarscape": "agentsim.models.sugarscape:MODEL",
+    "covid": "agentsim.models.covid:MODEL",
 }
 
 # Modules this process loaded from a file (module name -> absolute path): a reference to a model

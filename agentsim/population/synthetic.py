@@ -111,7 +111,8 @@ class SyntheticPopulation:
         """A layer's column (``[n]`` int64 place id, -1 where the person has none)."""
         if name not in LAYERS:
             raise ConfigError(f"unknown layer {name!r} (valid: {', '.join(LAYERS)})")
-        return getattr(self, name)
+        column: Tensor = getattr(self, name)
+        return column
 
     def nbytes(self) -> int:
         """Bytes of the person columns (without the locality table)."""
@@ -168,7 +169,8 @@ def locality_grid(n: int, seed: int = 0, people_per_locality: int = 10_000, spre
 def _ring(loc: Localities, selected: Tensor) -> Tensor:
     """``selected`` (sorted locality ids) and their neighbors, sorted."""
     near = loc.neighbors.index_select(0, selected).reshape(-1)
-    return torch.unique(torch.cat([selected, near[near >= 0]]))
+    ring: Tensor = torch.unique(torch.cat([selected, near[near >= 0]]))
+    return ring
 
 
 def _inverse_cdf(weights: tuple[float, ...] | Tensor, u: Tensor) -> Tensor:

@@ -1,0 +1,233 @@
+"""A Covasim-class COVID-19 model on a synthetic population: SEIR with age-dependent
+susceptibility and severity, asymptomatic and symptomatic branches, transmission within
+households, schools, workplaces and community venues, and interventions that switch on by day.
+
+People come from :func:`agentsim.population.synthesize` (ages, households, schools, workplaces,
+community venues on a grid of localities). Contacts are memberships in places: each day, with
+``c_l(p)`` the infectious members of place ``p`` of layer ``l`` (symptomatic ones count 1,
+asymptomatic ones ``asymptomatic_factor``, isolated ones ``isolation_factor`` of that outside
+their household) and ``m_l(p)`` its members, a susceptible person of age ``a`` is exposed with
+probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
+
+- ``f_household = beta_household * c`` (per infectious housemate),
+- ``f_l = beta_l * c / max(m - 1, 1)`` for school, work and community (frequency dependent:
+  ``beta_l`` is the daily rate of a person whose every place-mate is infectious),
+- ``v = 1 - vaccine_efficacy`` for the vaccinated, 1 otherwise.
+
+The course of an infection, one draw a day per state (mean durations, geometric):
+
+- exposed (E) becomes infectious after ``latent_days`` on average: symptomatic (I) with
+  probability ``symp(a)``, else asymptomatic (A);
+- A recovers (R) after ``infectious_days``; I leaves after ``infectious_days``: severe (H, in
+  hospital: infects nobody) with probability ``severe(a) / symp(a)``, else R;
+- H leaves after ``severe_days``: dead (D) with probability ``death(a) / severe(a)``, else R.
+
+Age tables (per decade of age, the last 90+) are Covasim's default prognoses (Kerr et al. 2021,
+PLoS Comput Biol; after Verity et al. 2020 and Ferguson et al. 2020), as absolute probabilities
+per infection; the betas are Covasim's per-contact beta 0.016 times its layer weights (household
+3, school 0.6, work 0.6, community 0.3) and contacts per day (school 20, work 16, community 20).
+
+Interventions (days counted from 0, the first step; the metrics' row ``d + 1`` is the state after
+day ``d``; -1: never): schools closed from ``school_close_day`` to
+``school_open_day``; work transmission times ``work_from_home`` from ``work_from_home_day``;
+from ``test_day`` a symptomatic person is tested each day with probability ``test_rate`` and
+isolates until no longer infectious; from ``vaccine_day`` each susceptible person aged
+``vaccine_min_age`` or more is vaccinated each day with probability ``vaccine_rate``.
+
+Counts per place are integer ``bincount`` s and every draw is keyed by uid: the same days on any
+number of processes. ``exp`` is :func:`agentsim.core.portable.exp`: the same bits on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentsim import ConfigError, Context, InitContext, MetricsContext, Model, Param
+from agentsim.core import portable
+from agentsim.population import LAYERS, synthesize
+
+S, E, A, I, H, R, D = range(7)  # noqa: E741  the compartments
+STATES = ("S", "E", "A", "I", "H", "R", "D")
+
+# Per decade of age (0-9, ..., 80-89, 90+): Covasim's default prognoses, per infection.
+SUSCEPTIBILITY = (0.34, 0.67, 1.00, 1.00, 1.00, 1.00, 1.24, 1.47, 1.47, 1.47)
+SYMPTOMATIC = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.90)
+SEVERE = (0.00050, 0.00165, 0.00720, 0.02080, 0.03430, 0.07650, 0.13280, 0.20655, 0.24570, 0.24570)
+DEATH = (0.00002, 0.00002, 0.00010, 0.00032, 0.00098, 0.00265, 0.00766, 0.02439, 0.08292, 0.16190)
+
+model = Model(
+    "covid",
+    params={
+        "beta_household": Param(0.048, "daily infection rate per infectious housemate", ge=0),
+        "beta_school": Param(0.192, "daily rate when every school-mate is infectious", ge=0),
+        "beta_work": Param(0.154, "daily rate when every co-worker is infectious", ge=0),
+        "beta_community": Param(0.096, "daily rate when every venue-mate is infectious", ge=0),
+        "asymptomatic_factor": Param(1.0, "infectiousness of an asymptomatic case (symptomatic: 1)", ge=0),
+        "latent_days": Param(4.5, "mean days from exposure to infectiousness", ge=1),
+        "infectious_days": Param(8.0, "mean days infectious (A and I)", ge=1),
+        "severe_days": Param(14.0, "mean days severe (H)", ge=1),
+        "initial_prevalence": Param(0.001, "share of people exposed at day 0", ge=0, le=1),
+        "people_per_locality": Param(10_000, "mean people per locality of the synthetic population", ge=1),
+        "locality_spread": Param(0.8, "spread of the localities' densities (log scale)", ge=0),
+        "school_close_day": Param(-1, "first day schools are closed (-1: never)", ge=-1),
+        "school_open_day": Param(-1, "first day schools are open again (-1: never)", ge=-1),
+        "work_from_home_day": Param(-1, "first day of working from home (-1: never)", ge=-1),
+        "work_from_home": Param(0.5, "work transmission kept while working from home", ge=0, le=1),
+        "test_day": Param(-1, "first day symptomatic people are tested (-1: never)", ge=-1),
+        "test_rate": Param(0.2, "daily probability a symptomatic person is tested", ge=0, le=1),
+        "isolation_factor": Param(0.1, "transmission kept outside the household by an isolated case", ge=0, le=1),
+        "vaccine_day": Param(-1, "first day of vaccination (-1: never)", ge=-1),
+        "vaccine_rate": Param(0.01, "daily probability an eligible susceptible person is vaccinated", ge=0, le=1),
+        "vaccine_min_age": Param(60, "youngest age vaccinated (years)", ge=0),
+        "vaccine_efficacy": Param(0.9, "protection of the vaccinated against infection", ge=0, le=1),
+    },
+    description="COVID-19 on a synthetic population: age-dependent SEIR in households, schools, workplaces, "
+                "communities, with interventions",
+    default_agents=100_000,
+)
+
+
+def decade(age: torch.Tensor) -> torch.Tensor:
+    """Index into the per-decade tables: ``min(age // 10, 9)``, int64."""
+    return torch.clamp(torch.div(age.to(torch.int64), 10, rounding_mode="floor"), max=9)
+
+
+def per_age(table: tuple[float, ...], age: torch.Tensor) -> torch.Tensor:
+    """``table[decade(age)]`` as float64, one per person."""
+    return torch.tensor(table, dtype=torch.float64, device=age.device).index_select(0, decade(age))
+
+
+def active(day: int, start: int, stop: int = -1) -> bool:
+    """Whether an intervention starting on ``start`` (-1: never) and ending on ``stop`` (-1: never) is on."""
+    return start >= 0 and day >= start and (stop < 0 or day < stop)
+
+
+@model.substep(reads=["person.state", "person.age", "person.isolated"], writes=["person.state", "person.isolated"])
+def progress(ctx: Context) -> None:
+    """E -> A or I, A -> R, I -> H or R, H -> D or R: one draw of leaving and one of the branch."""
+    p, people = ctx.params, ctx["person"]
+    state, age = people["state"], people["age"]
+    u = ctx.rng.uniform(people["uid"], draws=2, dtype=torch.float64)
+    leave, branch = u[:, 0], u[:, 1]
+    symp, severe, death = per_age(SYMPTOMATIC, age), per_age(SEVERE, age), per_age(DEATH, age)
+    out_e = (state == E) & (leave < 1.0 / p["latent_days"])
+    out_a = (state == A) & (leave < 1.0 / p["infectious_days"])
+    out_i = (state == I) & (leave < 1.0 / p["infectious_days"])
+    out_h = (state == H) & (leave < 1.0 / p["severe_days"])
+    new = state.clone()
+    new[out_e] = torch.where(branch[out_e] < symp[out_e], I, A).to(state.dtype)
+    new[out_a] = R
+    new[out_i] = torch.where(branch[out_i] < (severe / symp)[out_i], H, R).to(state.dtype)
+    new[out_h] = torch.where(branch[out_h] < (death / severe)[out_h], D, R).to(state.dtype)
+    people["state"] = new
+    people["isolated"] = people["isolated"] & ((new == A) | (new == I))  # isolation ends with infectiousness
+
+
+@model.substep(reads=["person.state", "person.age", "person.vaccinated", *(f"person.{layer}" for layer in LAYERS)],
+               writes=["person.state"], neighbors={"person": ["state", "isolated", *LAYERS]}, reach="global")
+def transmit(ctx: Context) -> None:
+    """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
+    p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
+    everyone = ctx.neighbors("person")
+    state, isolated = everyone["state"], everyone["isolated"]
+    # 4 kinds of infectious member: symptomatic / asymptomatic, isolated or not (-1: not infectious)
+    kind = torch.where(state == I, 0, torch.where(state == A, 1, -1)) + 2 * isolated.to(torch.int64)
+    kind = torch.where((state == I) | (state == A), kind, -1)
+    betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
+             "community": p["beta_community"]}
+    if active(day, p["school_close_day"], p["school_open_day"]):
+        betas["school"] = 0.0
+    if active(day, p["work_from_home_day"]):
+        betas["work"] *= p["work_from_home"]
+    hazard = torch.zeros(people["state"].shape[0], dtype=torch.float64, device=state.device)
+    for layer in LAYERS:
+        place = everyone[layer]
+        if betas[layer] == 0.0 or place.numel() == 0:
+            continue
+        n_places = int(place.max()) + 1
+        member = torch.nonzero(place >= 0).flatten()
+        size = torch.bincount(place.index_select(0, member), minlength=n_places)
+        counted = torch.nonzero(kind >= 0).flatten()
+        key = place.index_select(0, counted) * 4 + kind.index_select(0, counted)
+        keep = torch.nonzero(place.index_select(0, counted) >= 0).flatten()
+        c = torch.bincount(key.index_select(0, keep), minlength=4 * n_places).view(n_places, 4).to(torch.float64)
+        iso = 1.0 if layer == "household" else p["isolation_factor"]
+        infectious = c[:, 0] + p["asymptomatic_factor"] * c[:, 1] + iso * (c[:, 2] + p["asymptomatic_factor"] * c[:, 3])
+        force = betas[layer] * infectious
+        if layer != "household":
+            force = force / torch.clamp(size - 1, min=1).to(torch.float64)
+        mine = people[layer]
+        hazard += torch.where(mine >= 0, force.index_select(0, mine.clamp(min=0)), 0.0)
+    age, me = people["age"], people["state"]
+    protection = torch.where(people["vaccinated"], 1.0 - p["vaccine_efficacy"], 1.0)
+    hazard = hazard * per_age(SUSCEPTIBILITY, age) * protection
+    infected = (me == S) & (ctx.rng.uniform(people["uid"], dtype=torch.float64) < 1.0 - portable.exp(-hazard))
+    people["state"] = torch.where(infected, torch.full_like(me, E), me)
+
+
+@model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated"],
+               writes=["person.isolated", "person.vaccinated"])
+def interventions(ctx: Context) -> None:
+    """Testing and isolation of symptomatic people; vaccination by age."""
+    p, day, people = ctx.params, ctx.step - 1, ctx["person"]
+    state, uid = people["state"], people["uid"]
+    u = ctx.rng.uniform(uid, draws=2, dtype=torch.float64)
+    if active(day, p["test_day"]):
+        people["isolated"] = people["isolated"] | ((state == I) & (u[:, 0] < p["test_rate"]))
+    if active(day, p["vaccine_day"]):
+        eligible = (state == S) & ~people["vaccinated"] & (people["age"] >= p["vaccine_min_age"])
+        people["vaccinated"] = people["vaccinated"] | (eligible & (u[:, 1] < p["vaccine_rate"]))
+
+
+@model.init
+def init(ic: InitContext) -> None:
+    """The synthetic population (its place ids made dense per layer), ``initial_prevalence`` exposed."""
+    p, n = ic.params, ic.n_agents
+    if p["school_open_day"] >= 0 and p["school_open_day"] < p["school_close_day"]:
+        raise ConfigError(f"covid: school_open_day ({p['school_open_day']}) is before school_close_day "
+                          f"({p['school_close_day']})")
+    pop = synthesize(n, seed=ic.seed, people_per_locality=int(p["people_per_locality"]),
+                     spread=float(p["locality_spread"]))
+    uid = ic.uids("person", n)
+    places = {}
+    for layer in LAYERS:  # dense place numbers 0 .. (places - 1), -1 for none
+        column = pop.layer(layer)
+        has = column >= 0
+        dense = torch.full((n,), -1, dtype=torch.int64)
+        dense[has] = torch.unique(column[has], return_inverse=True)[1]
+        places[layer] = dense.to(ic.device)
+    exposed = ic.rng.uniform(uid.cpu(), "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
+    state = torch.where(exposed, E, S).to(torch.int8)
+    ic.add("person", uid=uid, age=pop.age.to(ic.device), locality=pop.locality.to(ic.device),
+           state=state.to(ic.device), isolated=torch.zeros(n, dtype=torch.bool, device=ic.device),
+           vaccinated=torch.zeros(n, dtype=torch.bool, device=ic.device), **places)
+
+
+def _compartment(code: int, label: str, color: str) -> None:
+    """Declare the metric counting the people in compartment ``code``."""
+    @model.metric(name=STATES[code], label=label, color=color, panel="compartments", share_of=list(STATES),
+                  unit="fraction of the population")
+    def count(state: MetricsContext) -> torch.Tensor:
+        return state["person"]["state"] == code
+    count.__doc__ = f"People {label}."
+
+
+for _code, _label, _color in [(S, "susceptible", "tab:blue"), (E, "exposed", "tab:orange"),
+                              (A, "asymptomatic", "tab:olive"), (I, "symptomatic", "tab:red"),
+                              (H, "severe", "tab:purple"), (R, "recovered", "tab:green"), (D, "dead", "black")]:
+    _compartment(_code, _label, _color)
+
+
+@model.metric(label="isolated", color="tab:gray", panel="interventions")
+def isolated(state: MetricsContext) -> torch.Tensor:
+    """People isolating after a positive test."""
+    return state["person"]["isolated"]
+
+
+@model.metric(label="vaccinated", color="tab:cyan", panel="interventions")
+def vaccinated(state: MetricsContext) -> torch.Tensor:
+    """People vaccinated."""
+    return state["person"]["vaccinated"]
+
+
+MODEL = model

@@ -1,0 +1,73 @@
+"""The Covasim-class model (models/covid.py): its rules, its interventions, its invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentsim import ConfigError, Simulation, get_model
+from agentsim.runner.invariance import check_model
+
+AGENTS, DAYS = 8000, 60
+
+
+def run(**params):
+    return Simulation(get_model("covid"), agents=AGENTS, seed=2, params={"initial_prevalence": 0.005, **params})
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    sim = run()
+    return sim, sim.run(DAYS).metrics
+
+
+def final_size(metrics) -> int:
+    return AGENTS - int(metrics["S"][-1])
+
+
+def test_compartments_add_up_and_flow_one_way(baseline):
+    sim, m = baseline
+    total = sum(m[k] for k in ("S", "E", "A", "I", "H", "R", "D"))
+    assert np.all(total == AGENTS)
+    assert np.all(np.diff(m["S"]) <= 0) and np.all(np.diff(m["D"]) >= 0) and np.all(np.diff(m["R"]) >= 0)
+    assert final_size(m) > 0.2 * AGENTS  # an epidemic with Covasim's default transmission
+    people = sim.state["person"]
+    dead = people["state"] == 6
+    assert int(dead.sum()) == int(m["D"][-1])
+    assert float(people["age"][dead].float().mean()) > float(people["age"].float().mean())  # severity rises with age
+
+
+@pytest.mark.parametrize("params", [
+    {"school_close_day": 0},
+    {"work_from_home_day": 0, "work_from_home": 0.2},
+    {"test_day": 0, "test_rate": 0.5, "isolation_factor": 0.0},
+    {"vaccine_day": 0, "vaccine_rate": 0.2, "vaccine_min_age": 0, "vaccine_efficacy": 0.9},
+])
+def test_each_intervention_lowers_the_final_size(baseline, params):
+    assert final_size(run(**params).run(DAYS).metrics) < final_size(baseline[1])
+
+
+def test_no_transmission_without_betas():
+    m = run(beta_household=0.0, beta_school=0.0, beta_work=0.0, beta_community=0.0).run(30).metrics
+    assert int(m["S"][-1]) == int(m["S"][0])
+
+
+def test_interventions_switch_on_and_off_by_day():
+    sim = run(test_day=10, test_rate=1.0, vaccine_day=5, vaccine_rate=0.5, vaccine_min_age=60)
+    m = sim.run(20).metrics
+    assert int(m["isolated"][:11].sum()) == 0 and int(m["isolated"][11:].max()) > 0  # row d + 1: after day d
+    assert int(m["vaccinated"][5]) == 0 and int(m["vaccinated"][6]) > 0
+    people = sim.state["person"]
+    assert int(people["age"][people["vaccinated"]].min()) >= 60
+
+
+def test_bad_intervention_days_are_refused():
+    with pytest.raises(ConfigError, match="school_open_day .* is before school_close_day"):
+        run(school_close_day=20, school_open_day=10)
+
+
+@pytest.mark.timeout(300)
+def test_same_days_on_one_to_four_processes():
+    report = check_model("covid", agents=600, steps=8, world_sizes=(1, 2, 4),
+                         params={"initial_prevalence": 0.05, "test_day": 2, "vaccine_day": 1})
+    assert report.identical, report.summary()
