@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from agentsim import ConfigError, Context, InitContext, MetricsContext, Model, Param
-from agentsim.core import portable
+from agentsim.core import ops, portable
 from agentsim.population import LAYERS, synthesize
 
 S, E, A, I, H, R, D = range(7)  # noqa: E741  the compartments
@@ -106,63 +106,67 @@ def active(day: int, start: int, stop: int = -1) -> bool:
 def progress(ctx: Context) -> None:
     """E -> A or I, A -> R, I -> H or R, H -> D or R: one draw of leaving and one of the branch."""
     p, people = ctx.params, ctx["person"]
-    state, age = people["state"], people["age"]
-    u = ctx.rng.uniform(people["uid"], draws=2, dtype=torch.float64)
+    state = people["state"]
+    sick = ops.flatnonzero((state >= E) & (state <= H))  # draws keyed by uid: drawing for these alone is the same
+    now, age = state.index_select(0, sick), people["age"].index_select(0, sick)
+    u = ctx.rng.uniform(people["uid"].index_select(0, sick), draws=2, dtype=torch.float64)
     leave, branch = u[:, 0], u[:, 1]
     symp, severe, death = per_age(SYMPTOMATIC, age), per_age(SEVERE, age), per_age(DEATH, age)
-    out_e = (state == E) & (leave < 1.0 / p["latent_days"])
-    out_a = (state == A) & (leave < 1.0 / p["infectious_days"])
-    out_i = (state == I) & (leave < 1.0 / p["infectious_days"])
-    out_h = (state == H) & (leave < 1.0 / p["severe_days"])
-    new = state.clone()
-    new[out_e] = torch.where(branch[out_e] < symp[out_e], I, A).to(state.dtype)
-    new[out_a] = R
-    new[out_i] = torch.where(branch[out_i] < (severe / symp)[out_i], H, R).to(state.dtype)
-    new[out_h] = torch.where(branch[out_h] < (death / severe)[out_h], D, R).to(state.dtype)
-    people["state"] = new
-    people["isolated"] = people["isolated"] & ((new == A) | (new == I))  # isolation ends with infectiousness
+    mean_days = torch.where(now == E, p["latent_days"], torch.where(now == H, p["severe_days"], p["infectious_days"]))
+    leaves = leave < 1.0 / mean_days
+    after = torch.where(now == E, torch.where(branch < symp, I, A),
+                        torch.where(now == A, R,
+                                    torch.where(now == I, torch.where(branch < severe / symp, H, R),
+                                                torch.where(branch < death / severe, D, R))))
+    moved = ops.flatnonzero(leaves)
+    rows = sick.index_select(0, moved)
+    state.index_copy_(0, rows, after.index_select(0, moved).to(state.dtype))  # in place (declared writes)
+    isolated = people["isolated"]
+    isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (state.index_select(0, rows) <= I))  # ends with I
 
 
-@model.substep(reads=["person.state", "person.age", "person.vaccinated", *(f"person.{layer}" for layer in LAYERS)],
+@model.substep(reads=["person.state", "person.age", "person.vaccinated", *(f"person.{layer}" for layer in LAYERS),
+                      *(f"env.{layer}_size" for layer in LAYERS)],
                writes=["person.state"], neighbors={"person": ["state", "isolated", *LAYERS]}, reach="global")
 def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
     everyone = ctx.neighbors("person")
-    state, isolated = everyone["state"], everyone["isolated"]
-    # 4 kinds of infectious member: symptomatic / asymptomatic, isolated or not (-1: not infectious)
-    kind = torch.where(state == I, 0, torch.where(state == A, 1, -1)) + 2 * isolated.to(torch.int64)
-    kind = torch.where((state == I) | (state == A), kind, -1)
+    state = everyone["state"]
+    # the infectious, by kind: 0 symptomatic, 1 asymptomatic, + 2 when isolated
+    sick = ops.flatnonzero((state == I) | (state == A))
+    kind = (state.index_select(0, sick) == A).to(torch.int64) + 2 * everyone["isolated"].index_select(0, sick)
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
         betas["school"] = 0.0
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
-    hazard = torch.zeros(people["state"].shape[0], dtype=torch.float64, device=state.device)
+    me = people["state"]
+    susceptible = ops.flatnonzero(me == S)
+    hazard = torch.zeros(susceptible.shape[0], dtype=torch.float64, device=me.device)
     for layer in LAYERS:
-        place = everyone[layer]
-        if betas[layer] == 0.0 or place.numel() == 0:
+        size = ctx.env[f"{layer}_size"]  # [places] members of each place
+        if betas[layer] == 0.0 or sick.numel() == 0:
             continue
-        n_places = int(place.max()) + 1
-        member = torch.nonzero(place >= 0).flatten()
-        size = torch.bincount(place.index_select(0, member), minlength=n_places)
-        counted = torch.nonzero(kind >= 0).flatten()
-        key = place.index_select(0, counted) * 4 + kind.index_select(0, counted)
-        keep = torch.nonzero(place.index_select(0, counted) >= 0).flatten()
-        c = torch.bincount(key.index_select(0, keep), minlength=4 * n_places).view(n_places, 4).to(torch.float64)
+        at = everyone[layer].index_select(0, sick).to(torch.int64)
+        member = ops.flatnonzero(at >= 0)
+        c = torch.bincount(at.index_select(0, member) * 4 + kind.index_select(0, member), minlength=4 * size.shape[0])
+        c = c.view(-1, 4).to(torch.float64)
         iso = 1.0 if layer == "household" else p["isolation_factor"]
         infectious = c[:, 0] + p["asymptomatic_factor"] * c[:, 1] + iso * (c[:, 2] + p["asymptomatic_factor"] * c[:, 3])
         force = betas[layer] * infectious
         if layer != "household":
             force = force / torch.clamp(size - 1, min=1).to(torch.float64)
-        mine = people[layer]
+        mine = people[layer].index_select(0, susceptible).to(torch.int64)
         hazard += torch.where(mine >= 0, force.index_select(0, mine.clamp(min=0)), 0.0)
-    age, me = people["age"], people["state"]
-    protection = torch.where(people["vaccinated"], 1.0 - p["vaccine_efficacy"], 1.0)
-    hazard = hazard * per_age(SUSCEPTIBILITY, age) * protection
-    infected = (me == S) & (ctx.rng.uniform(people["uid"], dtype=torch.float64) < 1.0 - portable.exp(-hazard))
-    people["state"] = torch.where(infected, torch.full_like(me, E), me)
+    exposed = ops.flatnonzero(hazard > 0)
+    who = susceptible.index_select(0, exposed)
+    vaccinated = people["vaccinated"].index_select(0, who)
+    protection = torch.where(vaccinated, 1.0 - p["vaccine_efficacy"], 1.0)
+    h = hazard.index_select(0, exposed) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
+    u = ctx.rng.uniform(people["uid"].index_select(0, who), dtype=torch.float64)
+    me.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated"],
@@ -171,12 +175,14 @@ def interventions(ctx: Context) -> None:
     """Testing and isolation of symptomatic people; vaccination by age."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]
     state, uid = people["state"], people["uid"]
-    u = ctx.rng.uniform(uid, draws=2, dtype=torch.float64)
     if active(day, p["test_day"]):
-        people["isolated"] = people["isolated"] | ((state == I) & (u[:, 0] < p["test_rate"]))
+        ill = ops.flatnonzero((state == I) & ~people["isolated"])
+        tested = ctx.rng.uniform(uid.index_select(0, ill), "test", dtype=torch.float64) < p["test_rate"]
+        people["isolated"].index_fill_(0, ill.index_select(0, ops.flatnonzero(tested)), True)
     if active(day, p["vaccine_day"]):
-        eligible = (state == S) & ~people["vaccinated"] & (people["age"] >= p["vaccine_min_age"])
-        people["vaccinated"] = people["vaccinated"] | (eligible & (u[:, 1] < p["vaccine_rate"]))
+        eligible = ops.flatnonzero((state == S) & ~people["vaccinated"] & (people["age"] >= p["vaccine_min_age"]))
+        shot = ctx.rng.uniform(uid.index_select(0, eligible), "vaccine", dtype=torch.float64) < p["vaccine_rate"]
+        people["vaccinated"].index_fill_(0, eligible.index_select(0, ops.flatnonzero(shot)), True)
 
 
 @model.init
@@ -189,18 +195,21 @@ def init(ic: InitContext) -> None:
     pop = synthesize(n, seed=ic.seed, people_per_locality=int(p["people_per_locality"]),
                      spread=float(p["locality_spread"]))
     uid = ic.uids("person", n)
-    places = {}
-    for layer in LAYERS:  # dense place numbers 0 .. (places - 1), -1 for none
+    places, sizes = {}, {}
+    for layer in LAYERS:  # dense place numbers 0 .. (places - 1), -1 for none; members per place
         column = pop.layer(layer)
         has = column >= 0
-        dense = torch.full((n,), -1, dtype=torch.int64)
-        dense[has] = torch.unique(column[has], return_inverse=True)[1]
-        places[layer] = dense.to(ic.device)
+        dense = torch.full((n,), -1, dtype=torch.int32)
+        ids, number, members = torch.unique(column[has], return_inverse=True, return_counts=True)
+        dense[has] = number.to(torch.int32)
+        places[layer], sizes[f"{layer}_size"] = dense.to(ic.device), members.to(torch.int32).to(ic.device)
+        del ids
     exposed = ic.rng.uniform(uid.cpu(), "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
     state = torch.where(exposed, E, S).to(torch.int8)
     ic.add("person", uid=uid, age=pop.age.to(ic.device), locality=pop.locality.to(ic.device),
            state=state.to(ic.device), isolated=torch.zeros(n, dtype=torch.bool, device=ic.device),
            vaccinated=torch.zeros(n, dtype=torch.bool, device=ic.device), **places)
+    ic.add_env(**sizes)
 
 
 def _compartment(code: int, label: str, color: str) -> None:

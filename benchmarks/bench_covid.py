@@ -1,0 +1,127 @@
+"""agentsim's covid model beside Covasim's hybrid population: run time, memory, epidemic curves.
+
+Both start from Covasim's default disease parameters (agentsim's betas are Covasim's per-contact
+beta times its layer weights and contacts, see ``models/covid.py``), the same population size,
+days and share of people infected at day 0; each seed runs both, alternating (Covasim first),
+each in a fresh process with one thread. Reported per side: init seconds (population and
+contacts), seconds per simulated day (the run over days), peak resident memory of the process,
+and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic and
+symptomatic; Covasim's ``n_infectious``), deaths.
+
+Covasim runs from its own virtual environment (``benchmarks/peers/venvs/covasim``, Python 3.12,
+``pip install covasim==4.0.1``), not installed with agentsim.
+
+Usage::
+
+    python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --out benchmarks/results/covid-100k.json
+    python benchmarks/bench_covid.py --agents 1000000 --days 120 --seeds 3 --out benchmarks/results/covid-1m.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+COVASIM = HERE / "peers" / "venvs" / "covasim" / "bin" / "python"
+
+AGENTSIM = r"""
+import json, resource, sys, time, torch
+torch.set_num_threads(1)
+from agentsim import Simulation, get_model
+n, days, seed, prevalence = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+t0 = time.perf_counter()
+sim = Simulation(get_model("covid"), agents=n, seed=seed, params={"initial_prevalence": prevalence})
+t1 = time.perf_counter()
+m = sim.run(days).metrics
+t2 = time.perf_counter()
+infectious = (m["A"] + m["I"]).tolist()
+print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
+                  "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
+                  "deaths": int(m["D"][-1]), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+COVASIM_RUN = r"""
+import json, os, resource, sys, time
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+import covasim as cv
+n, days, seed, prevalence = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+cv.options.set(verbose=0, show=False)
+t0 = time.perf_counter()
+sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days, rand_seed=seed, pop_infected=max(1, round(prevalence * n)),
+             verbose=0)
+sim.initialize()
+t1 = time.perf_counter()
+sim.run()
+t2 = time.perf_counter()
+r = sim.results
+infectious = [float(x) for x in r["n_infectious"].values]
+print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
+                  "final_size": int(r["cum_infections"].values[-1]), "peak_infectious": max(infectious),
+                  "peak_day": infectious.index(max(infectious)), "deaths": int(r["cum_deaths"].values[-1]),
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "version": cv.__version__}))
+"""
+
+
+def _run(python: str, code: str, args: list[Any], env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run([python, "-W", "ignore", "-c", code, *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=3600)
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return dict(json.loads(line))
+    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--agents", type=int, default=100_000)
+    p.add_argument("--days", type=int, default=180)
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--prevalence", type=float, default=0.001, help="share infected at day 0")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    mine = {**os.environ, **single, "PYTHONPATH": str(ROOT)}
+    theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
+    if not COVASIM.exists():
+        raise SystemExit(f"bench_covid: Covasim is not installed at {COVASIM} (python3.12 -m venv "
+                         f"{COVASIM.parent.parent} && {COVASIM.parent}/pip install covasim==4.0.1)")
+    rounds = []
+    for seed in range(1, args.seeds + 1):
+        run_args = [args.agents, args.days, seed, args.prevalence]
+        covasim = _run(str(COVASIM), COVASIM_RUN, run_args, theirs)
+        agentsim = _run(sys.executable, AGENTSIM, run_args, mine)
+        rounds.append({"seed": seed, "covasim": covasim, "agentsim": agentsim})
+        print(json.dumps(rounds[-1]), flush=True)
+    summary: dict[str, Any] = {}
+    for side in ("covasim", "agentsim"):
+        ok = [r[side] for r in rounds if "error" not in r[side]]
+        summary[side] = {k: {"median": statistics.median(x[k] for x in ok), "min": min(x[k] for x in ok),
+                             "max": max(x[k] for x in ok)} for k in ("init_seconds", "seconds_per_day", "final_size",
+                                                                      "peak_infectious", "peak_day", "deaths",
+                                                                      "peak_rss_mib")} if ok else {}
+    ratios = [r["covasim"]["seconds_per_day"] / r["agentsim"]["seconds_per_day"] for r in rounds
+              if "error" not in r["covasim"] and "error" not in r["agentsim"]]
+    summary["speedup_per_day_median"] = statistics.median(ratios) if ratios else None
+    out = {"machine": platform.node(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=ROOT).stdout.strip(),
+           "agents": args.agents, "days": args.days, "prevalence": args.prevalence, "threads": 1,
+           "rounds": rounds, "summary": summary}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
