@@ -146,20 +146,18 @@ def transmit(ctx: Context) -> None:
     susceptible = ops.flatnonzero(me == S)
     hazard = torch.zeros(susceptible.shape[0], dtype=torch.float64, device=me.device)
     for layer in LAYERS:
-        size = ctx.env[f"{layer}_size"]  # [places] members of each place
+        size = ctx.env[f"{layer}_size"]  # [places + 1] members of each place; the last: "no place", size 0
         if betas[layer] == 0.0 or sick.numel() == 0:
             continue
         at = everyone[layer].index_select(0, sick).to(torch.int64)
-        member = ops.flatnonzero(at >= 0)
-        c = torch.bincount(at.index_select(0, member) * 4 + kind.index_select(0, member), minlength=4 * size.shape[0])
-        c = c.view(-1, 4).to(torch.float64)
+        c = torch.bincount(at * 4 + kind, minlength=4 * size.shape[0]).view(-1, 4).to(torch.float64)
         iso = 1.0 if layer == "household" else p["isolation_factor"]
         infectious = c[:, 0] + p["asymptomatic_factor"] * c[:, 1] + iso * (c[:, 2] + p["asymptomatic_factor"] * c[:, 3])
         force = betas[layer] * infectious
         if layer != "household":
             force = force / torch.clamp(size - 1, min=1).to(torch.float64)
-        mine = people[layer].index_select(0, susceptible).to(torch.int64)
-        hazard += torch.where(mine >= 0, force.index_select(0, mine.clamp(min=0)), 0.0)
+        force[-1] = 0.0  # nobody catches anything from "no place"
+        hazard += force.index_select(0, people[layer].index_select(0, susceptible))
     exposed = ops.flatnonzero(hazard > 0)
     who = susceptible.index_select(0, exposed)
     vaccinated = people["vaccinated"].index_select(0, who)
@@ -196,14 +194,14 @@ def init(ic: InitContext) -> None:
                      spread=float(p["locality_spread"]))
     uid = ic.uids("person", n)
     places, sizes = {}, {}
-    for layer in LAYERS:  # dense place numbers 0 .. (places - 1), -1 for none; members per place
+    for layer in LAYERS:  # dense place numbers 0 .. places - 1, and `places` for none; members per place
         column = pop.layer(layer)
         has = column >= 0
-        dense = torch.full((n,), -1, dtype=torch.int32)
         ids, number, members = torch.unique(column[has], return_inverse=True, return_counts=True)
+        dense = torch.full((n,), ids.shape[0], dtype=torch.int32)
         dense[has] = number.to(torch.int32)
-        places[layer], sizes[f"{layer}_size"] = dense.to(ic.device), members.to(torch.int32).to(ic.device)
-        del ids
+        places[layer] = dense.to(ic.device)
+        sizes[f"{layer}_size"] = torch.cat([members, members.new_zeros(1)]).to(torch.int32).to(ic.device)
     exposed = ic.rng.uniform(uid.cpu(), "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
     state = torch.where(exposed, E, S).to(torch.int8)
     ic.add("person", uid=uid, age=pop.age.to(ic.device), locality=pop.locality.to(ic.device),

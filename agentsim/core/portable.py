@@ -31,6 +31,8 @@ Examples:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -135,11 +137,12 @@ def exp(x: Tensor) -> Tensor:
     hi_part, lo_part = (_LN2_HI, _LN2_LO) if wide else (0.693145751953125, 1.428606765330187e-06)
     r = c - k * hi_part  # exact: k * hi_part has few significant bits
     r = r - k * lo_part
-    # Taylor series (Horner) to r**13 / 13! in float64, r**8 / 8! in float32 (|r| <= 0.35)
+    # Taylor series to r**13 / 13! in float64, r**8 / 8! in float32 (|r| <= 0.35), by Horner's rule
+    # with the coefficients 1 / j! (each a correctly rounded constant), in place
     top = 13 if wide else 8
-    p = r * (1.0 / top) + 1.0
-    for n in range(top - 1, 0, -1):
-        p = p * r * (1.0 / n) + 1.0
+    p = torch.full_like(r, 1.0 / math.factorial(top))
+    for j in range(top - 1, -1, -1):
+        p.mul_(r).add_(1.0 / math.factorial(j))
     bits, bias, mantissa = (torch.int64, 1023, 52) if wide else (torch.int32, 127, 23)
     scale = ((k.to(bits) + bias) << mantissa).view(x.dtype)  # 2**k, exactly
     out = p * scale
