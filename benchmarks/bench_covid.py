@@ -47,7 +47,8 @@ t2 = time.perf_counter()
 infectious = (m["A"] + m["I"]).tolist()
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
-                  "deaths": int(m["D"][-1]), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "deaths": int(m["D"][-1]),
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 COVASIM_RUN = r"""

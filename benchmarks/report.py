@@ -85,6 +85,8 @@ REQUIRED = {
     "stress_write_failures.json": ["counts", "rows"],
     "untrusted_files.json": ["trials", "outcomes", "by_corruption"],
     "gpu": ["device"],
+    "covid": ["agents", "days", "rounds", "summary"],
+    "covid-scale": ["rows"],
 }
 
 
@@ -682,6 +684,57 @@ def gpu_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                    (7.0, 1.0 + 0.4 * max(n_bars, 1)), "GPU milliseconds per step by model, size and neighbor path")
 
 
+def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_covid.py``: agentsim's covid model beside Covasim's hybrid population, seed by seed."""
+    lines = provenance(files)
+    keys = [("seconds_per_day", "s per day"), ("init_seconds", "init s"), ("peak_rss_mib", "peak RSS MiB"),
+            ("final_size", "ever infected"), ("peak_infectious", "peak infectious"), ("peak_day", "peak day"),
+            ("deaths", "deaths")]
+    for rel, d in files:
+        lines += [f"`{rel}`: {int(d['agents']):,} people, {d['days']} days, {len(d['rounds'])} seeds, one thread "
+                  f"each; medians (min - max). Covasim's `cum_infections` counts reinfections too.", ""]
+        rows = []
+        for side in ("covasim", "agentsim"):
+            got = d["summary"].get(side) or {}
+            rows.append([side, *(f"{num(got[k]['median'])} ({num(got[k]['min'])} - {num(got[k]['max'])})"
+                                 if k in got else NOT_RECORDED for k, _ in keys)])
+        lines += table(["", *(label for _, label in keys)], rows)
+        lines += [f"Covasim's seconds per day over agentsim's, median of the seeds: "
+                  f"{num(d['summary'].get('speedup_per_day_median'))}.", ""]
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for _rel, d in files:
+            for side in ("covasim", "agentsim"):
+                values = [r[side]["seconds_per_day"] * 1e3 for r in d["rounds"] if "error" not in r[side]]
+                bars.append((f"{side}, {int(d['agents']):,} people", values))
+        _bars(ax, bars, "ms per simulated day (dots: each seed)", log=True)
+    return Section("covid", "Covid on a synthetic population beside Covasim (`bench_covid.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 1.0 + 0.4 * 2 * len(files)),
+                   "milliseconds per simulated day, agentsim and Covasim")
+
+
+def covid_scale_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """The covid model and its synthetic population at 1M to 100M people on one process."""
+    lines = provenance(files)
+    for rel, d in files:
+        lines += [f"`{rel}`: {d.get('note', '')}", ""]
+        lines += table(["people", "init s", "s per day", "days", "torch threads", "peak RSS bytes per person"],
+                       [[f"{int(r['agents']):,}", num(r["init_seconds"]), num(r["seconds_per_day"]), r["days"],
+                         r.get("threads", NOT_RECORDED), num(r["peak_rss_bytes_per_agent"])] for r in d["rows"]])
+        for r in d.get("population_only", []):
+            lines += [f"{r['what']}, {int(r['agents']):,} people: {num(r['seconds'])} s, peak RSS "
+                      f"{num(r['peak_rss_bytes'] / 2**30)} GiB, {num(r['bytes_per_person_columns'])} bytes a person "
+                      "in its columns.", ""]
+
+    def plot(ax: Any) -> None:
+        bars = [(f"{int(r['agents']):,} people", [r["seconds_per_day"]]) for _, d in files for r in d["rows"]]
+        _bars(ax, bars, "seconds per simulated day", log=True)
+    n = sum(len(d["rows"]) for _, d in files)
+    return Section("covid-scale", "Covid at scale on one process", [rel for rel, _ in files], lines, plot,
+                   (7.0, 1.0 + 0.4 * n), "seconds per simulated day of the covid model by population size")
+
+
 def classify(rel: str, d: Any) -> str | None:
     """The suite a results file belongs to (by its name), or None."""
     name = Path(rel).name
@@ -701,6 +754,10 @@ def classify(rel: str, d: Any) -> str | None:
         return "neighbors"
     if name.startswith("gpu"):
         return "gpu"
+    if name.startswith("covid-scale"):
+        return "covid-scale"
+    if name.startswith("covid"):
+        return "covid"
     if name in STRESS:
         return name
     return None
@@ -736,8 +793,9 @@ def render(results: Path) -> Report:
         peers.setdefault(str(d["suite"]), []).append((rel, d))
     for suite in sorted(peers, key=lambda s: (PEER_ORDER.index(s) if s in PEER_ORDER else len(PEER_ORDER), s)):
         report.sections.append(peers_section(suite, peers[suite]))
-    for key, build in (("gpu", gpu_section), ("roofline", roofline_section), ("models", models_section),
-                       ("neighbors", neighbors_section),
+    for key, build in (("gpu", gpu_section), ("covid", covid_section),
+                       ("covid-scale", covid_scale_section), ("roofline", roofline_section),
+                       ("models", models_section), ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section)):
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
