@@ -173,6 +173,13 @@ def _ring(loc: Localities, selected: Tensor) -> Tensor:
     return ring
 
 
+def _member_of(localities: Tensor, chosen: Tensor, n_localities: int) -> Tensor:
+    """``[n]`` bool: whether each locality id (-1: none) is one of ``chosen`` (a lookup table, not a sort)."""
+    table = torch.zeros(n_localities + 1, dtype=torch.bool)
+    table[chosen] = True
+    return table.index_select(0, torch.where(localities < 0, n_localities, localities))
+
+
 def _inverse_cdf(weights: tuple[float, ...] | Tensor, u: Tensor) -> Tensor:
     """Index drawn from ``weights`` (normalized) by uniforms ``u`` ``[m]``: int64 ``[m]``."""
     w = torch.as_tensor(weights, dtype=torch.float64)
@@ -253,15 +260,15 @@ def _workplaces(loc: Localities, uid: Tensor, work_loc: Tensor, for_localities: 
     workers of other localities.
     """
     out = torch.full_like(uid, -1)
-    mine = torch.isin(work_loc, for_localities)
+    mine = _member_of(work_loc, for_localities, loc.n_localities)
     rows = torch.nonzero(mine).flatten()
     if rows.numel() == 0:
         return out
     w_uid, w_loc = uid.index_select(0, rows), work_loc.index_select(0, rows)
     # a random order of each locality's workers: by (locality, random key, uid)
+    # one sort of (locality in the high 31 bits, 32 random bits), ties in uid order (stable)
     key = rng.bits(w_uid, step=0, stream="work_order")
-    order = torch.argsort(key, stable=True)
-    order = order.index_select(0, torch.argsort(w_loc.index_select(0, order), stable=True))
+    order = torch.argsort((w_loc << 32) | ((key >> 32) & 0xFFFFFFFF), stable=True)
     w_loc_sorted = w_loc.index_select(0, order)
     locs, counts = torch.unique_consecutive(w_loc_sorted, return_counts=True)
     begin = torch.cumsum(counts, 0) - counts
@@ -346,7 +353,7 @@ def _synthesize_localities(loc: Localities, own: Tensor, tables: PopulationTable
     drawn = _people(loc, ring2, tables, rng)
     work_loc = _work_locality(loc, drawn, tables, rng)
     work = _workplaces(loc, drawn["uid"], work_loc, ring1, tables, rng)
-    keep = torch.nonzero(torch.isin(drawn["locality"], own)).flatten()
+    keep = torch.nonzero(_member_of(drawn["locality"], own, loc.n_localities)).flatten()
     people = {k: v.index_select(0, keep) for k, v in drawn.items()}
     work = work.index_select(0, keep)
     uid, age, home = people["uid"], people["age"], people["locality"]
