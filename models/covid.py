@@ -125,8 +125,15 @@ def progress(ctx: Context) -> None:
     isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (state.index_select(0, rows) <= I))  # ends with I
 
 
+# In a layer where the places holding an infectious person have few members (households, and
+# most layers at the start and the end of an epidemic), those members are found through the
+# membership lists (env.<layer>_members, place by place) instead of reading every susceptible
+# person's place: the same hazards, added in the same layer order.
+SPARSE_SHARE = 0.125  # a layer uses its lists while the members reached are below this share of the people
+
+
 @model.substep(reads=["person.state", "person.age", "person.vaccinated", *(f"person.{layer}" for layer in LAYERS),
-                      *(f"env.{layer}_size" for layer in LAYERS)],
+                      *(f"env.{layer}_{what}" for layer in LAYERS for what in ("size", "start", "members"))],
                writes=["person.state"], neighbors={"person": ["state", "isolated", *LAYERS]}, reach="global")
 def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
@@ -142,27 +149,52 @@ def transmit(ctx: Context) -> None:
         betas["school"] = 0.0
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
-    me = people["state"]
-    susceptible = ops.flatnonzero(me == S)
-    hazard = torch.zeros(susceptible.shape[0], dtype=torch.float64, device=me.device)
+    # per layer: the places with an infectious member and the force of infection in each
+    forces = {}
     for layer in LAYERS:
-        size = ctx.env[f"{layer}_size"]  # [places + 1] members of each place; the last: "no place", size 0
         if betas[layer] == 0.0 or sick.numel() == 0:
             continue
+        size = ctx.env[f"{layer}_size"]  # [places + 1] members of each place; the last: "no place", size 0
         at = everyone[layer].index_select(0, sick).to(torch.int64)
-        c = torch.bincount(at * 4 + kind, minlength=4 * size.shape[0]).view(-1, 4).to(torch.float64)
+        places, which = torch.unique(at, return_inverse=True)
+        c = torch.bincount(which * 4 + kind, minlength=4 * places.shape[0]).view(-1, 4).to(torch.float64)
         iso = 1.0 if layer == "household" else p["isolation_factor"]
         infectious = c[:, 0] + p["asymptomatic_factor"] * c[:, 1] + iso * (c[:, 2] + p["asymptomatic_factor"] * c[:, 3])
         force = betas[layer] * infectious
+        members = size.index_select(0, places)
         if layer != "household":
-            force = force / torch.clamp(size - 1, min=1).to(torch.float64)
-        force[-1] = 0.0  # nobody catches anything from "no place"
-        hazard += force.index_select(0, people[layer].index_select(0, susceptible))
-    exposed = ops.flatnonzero(hazard > 0)
-    who = susceptible.index_select(0, exposed)
+            force = force / torch.clamp(members - 1, min=1).to(torch.float64)
+        real = places < size.shape[0] - 1  # nobody catches anything from "no place"
+        forces[layer] = (places[real], force[real], members[real])
+    me = people["state"]
+    hazard = torch.zeros(me.shape[0], dtype=torch.float64, device=me.device)
+    susceptible: torch.Tensor | None = None
+    row_of: torch.Tensor | None = None
+    for layer, (places, force, members) in forces.items():  # in layer order: each person's sum in that order
+        if int(members.sum()) < SPARSE_SHARE * me.shape[0]:  # the members of the places reached, by the lists
+            if row_of is None:
+                uid = people["uid"]
+                row_of = torch.full((int(everyone["uid"].max()) + 1,), -1, dtype=torch.int64, device=me.device)
+                row_of[uid] = torch.arange(uid.shape[0], device=me.device)
+            start = ctx.env[f"{layer}_start"].index_select(0, places)
+            which = torch.repeat_interleave(torch.arange(places.shape[0], device=me.device), members)
+            first = torch.cumsum(members, 0) - members  # the slots of each place's members, end to end
+            slot = torch.arange(which.shape[0], device=me.device) + (start - first).index_select(0, which)
+            row = row_of.index_select(0, ctx.env[f"{layer}_members"].index_select(0, slot).to(torch.int64))
+            here = ops.flatnonzero(row >= 0)
+            row, which = row.index_select(0, here), which.index_select(0, here)
+            take = ops.flatnonzero(me.index_select(0, row) == S)
+            hazard.index_add_(0, row.index_select(0, take), force.index_select(0, which.index_select(0, take)))
+        else:  # every susceptible person's place
+            if susceptible is None:
+                susceptible = ops.flatnonzero(me == S)
+            per_place = torch.zeros(ctx.env[f"{layer}_size"].shape[0], dtype=torch.float64, device=me.device)
+            per_place.index_copy_(0, places, force)
+            hazard.index_add_(0, susceptible, per_place.index_select(0, people[layer].index_select(0, susceptible)))
+    who = ops.flatnonzero(hazard > 0)
     vaccinated = people["vaccinated"].index_select(0, who)
     protection = torch.where(vaccinated, 1.0 - p["vaccine_efficacy"], 1.0)
-    h = hazard.index_select(0, exposed) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
+    h = hazard.index_select(0, who) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
     u = ctx.rng.uniform(people["uid"].index_select(0, who), dtype=torch.float64)
     me.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
 
@@ -202,6 +234,11 @@ def init(ic: InitContext) -> None:
         dense[has] = number.to(torch.int32)
         places[layer] = dense.to(ic.device)
         sizes[f"{layer}_size"] = torch.cat([members, members.new_zeros(1)]).to(torch.int32).to(ic.device)
+        # membership lists: the uids of each place's members, place by place (uids ascending)
+        order = torch.argsort(dense, stable=True)[: int(has.sum())]
+        sizes[f"{layer}_members"] = uid.cpu().index_select(0, order).to(
+            torch.int32 if n < 2**31 else torch.int64).to(ic.device)
+        sizes[f"{layer}_start"] = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(members, 0)]).to(ic.device)
     exposed = ic.rng.uniform(uid.cpu(), "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
     state = torch.where(exposed, E, S).to(torch.int8)
     ic.add("person", uid=uid, age=pop.age.to(ic.device), locality=pop.locality.to(ic.device),

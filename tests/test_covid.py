@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from agentsim import ConfigError, Simulation, get_model
 from agentsim.runner.invariance import check_model
@@ -71,3 +72,18 @@ def test_same_days_on_one_to_four_processes():
     report = check_model("covid", agents=600, steps=8, world_sizes=(1, 2, 4),
                          params={"initial_prevalence": 0.05, "test_day": 2, "vaccine_day": 1})
     assert report.identical, report.summary()
+
+
+def test_membership_lists_and_dense_reads_give_the_same_days(monkeypatch):
+    """Transmission through the places' membership lists (few places reached) or by reading every
+    susceptible person's places (many): the same hazards, the same bits."""
+    import agentsim.models.covid as covid
+
+    runs = {}
+    for share in (0.0, float("inf")):  # always dense, always the lists
+        monkeypatch.setattr(covid, "SPARSE_SHARE", share)
+        sim = run(test_day=5, vaccine_day=3, vaccine_min_age=50)
+        runs[share] = (sim.run(40).metrics, sim.state["person"]["state"].clone())
+    (a, sa), (b, sb) = runs.values()
+    assert all(np.array_equal(a[k], b[k]) for k in a) and torch.equal(sa, sb)
+    assert final_size(a) > 100
