@@ -225,26 +225,20 @@ def init(ic: InitContext) -> None:
     pop = synthesize(n, seed=ic.seed, people_per_locality=int(p["people_per_locality"]),
                      spread=float(p["locality_spread"]))
     uid = ic.uids("person", n)
-    places, sizes = {}, {}
-    for layer in LAYERS:  # dense place numbers 0 .. places - 1, and `places` for none; members per place
-        column = pop.layer(layer)
-        has = column >= 0
-        ids, number, members = torch.unique(column[has], return_inverse=True, return_counts=True)
-        dense = torch.full((n,), ids.shape[0], dtype=torch.int32)
-        dense[has] = number.to(torch.int32)
-        places[layer] = dense.to(ic.device)
-        sizes[f"{layer}_size"] = torch.cat([members, members.new_zeros(1)]).to(torch.int32).to(ic.device)
-        # membership lists: the uids of each place's members, place by place (uids ascending)
-        order = torch.argsort(dense, stable=True)[: int(has.sum())]
-        sizes[f"{layer}_members"] = uid.cpu().index_select(0, order).to(
-            torch.int32 if n < 2**31 else torch.int64).to(ic.device)
-        sizes[f"{layer}_start"] = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(members, 0)]).to(ic.device)
+    places: dict[str, torch.Tensor] = {}
+    env: dict[str, torch.Tensor] = {}
+    for layer in LAYERS:  # places numbered 0 .. places - 1 (`places` for none), their sizes and member lists
+        m = pop.memberships(layer)
+        places[layer] = m.place.to(ic.device)
+        env |= {f"{layer}_size": m.size, f"{layer}_start": m.start, f"{layer}_members": m.members}
+        setattr(pop, layer, pop.uid.new_empty(0))  # the synthetic ids are not needed any more
+    env = {k: v.to(ic.device) for k, v in env.items()}
     exposed = ic.rng.uniform(uid.cpu(), "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
     state = torch.where(exposed, E, S).to(torch.int8)
     ic.add("person", uid=uid, age=pop.age.to(ic.device), locality=pop.locality.to(ic.device),
            state=state.to(ic.device), isolated=torch.zeros(n, dtype=torch.bool, device=ic.device),
            vaccinated=torch.zeros(n, dtype=torch.bool, device=ic.device), **places)
-    ic.add_env(**sizes)
+    ic.add_env(**env)
 
 
 def _compartment(code: int, label: str, color: str) -> None:

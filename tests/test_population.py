@@ -140,3 +140,19 @@ def test_bad_arguments():
         synthesize(1000, people_per_locality=300, localities=torch.tensor([7]))
     with pytest.raises(ConfigError, match="world_size >= 1"):
         partition_localities(synthesize(100).localities, 0)
+
+
+@pytest.mark.parametrize("layer", ["household", "school", "work", "community"])
+def test_memberships_number_the_places_and_list_their_members(pop, layer):
+    m = pop.memberships(layer)
+    ids = pop.layer(layer)
+    has = ids >= 0
+    assert torch.equal(m.place == m.n_places, ~has)
+    # the same places: two people share a number exactly when they share an id
+    pairs = torch.unique(torch.stack([ids[has], m.place[has].long()], 1), dim=0)
+    assert pairs.shape[0] == torch.unique(ids[has]).numel() == torch.unique(m.place[has]).numel()
+    assert torch.equal(m.size[:-1].long(), torch.bincount(m.place[has].long(), minlength=m.n_places))
+    assert int(m.size[-1]) == 0 and int(m.start[-1]) == int(has.sum())
+    k = int(m.place[has][len(m.place[has]) // 2])  # one place's list: its members, ascending
+    got = m.members[m.start[k]:m.start[k + 1]].long()
+    assert torch.equal(got, pop.uid[m.place == k])

@@ -6,6 +6,7 @@ tables of public census-style figures (:mod:`.tables`), the same on any number o
 from agentsim.population.synthetic import (
     LAYERS,
     Localities,
+    Memberships,
     SyntheticPopulation,
     edge_cut,
     locality_grid,
@@ -14,5 +15,5 @@ from agentsim.population.synthetic import (
 )
 from agentsim.population.tables import AgePyramid, HouseholdSizes, PopulationTables
 
-__all__ = ["LAYERS", "AgePyramid", "HouseholdSizes", "Localities", "PopulationTables", "SyntheticPopulation",
-           "edge_cut", "locality_grid", "partition_localities", "synthesize"]
+__all__ = ["LAYERS", "AgePyramid", "HouseholdSizes", "Localities", "Memberships", "PopulationTables",
+           "SyntheticPopulation", "edge_cut", "locality_grid", "partition_localities", "synthesize"]

@@ -39,12 +39,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentsim._native import kernels as cpu_kernels
 from agentsim.core.random import CounterRNG
 from agentsim.errors import ConfigError
 from agentsim.population.tables import PopulationTables
 
-__all__ = ["LAYERS", "Localities", "SyntheticPopulation", "edge_cut", "locality_grid", "partition_localities",
-           "synthesize"]
+__all__ = ["LAYERS", "Localities", "Memberships", "SyntheticPopulation", "edge_cut", "locality_grid",
+           "partition_localities", "synthesize"]
 
 #: The membership layers, in column order.
 LAYERS: tuple[str, ...] = ("household", "school", "work", "community")
@@ -81,6 +82,28 @@ class Localities:
 
 
 @dataclass
+class Memberships:
+    """One layer's places numbered ``0 .. n_places - 1`` among the people built, with their member lists.
+
+    Attributes:
+        place: ``[n]`` int32 place number of each person, ``n_places`` for a person with none.
+        size: ``[n_places + 1]`` int32 members of each place (the last entry, "none": 0).
+        start: ``[n_places + 1]`` int64: the members of place ``k`` are ``members[start[k]:start[k + 1]]``.
+        members: ``[m]`` uids (int32 when they fit, else int64), place by place, ascending within a place.
+    """
+
+    place: Tensor
+    size: Tensor
+    start: Tensor
+    members: Tensor
+
+    @property
+    def n_places(self) -> int:
+        """Number of places (some may be empty: a community venue or school nobody drew)."""
+        return int(self.size.shape[0]) - 1
+
+
+@dataclass
 class SyntheticPopulation:
     """The people of some localities (all of them unless built for a subset), sorted by uid.
 
@@ -113,6 +136,46 @@ class SyntheticPopulation:
             raise ConfigError(f"unknown layer {name!r} (valid: {', '.join(LAYERS)})")
         column: Tensor = getattr(self, name)
         return column
+
+    def memberships(self, layer: str) -> Memberships:
+        """The layer's places numbered densely and their member lists, in time and memory linear in
+        the people (no sort: households are runs of consecutive uids, other places are numbered
+        within their locality, and the lists come from one counting sort).
+        """
+        ids = self.layer(layer)
+        n = len(self)
+        if layer == "household":  # people sorted by uid; a household is a run of consecutive uids
+            has = torch.ones(n, dtype=torch.bool)
+            number = torch.cumsum(ids == self.uid, 0) - 1
+            n_places = int(number[-1]) + 1 if n else 0
+        else:
+            has = ids >= 0
+            low = ids & 0xFFFFFFFF
+            group = torch.where(has, ids >> 32, 0)  # the locality
+            n_groups = self.localities.n_localities
+            if layer == "school":  # (locality, band): numbered within each
+                group = group * 256 + (low >> 24)
+                low = low & 0xFFFFFF
+                n_groups *= 256
+            count = torch.zeros(n_groups, dtype=torch.int64).scatter_reduce_(
+                0, group[has], low[has] + 1, reduce="amax")
+            base = torch.cumsum(count, 0) - count
+            n_places = int(count.sum())
+            number = torch.where(has, base.index_select(0, group) + low, n_places)
+        if n_places >= 2**31:
+            raise ConfigError(f"memberships: {n_places} {layer} places do not fit int32 numbers")
+        number = number.to(torch.int32)
+        numbered = number[has].contiguous()
+        size = torch.bincount(numbered, minlength=n_places)
+        counted = cpu_kernels.cell_sort(numbered, None, n_places)  # stable: uid order within a place
+        if counted is not None:
+            order, start = counted
+        else:
+            order = torch.argsort(numbered, stable=True)
+            start = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(size, 0)])
+        uid = self.uid[has]
+        members = uid.index_select(0, order).to(torch.int32 if n == 0 or int(self.uid.max()) < 2**31 else torch.int64)
+        return Memberships(number, torch.cat([size, size.new_zeros(1)]).to(torch.int32), start.to(torch.int64), members)
 
     def nbytes(self) -> int:
         """Bytes of the person columns (without the locality table)."""
@@ -333,13 +396,22 @@ def synthesize(n: int, seed: int = 0, tables: PopulationTables | None = None, *,
         cuts = torch.searchsorted(torch.cumsum(people_of, 0),
                                   torch.arange(_BATCH_PEOPLE, int(people_of.sum()), _BATCH_PEOPLE), right=True)
         bounds = [0, *sorted({int(c) for c in cuts.tolist() if 0 < int(c) < own.numel()}), own.numel()]
-        parts = [_synthesize_localities(loc, own[a:b], tables, rng) for a, b in itertools.pairwise(bounds)]
-        return SyntheticPopulation(**{f: torch.cat([getattr(q, f) for q in parts]) for f in _COLUMNS},
-                                   localities=loc)
+        columns: dict[str, Tensor] = {}
+        at = 0
+        for a, b in itertools.pairwise(bounds):  # each batch written into the columns (no second copy)
+            part = _synthesize_localities(loc, own[a:b], tables, rng)
+            for f in _COLUMNS:
+                got = getattr(part, f)
+                if f not in columns:
+                    columns[f] = got.new_empty(int(people_of.sum()))
+                columns[f][at:at + len(part)] = got
+            at += len(part)
+            del part
+        return SyntheticPopulation(**columns, localities=loc)
     return _synthesize_localities(loc, own, tables, rng)
 
 
-_BATCH_PEOPLE = 2**25
+_BATCH_PEOPLE = 2**24
 _COLUMNS = ("uid", "age", "locality", "household", "school", "work", "community")
 
 
