@@ -34,7 +34,7 @@ from ``test_day`` a symptomatic person is tested each day with probability ``tes
 isolates until no longer infectious; from ``vaccine_day`` each susceptible person aged
 ``vaccine_min_age`` or more is vaccinated each day with probability ``vaccine_rate``.
 
-Counts per place are integer ``bincount`` s and every draw is keyed by uid: the same days on any
+Counts per place are integers (``bincount``) and every draw is keyed by uid: the same days on any
 number of processes. ``exp`` is :func:`agentsim.core.portable.exp`: the same bits on a GPU.
 """
 
