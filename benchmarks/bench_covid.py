@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_peers import checkout_env, child_json
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 COVASIM = HERE / "peers" / "venvs" / "covasim" / "bin" / "python"
@@ -75,12 +77,7 @@ print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
 
 
 def _run(python: str, code: str, args: list[Any], env: dict[str, str]) -> dict[str, Any]:
-    proc = subprocess.run([python, "-W", "ignore", "-c", code, *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=3600)
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return dict(json.loads(line))
-    return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
+    return child_json([python, "-W", "ignore", "-c", code, *map(str, args)], env=env)
 
 
 def main() -> None:
@@ -92,7 +89,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    mine = {**os.environ, **single, "PYTHONPATH": str(ROOT)}
+    mine = {**checkout_env(ROOT), **single}  # this checkout's agentsim and models
     theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
     if not COVASIM.exists():
         raise SystemExit(f"bench_covid: Covasim is not installed at {COVASIM} (python3.12 -m venv "

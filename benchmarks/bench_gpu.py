@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_peers import checkout_env, child_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,14 +64,14 @@ def run(dev):
             state[f"{name}.{field}"] = pop[field].detach().cpu()[order].numpy()
     return metrics, state
 def first_difference(a, b):
-    for (ma, sa), (mb, sb) in [(a, b)]:
-        for k in sorted(ma):
-            if k not in mb or ma[k].dtype != mb[k].dtype or not np.array_equal(ma[k], mb[k]):
-                return f"metric {k}"
-        for k in sorted(sa):
-            x, y = sa[k], sb.get(k)
-            if y is None or x.shape != y.shape or x.tobytes() != y.tobytes():
-                return f"field {k}"
+    (ma, sa), (mb, sb) = a, b
+    for k in sorted(ma):
+        if k not in mb or ma[k].dtype != mb[k].dtype or not np.array_equal(ma[k], mb[k]):
+            return f"metric {k}"
+    for k in sorted(sa):
+        x, y = sa[k], sb.get(k)
+        if y is None or x.shape != y.shape or x.tobytes() != y.tobytes():
+            return f"field {k}"
     return None
 cpu = run("cpu")
 gpu = run(device)
@@ -100,22 +101,10 @@ print(json.dumps({"people": people, "device": device, "updates": rows,
 
 
 def _child(code: str, *args: Any, env: dict[str, str] | None = None, timeout: float = 300) -> dict[str, Any]:
-    """Run ``code`` with ``args`` in a fresh Python; its last JSON line, or the error it ended with."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                **(env or {})}
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code, *map(str, args)], capture_output=True,
-                              text=True, env=full_env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s", "args": list(map(str, args))}
-    for line in reversed(proc.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            got = json.loads(line)
-            got["wall_seconds_process"] = time.perf_counter() - t0
-            return got
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": " | ".join(tail), "args": list(map(str, args)), "returncode": proc.returncode}
+    """Run ``code`` with ``args`` in a fresh Python on this checkout; its JSON line, or why not."""
+    got = child_json([sys.executable, "-W", "ignore", "-c", code, *map(str, args)],
+                     env={**checkout_env(ROOT), **(env or {})}, timeout=timeout)
+    return {**got, "args": list(map(str, args))} if "error" in got else got
 
 
 def _report(row: dict[str, Any]) -> None:

@@ -90,6 +90,22 @@ def _json_line(cmd: list[str], env: dict[str, str] | None = None, timeout: float
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def child_json(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 3600) -> dict[str, Any]:
+    """The last JSON line a child process prints, with ``wall_seconds_process``; or, where it prints
+    none or runs past ``timeout``, ``{"error": ...}`` (its last lines, or the timeout): a suite that
+    goes on after one failed figure (an out-of-memory size, say) records why.
+    """
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(done.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return {**json.loads(line), "wall_seconds_process": time.perf_counter() - t0}
+    return {"error": " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:]), "returncode": done.returncode}
+
+
 def checkout_env(root: Path = ROOT, *more: Path) -> dict[str, str]:
     """The environment of a process that runs the checkout ``root``: its agentsim and its models
     (``checkout_site/sitecustomize.py``) first on ``PYTHONPATH``, then ``more``, then what was there.

@@ -157,6 +157,7 @@ def test_kernel_source_is_cached_as_a_file(interpreted, monkeypatch, tmp_path):
     monkeypatch.setenv("AGENTSIM_KERNEL_DIR", str(tmp_path))
     from agentsim.space.fused import radius
     radius._LOADED.clear()
+    radius._TRANSLATIONS.clear()  # (a cached translation holds its compiled kernel)
     neighbor_reduce(Box((8.0, 8.0)), _agents(20, 2, 8.0, seed=5), lambda p: p.dist2 * 3.0, "sum", radius=2.0)
     files = list((tmp_path / "fused").glob("radius_*.py"))
     assert len(files) == 1 and "Do not edit" in files[0].read_text()

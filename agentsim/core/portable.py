@@ -89,6 +89,11 @@ def _quadrant_sin_cos(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q, s, c
 
 
+def _by_quadrant(q: Tensor, s: Tensor, c: Tensor) -> Tensor:
+    """``sin(n * pi / 2 + r)`` for ``q = n mod 4``, from ``s = sin(r)`` and ``c = cos(r)``."""
+    return torch.where(q == 0.0, s, torch.where(q == 1.0, c, torch.where(q == 2.0, -s, -c)))
+
+
 def sin(x: Tensor) -> Tensor:
     """``sin(x)`` (radians), the same bits on any device.
 
@@ -99,7 +104,7 @@ def sin(x: Tensor) -> Tensor:
         ``sin(x)``, the shape and dtype of ``x``.
     """
     q, s, c = _quadrant_sin_cos(x)
-    return torch.where(q == 0.0, s, torch.where(q == 1.0, c, torch.where(q == 2.0, -s, -c)))
+    return _by_quadrant(q, s, c)
 
 
 def cos(x: Tensor) -> Tensor:
@@ -112,7 +117,7 @@ def cos(x: Tensor) -> Tensor:
         ``cos(x)``, the shape and dtype of ``x``.
     """
     q, s, c = _quadrant_sin_cos(x)
-    return torch.where(q == 0.0, c, torch.where(q == 1.0, -s, torch.where(q == 2.0, -c, s)))
+    return _by_quadrant(q + 1.0 - torch.floor((q + 1.0) * 0.25) * 4.0, s, c)  # cos(x) = sin(x + pi / 2)
 
 
 _LN2_HI, _LN2_LO = 0.693147180369123816490, 1.90821492927058770002e-10  # ln 2 in two pieces (fdlibm)

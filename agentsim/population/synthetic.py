@@ -432,15 +432,13 @@ def _synthesize_localities(loc: Localities, own: Tensor, tables: PopulationTable
     # Schools: per (locality, band), pupils spread over the band's schools of the locality.
     school = torch.full_like(uid, -1)
     u_school = rng.uniform(uid, step=0, stream="school", dtype=torch.float64)
-    n_bands = len(tables.school_bands)
     for b, (first_age, last_age) in enumerate(tables.school_bands):
         rows = torch.nonzero((age >= first_age) & (age <= last_age)).flatten()
         pupils = torch.bincount(home.index_select(0, rows), minlength=loc.n_localities)
         n_schools = torch.clamp(torch.round(pupils.to(torch.float64) / tables.school_size), min=1).to(torch.int64)
         k = n_schools.index_select(0, home.index_select(0, rows))
         idx = torch.floor(u_school.index_select(0, rows) * k).to(torch.int64).clamp(max=k - 1)
-        school[rows] = (home.index_select(0, rows) << 32) | (b << 24) | idx
-    assert n_bands <= 255
+        school[rows] = (home.index_select(0, rows) << 32) | (b << 24) | idx  # bands < 256: PopulationTables
     # Community venues of the home locality.
     n_venues = torch.clamp(torch.round(loc.population.to(torch.float64) / tables.community_size), min=1).to(
         torch.int64).index_select(0, home)
@@ -499,12 +497,10 @@ def edge_cut(pop: SyntheticPopulation, owner: Tensor) -> dict[str, float]:
     for name in LAYERS:
         place = pop.layer(name)
         rows = torch.nonzero(place >= 0).flatten()
-        _, dense = torch.unique(place.index_select(0, rows), return_inverse=True)
-        per_rank = torch.bincount(dense * world + rank.index_select(0, rows)).to(torch.float64)
-        members = per_rank.reshape(-1, world).sum(1) if per_rank.numel() % world == 0 else None
-        if members is None:  # pad to a whole number of places
-            per_rank = torch.nn.functional.pad(per_rank, (0, world - per_rank.numel() % world))
-            members = per_rank.reshape(-1, world).sum(1)
+        kept, dense = torch.unique(place.index_select(0, rows), return_inverse=True)
+        per_rank = torch.bincount(dense * world + rank.index_select(0, rows), minlength=kept.numel() * world)
+        per_rank = per_rank.view(-1, world).to(torch.float64)  # [place, rank] members
+        members = per_rank.sum(1)
         pairs = float((members * (members - 1) / 2).sum())
         within = float((per_rank * (per_rank - 1) / 2).sum())
         out[name] = (pairs - within) / pairs if pairs else 0.0

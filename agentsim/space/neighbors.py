@@ -69,6 +69,7 @@ from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space import fused
 from agentsim.space.continuous.box import Box
 from agentsim.space.continuous.search import _source_order, radius_pair_chunks
+from agentsim.space.fused import radius as fused_radius
 from agentsim.space.graph.network import Graph
 from agentsim.space.grid import NEIGHBORHOODS, Grid
 
@@ -668,8 +669,6 @@ def _fused_box(box: Box, tgt: _Agents, src: _Agents, n_t: int, same: bool, rule:
     """The reduction through the fused kernel (:mod:`agentsim.space.fused`), or None (the reason
     noted in :func:`agentsim.space.fused.status`) where it does not apply.
     """
-    from agentsim.space.fused import radius as fused_radius
-
     pos = tgt[box.position_field]
     if pos.dtype != torch.float32 or src[box.position_field].dtype != torch.float32:
         fused.note(f"torch: positions of dtype {pos.dtype} (the kernel takes float32)")
@@ -696,7 +695,10 @@ def _fused_box(box: Box, tgt: _Agents, src: _Agents, n_t: int, same: bool, rule:
             fused.note(f"torch: field {f.name!r} requires grad")
             return None
     fused.note("fused")
-    return fused_radius.radius_reduce(box, tgt, src, n_t, same, radius, tr, how), tr.single
+    sums, n_pairs = fused_radius.radius_reduce(box, tgt, src, n_t, same, radius, tr, how)
+    shapes = {name: m[2] for name, m in tr.messages.items() if m is not True}
+    counted = {name: sums.pop(name)[0] for name in list(sums) if how[name] == "count"}
+    return _assemble(how, sums, shapes, counted, n_pairs, n_t), tr.single
 
 
 class _Sums:
@@ -767,22 +769,32 @@ class _Sums:
             self.count[start:stop] = torch.bincount(t, minlength=stop - start)
 
     def result(self) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for name, kind in self.how.items():
-            if kind == "count":
-                if name in self.counted:
-                    out[name] = self.counted[name].to(torch.int32)
-                    continue
-                assert self.count is not None
-                out[name] = self.count.to(torch.int32)
+        return _assemble(self.how, self.columns, self.shapes, self.counted, self.count, self.n)
+
+
+def _assemble(how: dict[str, str], columns: dict[str, Tensor], shapes: dict[str, tuple[int, ...]],
+              counted: dict[str, Tensor], count: Tensor | None, n: int) -> dict[str, Tensor]:
+    """Each message's result from summed columns (``[k, n]`` per summed message), counts of bool
+    messages (``[n]``) and pair counts (``[n]``, for means and counts of every pair): results are
+    ``[n, ...]`` views of the columns (column-major), counts int32, means the sum over the count
+    (0 with no pairs; integers floor-divided).
+    """
+    out: dict[str, Tensor] = {}
+    for name, kind in how.items():
+        if kind == "count":
+            if name in counted:
+                out[name] = counted[name].to(torch.int32)
                 continue
-            columns, shape = self.columns[name], self.shapes[name]
-            total = columns[0] if not shape else columns.t().reshape(self.n, *shape)
-            if kind == "mean":
-                assert self.count is not None
-                count = self.count.clamp(min=1).view(-1, *([1] * (total.dim() - 1)))
-                total = (total / count.to(total.dtype) if total.is_floating_point()
-                         else torch.div(total, count, rounding_mode="floor"))
-            out[name] = total
-        return out
+            assert count is not None
+            out[name] = count.to(torch.int32)
+            continue
+        shape = shapes[name]
+        total = columns[name][0] if not shape else columns[name].t().reshape(n, *shape)
+        if kind == "mean":
+            assert count is not None
+            per = count.clamp(min=1).view(-1, *([1] * (total.dim() - 1)))
+            total = (total / per.to(total.dtype) if total.is_floating_point()
+                     else torch.div(total, per, rounding_mode="floor"))
+        out[name] = total
+    return out
 

@@ -275,9 +275,10 @@ def _same_spec(specs: Any, f: FieldSpec) -> bool:
 
 
 def radius_reduce(box: Box, tgt: Any, src: Any, n_t: int, same: bool, radius: float, tr: Translation,
-                  how: dict[str, str]) -> dict[str, Tensor]:
-    """The reduced messages of every target (``[n_t, ...]`` by name), as :func:`neighbor_reduce`
-    returns them, through the fused kernel.
+                  how: dict[str, str]) -> tuple[dict[str, Tensor], Tensor]:
+    """Every target's sums through the fused kernel: per message, its summed columns ``[k, n_t]``
+    (a count: one column, int64), and the pairs of each target ``[n_t]`` int64 (what
+    :func:`neighbor_reduce` makes its results of).
 
     Args:
         box: The space.
@@ -342,30 +343,12 @@ def radius_reduce(box: Box, tgt: Any, src: Any, n_t: int, same: bool, radius: fl
     npairs = torch.empty(n_t, dtype=torch.int64, device=device)
     lengths = [float(np.float32(length)) for length in box.size]
     r2 = float(np.float32(radius * radius))
-    source = kernel_source(tr, ndim, how)
-    kernel = _load(source)
+    reductions = (ndim, tuple(sorted(how.items())))
+    kernel = tr.kernels.get(reductions)
+    if kernel is None:  # generated, written and compiled once per translation and reductions
+        kernel = tr.kernels[reductions] = _load(kernel_source(tr, ndim, how))
     if n_t:
         kernel[(n_blocks,)](tperm, start, cnt, maxc, order, *cols, *scols, *lengths, r2, n_t, n_skip, n_blocks,
                             *field_args, *out_args, npairs, N_SEG=n_seg, PERIODIC=bool(box.periodic), SAME=same,
                             BLOCK=BLOCK, enable_fp_fusion=False)
-    return _results(tr, how, outs, npairs, n_t)
-
-
-def _results(tr: Translation, how: dict[str, str], outs: dict[str, Tensor], npairs: Tensor,
-             n_t: int) -> dict[str, Tensor]:
-    """The kernel's columns as :func:`neighbor_reduce`'s results (the torch path's dtypes and layout)."""
-    result: dict[str, Tensor] = {}
-    for name, message in tr.messages.items():
-        kind = how[name]
-        if message is True or kind == "count":
-            result[name] = (npairs if message is True else outs[name][0]).to(torch.int32)
-            continue
-        shape = message[2]
-        columns = outs[name]
-        total = columns[0] if not shape else columns.t().reshape(n_t, *shape)
-        if kind == "mean":
-            count = npairs.clamp(min=1).view(-1, *([1] * (total.dim() - 1)))
-            total = (total / count.to(total.dtype) if total.is_floating_point()
-                     else torch.div(total, count, rounding_mode="floor"))
-        result[name] = total
-    return result
+    return outs, npairs

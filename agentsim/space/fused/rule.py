@@ -70,12 +70,14 @@ class Translation:
             the kernel variables holding the message's columns.
         fields: The fields the rule reads, in the order the kernel takes them.
         single: Whether the rule returned one tensor (not a dict).
+        kernels: The kernels compiled for it, by (dims, reductions) (filled by the caller).
     """
 
     statements: list[str]
     messages: dict[str, Any]
     fields: list[FieldSpec] = field(default_factory=list)
     single: bool = False
+    kernels: dict[Any, Any] = field(default_factory=dict)
 
 
 class _Side:
@@ -149,10 +151,9 @@ class _Translator:
             return _const(value, dtype)
         raise Untranslatable(f"an operand of type {type(value).__name__}")
 
-    def width(self, *values: Any) -> tuple[int, bool]:
-        widths = [len(v.cols) for v in values if isinstance(v, _Value)]
-        vector = any(v.vector for v in values if isinstance(v, _Value))
-        return max(widths, default=1), vector
+    def width(self, *values: Any) -> int:
+        """Columns of an elementwise result: the widest operand's (a width of 1 broadcasts)."""
+        return max((len(v.cols) for v in values if isinstance(v, _Value)), default=1)
 
     def check_example(self, node: fx.Node, example: Any) -> None:
         if isinstance(example, Tensor):
@@ -205,7 +206,7 @@ class _Translator:
             return self.method(what, str(target), args, kwargs, example)
         if kwargs and not (target in _DIVIDE and kwargs == {"rounding_mode": None}):
             raise Untranslatable(f"{what}: keyword arguments are not translated")
-        width, _ = self.width(*args)
+        width = self.width(*args)
         if target in _BINARY:
             a, b = args
             return self.emit([f"{self.operand(a, dtype, k)} {_BINARY[target]} {self.operand(b, dtype, k)}"
@@ -275,8 +276,6 @@ class _Translator:
             return self.emit([self.operand(value, dtype, k) if value.dtype != torch.bool or dtype == torch.bool
                               else f"({c} != 0).to({_tl(dtype)})" for k, c in enumerate(value.cols)],
                              value.vector, dtype)
-        if name in ("__add__", "__mul__", "__sub__"):  # pragma: no cover - fx records operators as functions
-            raise Untranslatable(what)
         raise Untranslatable(f"{what}: the method {name} is not translated")
 
     def pair_attribute(self, name: str) -> Any:
@@ -335,8 +334,6 @@ def translate(rule: Callable[[Any], Any], ndim: int, fields: Callable[[str, str]
     """
     try:
         graph = fx.Tracer().trace(rule)
-    except Untranslatable:
-        raise
     except Exception as exc:  # tracing runs the user's rule on proxies: any failure means "not traceable"
         raise Untranslatable(f"the rule cannot be traced ({type(exc).__name__}: {exc})") from None
     translator = _Translator(fields, ndim)
