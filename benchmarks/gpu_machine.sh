@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_machine.sh sizes     # agent-updates/s at 10k..10M and SIR 100M memory, on the GPU
 #   bash benchmarks/gpu_machine.sh scaling 1000000    # CPU strong scaling, boids and SIR (or $MODELS), W = 2, 4, 8
 #   bash benchmarks/gpu_machine.sh scaling 10000000   # the same at 10M agents
+#   bash benchmarks/gpu_machine.sh covid     # issue 32: covid strong scaling at 10M people (W = 1..16, one
+#                                            # thread per process), then the US (330M people) on 16 processes
 #
 # Results go to benchmarks/results/ (peers-*-cuda.json/md, scaling-*.json) and, where $OUT is set
 # (the device tool's output folder), into one tar file there too. The peers run on the CPU only and are not installed on such a machine:
@@ -86,6 +88,16 @@ scaling)
             if [ -n "${OUT:-}" ]; then tar -rf "$OUT/scaling.tar" "$RESULTS/scaling-$model-$agents-w$w.json"; fi
         done
     done
+    ;;
+covid)
+    facts
+    # Each configuration in fresh processes; the JSON is rewritten after each run (a cut-off run keeps the rest).
+    timeout 300 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 2 4 8 16 --days 120 \
+        --out "$RESULTS/covid-ranks-10m.json"
+    if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-ranks-10m.json" "$OUT/"; fi
+    timeout 280 $PY benchmarks/bench_covid_scale.py --agents 330000000 --ranks 16 8 --days 30 \
+        --out "$RESULTS/covid-us.json"
+    if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-us.json" "$OUT/"; fi
     ;;
 *)
     echo "usage: bash benchmarks/gpu_machine.sh cuda | profile | sizes | scaling [AGENTS]" >&2

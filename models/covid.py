@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import torch
 
-from agentsim import ConfigError, Context, InitContext, MetricsContext, Model, Param
+from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
 from agentsim.core import ops, portable
-from agentsim.population import LAYERS, synthesize
+from agentsim.population import LAYERS, locality_grid, partition_localities, synthesize
 
 S, E, A, I, H, R, D = range(7)  # noqa: E741  the compartments
 STATES = ("S", "E", "A", "I", "H", "R", "D")
@@ -127,76 +127,61 @@ def progress(ctx: Context) -> None:
 
 # In a layer where the places holding an infectious person have few members (households, and
 # most layers at the start and the end of an epidemic), those members are found through the
-# membership lists (env.<layer>_members, place by place) instead of reading every susceptible
-# person's place: the same hazards, added in the same layer order.
+# places' member lists (ctx.group_index) instead of reading every susceptible person's place:
+# the same hazards, added in the same layer order.
 SPARSE_SHARE = 0.125  # a layer uses its lists while the members reached are below this share of the people
 
 
-@model.substep(reads=["person.state", "person.age", "person.vaccinated", *(f"person.{layer}" for layer in LAYERS),
-                      *(f"env.{layer}_{what}" for layer in LAYERS for what in ("size", "start", "members"))],
-               writes=["person.state"], neighbors={"person": ["state", "isolated", *LAYERS]}, reach="global")
+@model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated",
+                      *(f"person.{layer}" for layer in LAYERS)],
+               writes=["person.state"])
 def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
-    everyone = ctx.neighbors("person")
-    state = everyone["state"]
-    # the infectious, by kind: 0 symptomatic, 1 asymptomatic, + 2 when isolated
+    state = people["state"]
+    # the infectious, by kind: 0 symptomatic, 1 asymptomatic, + 2 when isolated; counted per place
     sick = ops.flatnonzero((state == I) | (state == A))
-    kind = (state.index_select(0, sick) == A).to(torch.int64) + 2 * everyone["isolated"].index_select(0, sick)
+    kind = (state.index_select(0, sick) == A).to(torch.int64) + 2 * people["isolated"].index_select(0, sick)
+    one_hot = torch.nn.functional.one_hot(kind, 4)
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
         betas["school"] = 0.0
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
-    # per layer: the places with an infectious member and the force of infection in each
-    forces = {}
-    for layer in LAYERS:
-        if betas[layer] == 0.0 or sick.numel() == 0:
+    hazard = torch.zeros(state.shape[0], dtype=torch.float64, device=state.device)
+    susceptible: torch.Tensor | None = None
+    for layer in LAYERS:  # in layer order: each person's sum in that order
+        if betas[layer] == 0.0:
             continue
-        size = ctx.env[f"{layer}_size"]  # [places + 1] members of each place; the last: "no place", size 0
-        at = everyone[layer].index_select(0, sick).to(torch.int64)
-        places, which = torch.unique(at, return_inverse=True)
-        c = torch.bincount(which * 4 + kind, minlength=4 * places.shape[0]).view(-1, 4).to(torch.float64)
+        # the places with an infectious member (on any process): infectious members by kind, all members
+        places, c = ctx.group_totals(f"person.{layer}", sick, one_hot)
+        index = ctx.group_index(f"person.{layer}")
+        numbers = index.find(places)
+        c = c.to(torch.float64)
         iso = 1.0 if layer == "household" else p["isolation_factor"]
         infectious = c[:, 0] + p["asymptomatic_factor"] * c[:, 1] + iso * (c[:, 2] + p["asymptomatic_factor"] * c[:, 3])
         force = betas[layer] * infectious
-        members = size.index_select(0, places)
         if layer != "household":
-            force = force / torch.clamp(members - 1, min=1).to(torch.float64)
-        real = places < size.shape[0] - 1  # nobody catches anything from "no place"
-        forces[layer] = (places[real], force[real], members[real])
-    me = people["state"]
-    hazard = torch.zeros(me.shape[0], dtype=torch.float64, device=me.device)
-    susceptible: torch.Tensor | None = None
-    row_of: torch.Tensor | None = None
-    for layer, (places, force, members) in forces.items():  # in layer order: each person's sum in that order
-        if int(members.sum()) < SPARSE_SHARE * me.shape[0]:  # the members of the places reached, by the lists
-            if row_of is None:
-                uid = people["uid"]
-                row_of = torch.full((int(everyone["uid"].max()) + 1,), -1, dtype=torch.int64, device=me.device)
-                row_of[uid] = torch.arange(uid.shape[0], device=me.device)
-            start = ctx.env[f"{layer}_start"].index_select(0, places)
-            which = torch.repeat_interleave(torch.arange(places.shape[0], device=me.device), members)
-            first = torch.cumsum(members, 0) - members  # the slots of each place's members, end to end
-            slot = torch.arange(which.shape[0], device=me.device) + (start - first).index_select(0, which)
-            row = row_of.index_select(0, ctx.env[f"{layer}_members"].index_select(0, slot).to(torch.int64))
-            here = ops.flatnonzero(row >= 0)
-            row, which = row.index_select(0, here), which.index_select(0, here)
-            take = ops.flatnonzero(me.index_select(0, row) == S)
-            hazard.index_add_(0, row.index_select(0, take), force.index_select(0, which.index_select(0, take)))
+            force = force / torch.clamp(index.size.index_select(0, numbers) - 1, min=1).to(torch.float64)
+        if index.local_members(numbers) < SPARSE_SHARE * state.shape[0]:  # the members of these places
+            rows, which = index.members(numbers)
+            take = ops.flatnonzero(state.index_select(0, rows) == S)
+            hazard.index_add_(0, rows.index_select(0, take), force.index_select(0, which.index_select(0, take)))
         else:  # every susceptible person's place
             if susceptible is None:
-                susceptible = ops.flatnonzero(me == S)
-            per_place = torch.zeros(ctx.env[f"{layer}_size"].shape[0], dtype=torch.float64, device=me.device)
-            per_place.index_copy_(0, places, force)
-            hazard.index_add_(0, susceptible, per_place.index_select(0, people[layer].index_select(0, susceptible)))
+                susceptible = ops.flatnonzero(state == S)
+            per_place = torch.zeros(index.ids.shape[0] + 1, dtype=torch.float64, device=state.device)
+            per_place.index_copy_(0, numbers, force)  # the last entry: no place, 0
+            at = index.of.index_select(0, susceptible)
+            at = torch.where(at < 0, index.ids.shape[0], at)
+            hazard.index_add_(0, susceptible, per_place.index_select(0, at))
     who = ops.flatnonzero(hazard > 0)
     vaccinated = people["vaccinated"].index_select(0, who)
     protection = torch.where(vaccinated, 1.0 - p["vaccine_efficacy"], 1.0)
     h = hazard.index_select(0, who) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
     u = ctx.rng.uniform(people["uid"].index_select(0, who), dtype=torch.float64)
-    me.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
+    state.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated"],
@@ -216,29 +201,53 @@ def interventions(ctx: Context) -> None:
 
 
 @model.init
-def init(ic: InitContext) -> None:
-    """The synthetic population (its place ids made dense per layer), ``initial_prevalence`` exposed."""
+def init(ic: InitContext) -> Grid:
+    """The synthetic population, ``initial_prevalence`` of it exposed; the space is the grid of
+    localities (a person's ``cell``), so that the spatial partitioner gives each process whole
+    localities, in regions of the map. Each process builds the people of its share of the
+    localities (recursive bisection by population): the same people, ids and places on any number
+    of processes, and no process holds the whole population.
+    """
     p, n = ic.params, ic.n_agents
     if p["school_open_day"] >= 0 and p["school_open_day"] < p["school_close_day"]:
         raise ConfigError(f"covid: school_open_day ({p['school_open_day']}) is before school_close_day "
                           f"({p['school_close_day']})")
-    pop = synthesize(n, seed=ic.seed, people_per_locality=int(p["people_per_locality"]),
-                     spread=float(p["locality_spread"]))
-    uid = ic.uids("person", n)
-    places: dict[str, torch.Tensor] = {}
-    env: dict[str, torch.Tensor] = {}
-    for layer in LAYERS:  # places numbered 0 .. places - 1 (`places` for none), their sizes and member lists
-        m = pop.memberships(layer)
-        places[layer] = m.place.to(ic.device)
-        env |= {f"{layer}_size": m.size, f"{layer}_start": m.start, f"{layer}_members": m.members}
-        setattr(pop, layer, pop.uid.new_empty(0))  # the synthetic ids are not needed any more
-    env = {k: v.to(ic.device) for k, v in env.items()}
-    exposed = ic.rng.uniform(uid.cpu(), "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
-    state = torch.where(exposed, E, S).to(torch.int8)
-    ic.add("person", uid=uid, age=pop.age.to(ic.device), locality=pop.locality.to(ic.device),
-           state=state.to(ic.device), isolated=torch.zeros(n, dtype=torch.bool, device=ic.device),
-           vaccinated=torch.zeros(n, dtype=torch.bool, device=ic.device), **places)
-    ic.add_env(**env)
+    rank, world_size = ic.share()
+    people_per_locality, spread = int(p["people_per_locality"]), float(p["locality_spread"])
+    grid = locality_grid(n, ic.seed, people_per_locality, spread)
+    mine = ops.flatnonzero(partition_localities(grid, world_size) == rank)
+    pop = synthesize(n, seed=ic.seed, people_per_locality=people_per_locality, spread=spread, localities=mine)
+    uid = pop.uid
+    exposed = ic.rng.uniform(uid, "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
+    places = {layer: narrow(layer, pop.layer(layer), grid.population) for layer in LAYERS}
+    ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=pop.locality.to(ic.device),
+           state=torch.where(exposed, E, S).to(torch.int8).to(ic.device),
+           isolated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),
+           vaccinated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),
+           **{k: v.to(ic.device) for k, v in places.items()})  # place ids, -1 for none
+    return Grid(grid.shape, periodic=False)  # a person's cell: their locality
+
+
+def narrow(layer: str, ids: torch.Tensor, population: torch.Tensor) -> torch.Tensor:
+    """A layer's place ids (``[n]`` int64 from :func:`agentsim.population.synthesize`, -1 for none) as
+    int32 where they fit, for memory: a household's id is its first member's uid; another place's,
+    ``(locality << 32) | number`` (a school's number ``(band << 24) | k``) becomes
+    ``locality * K + number`` (schools ``(locality * 256 + band) * K + k``), ``K`` the most people a
+    locality has (no locality has more places of a kind than people). Ids stay distinct and the
+    same on any number of processes (``population``: the people of every locality).
+    """
+    people = int(population.max()) + 1 if population.numel() else 1
+    if layer == "household":
+        top = int(population.sum())
+        return ids.to(torch.int32) if top < 2**31 else ids
+    slots = population.shape[0] * people * (256 if layer == "school" else 1)
+    if slots >= 2**31:
+        return ids
+    some = ids >= 0
+    low, locality = ids & 0xFFFFFFFF, ids >> 32
+    if layer == "school":
+        locality, low = locality * 256 + (low >> 24), low & 0xFFFFFF
+    return torch.where(some, locality * people + low, -1).to(torch.int32)
 
 
 def _compartment(code: int, label: str, color: str) -> None:

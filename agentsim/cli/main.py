@@ -510,6 +510,10 @@ def _run_locked(args: argparse.Namespace, spec: Any) -> int:
         from agentsim.engine.perf import summarize_perf
 
         print(summarize_perf(result.perf, spec.steps))
+    if nprocs > 1 and result.groups:
+        from agentsim.engine.perf import summarize_groups
+
+        print(summarize_groups(result.groups))
     if spec.out:
         print(f"wrote {spec.out}")
     return 0

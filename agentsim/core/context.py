@@ -37,6 +37,8 @@ from typing import Any, Literal, NamedTuple, overload
 import torch
 from torch import Tensor
 
+from agentsim.core.comm import LocalComm
+from agentsim.core.groups import GroupIndex, GroupSums
 from agentsim.core.params import Params
 from agentsim.core.random import StepRNG
 from agentsim.core.state import UID, FieldSpec, Population, State, converted
@@ -209,6 +211,7 @@ class Context:
         per_agent_flags: Keep the conditions of an agentwise substep's flags per agent (``[n]``)
             instead of reducing them: the engine runs it for a subset of its agents and keeps
             the flags of the agents whose values it keeps.
+        groups: The run's per-group sums over ranks (:meth:`group_totals`; default: one process).
 
     Attributes:
         effects: The births, deaths and flags requested so far (:class:`Effects`).
@@ -216,7 +219,7 @@ class Context:
 
     def __init__(self, substep: Substep, state: State, *, step: int, params: Params, rng: StepRNG, space: Any,
                  device: torch.device, neighbors: NeighborsFn | None, per_agent_flags: bool = False,
-                 policies: Mapping[str, Any] | None = None) -> None:
+                 policies: Mapping[str, Any] | None = None, groups: GroupSums | None = None) -> None:
         self.substep = substep
         self.step = step
         self.params = params
@@ -228,6 +231,7 @@ class Context:
         self._neighbors = neighbors
         self._per_agent_flags = per_agent_flags
         self._policies = policies or {}
+        self._groups = groups if groups is not None else GroupSums(LocalComm())
 
     # ctx["env"] (as in 0.1) is ctx.env; the overlap of "env" with str is intended.
     @overload
@@ -260,6 +264,65 @@ class Context:
                 f"neighbors={dict(self.substep.neighbors)}"
             )
         return self._neighbors(population)
+
+    def group_totals(self, field: str, rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Integer sums over groups of agents, whatever rank their members are on.
+
+        ``field`` (``"population.field"``, declared in ``reads``) holds each agent's group: a
+        household, a school (ints >= 0). The agents ``rows`` of this rank contribute ``values``;
+        the contributions of every rank are added per group. A model that reads other agents
+        only through such sums (infectious members per place) needs no ``neighbors`` at all.
+        Every rank must call it, with empty ``rows`` when it has nothing to add, in the same
+        order (it is a collective step, as ``ctx.spawn``). See :mod:`agentsim.core.groups`.
+
+        Args:
+            field: The group field, e.g. ``"person.household"``.
+            rows: ``[m]`` int64 contributing rows of the population (this rank's).
+            values: ``[m]`` or ``[m, k]`` integer contributions (float sums would depend on the
+                split of agents over ranks, so they are refused).
+
+        Returns:
+            ``(groups, totals)``: ``[g]`` int64 sorted ids of the groups of this rank's agents
+            that got a contribution from some rank, and ``[g]`` or ``[g, k]`` int64 totals over
+            every rank: the same for any number of ranks.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.params import Params
+            >>> from agentsim.core.random import CounterRNG
+            >>> from agentsim.core.state import FieldSpec, Population, State
+            >>> from agentsim.core.substep import Substep
+            >>> home = torch.tensor([4, 4, 1])
+            >>> pop = Population("person", {"uid": FieldSpec(torch.int64), "home": FieldSpec(torch.int64)},
+            ...                  {"uid": torch.arange(3), "home": home})
+            >>> step = Substep(lambda ctx: None, name="mix", reads=["person.home"])
+            >>> ctx = Context(step, State({"person": pop}, {}), step=1, params=Params({}),
+            ...               rng=CounterRNG(0).at(1, "mix"), space=None, device=torch.device("cpu"), neighbors=None)
+            >>> rows, ones = torch.tensor([0, 1, 2]), torch.ones(3, dtype=torch.int64)
+            >>> groups, totals = ctx.group_totals("person.home", rows, ones)
+            >>> groups.tolist(), totals.tolist()
+            ([1, 4], [1, 2])
+        """
+        return self._groups.totals(field, self._group_field("group_totals", field), rows, values)
+
+    def group_index(self, field: str) -> GroupIndex:
+        """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
+        each agent's group number, each group's size over every rank, and its members here
+        (:class:`~agentsim.core.groups.GroupIndex`). Built at the first call and again when the field
+        or its population changed; a collective step like :meth:`group_totals`.
+        """
+        return self._groups.index(field, self._group_field("group_index", field))
+
+    def _group_field(self, what: str, field: str) -> Tensor:
+        """The declared group field ``"population.field"`` of this rank's agents."""
+        population, _, name = field.partition(".")
+        if population not in self._state.populations or name not in self.substep.readable(population) or name == UID:
+            raise FieldAccessError(f"substep '{self.substep.name}': {what}({field!r}) needs the group field "
+                                   f"declared in reads= (declared: {', '.join(self.substep.reads) or 'none'})")
+        if self.substep.agentwise:
+            raise ConfigError(f"substep '{self.substep.name}' is agentwise: {what} reads all agents of a group, "
+                              "which an agentwise substep may not (it may run on a subset of the agents)")
+        return self._state[population][name]
 
     def actor(self, policy: str) -> Any:
         """The actor of ``policy`` in this run (what a policy substep asks for its actions)."""
@@ -327,6 +390,9 @@ class InitContext:
         rng: Random numbers at step 0; default stream ``"init"`` (name a stream per use).
         device: Where the state lives.
         seed: The run seed.
+        rank, world_size: This process and the number of processes (0 and 1 on one process). An
+            ``init`` that builds the whole state (the usual case) never needs them; one that builds
+            only a share of the agents on each process asks with :meth:`share`.
 
     Examples:
         >>> import torch
@@ -338,11 +404,14 @@ class InitContext:
         Population('walker', n=3, fields=[uid:int64, pos:float64[2]])
     """
 
-    def __init__(self, params: Params, n_agents: int, rng: Any, device: torch.device) -> None:
+    def __init__(self, params: Params, n_agents: int, rng: Any, device: torch.device, *, rank: int = 0,
+                 world_size: int = 1) -> None:
         self.params = params
         self.n_agents = n_agents
         self.rng = rng  # a StepRNG at step 0, default stream "init"
         self.device = device
+        self.rank, self.world_size = rank, world_size
+        self.shared = False  # share() was called: this process builds its share of the agents only
         self._populations: dict[str, Population] = {}
         self._env: dict[str, Tensor] = {}
         self._next_uid: dict[str, int] = {}
@@ -351,6 +420,39 @@ class InitContext:
     def seed(self) -> int:
         """The run seed."""
         return int(self.rng.seed)
+
+    def share(self) -> tuple[int, int]:
+        """Build only a share of the agents on this process: returns ``(rank, world_size)``.
+
+        For populations too large for every process to build whole (a country's people): each
+        process adds the agents of its share only (any split, e.g. the localities
+        :func:`agentsim.population.partition_localities` gives ``rank``), and the partitioner then
+        sends every agent to the process that owns it (``spatial``: the rank whose region holds its
+        position, regions from the histogram of every rank's agents; ``data``: agents stay where they
+        were built). The model keeps what makes a run the same on any number of processes:
+
+        - the shares of ``0 .. world_size - 1`` together are exactly the agents one process builds
+          (``share()`` gives ``(0, 1)`` there), with the same fields, whatever ``world_size``;
+        - uids are global ids the model assigns (not :meth:`uids`, whose counter is per process);
+        - environment layers are still whole and the same on every process.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.params import Params
+            >>> from agentsim.core.random import CounterRNG
+            >>> ic = InitContext(Params({}), 10, CounterRNG(1).at(0, "init"), torch.device("cpu"), rank=1,
+            ...                  world_size=2)
+            >>> rank, world = ic.share()
+            >>> uid = torch.arange(10)[rank::world]       # this process builds the odd uids
+            >>> ic.add("walker", uid=uid)
+            >>> ic.state()["walker"].n
+            5
+        """
+        if self._next_uid:
+            raise ConfigError("share() after uids(): an init that builds a share per process assigns global uids "
+                              "itself (uids() counts on this process only)")
+        self.shared = True
+        return self.rank, self.world_size
 
     def uids(self, population: str, n: int) -> Tensor:
         """``n`` new uids of ``population`` (``[n]`` int64 on the device): the next ``n`` of its
@@ -362,6 +464,9 @@ class InitContext:
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"uids({population!r}, n): expected an int n >= 0 (got {n!r})")
+        if self.shared:
+            raise ConfigError(f"uids({population!r}, n) after share(): it counts on this process only, so two "
+                              "processes would give the same uids; assign global uids in the model")
         first = self._next_uid.get(population, 0)
         self._next_uid[population] = first + n
         return torch.arange(first, first + n, device=self.device)

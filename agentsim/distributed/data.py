@@ -66,8 +66,14 @@ class DataPartition(IdentityPartition):
         """Rows ``[lo, hi)`` of ``n`` uid-sorted rows that rank ``rank`` keeps."""
         return rank * n // world_size, (rank + 1) * n // world_size
 
-    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
-        """Keep this rank's block of every population (in place; uids and ``next_uid`` unchanged)."""
+    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm,
+              shared: bool = False) -> State:
+        """Keep this rank's block of every population (in place; uids and ``next_uid`` unchanged); or,
+        ``shared`` (each rank built its own share), the agents it built: halos hold every other rank's
+        agents, so where an agent is never changes a result.
+        """
+        if shared:
+            return state
         for pop in state.populations.values():
             order = torch.argsort(pop[UID], stable=True)
             lo, hi = self.block(pop.n, comm.rank, comm.world_size)

@@ -241,8 +241,12 @@ class Partitioner(Protocol):
     name: str
     grad_links: list[Tensor]
 
-    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
-        """Keep this rank's share of the initial state (every rank built the same global state)."""
+    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm,
+              shared: bool = False) -> State:
+        """Keep this rank's share of the initial state: every rank built the same global state, or,
+        ``shared``, each built its own share of the agents (``InitContext.share``) and the agents
+        that another rank owns are sent there.
+        """
         ...
 
     def halos(self, state: State, substep: Substep, comm: Comm) -> Halos:
@@ -329,7 +333,8 @@ class IdentityPartition:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
+    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm,
+              shared: bool = False) -> State:
         """Keep every agent (one rank only: on several, each would run the whole population)."""
         if comm.world_size > 1:
             raise ConfigError(f"the identity partitioner keeps every agent on its rank; with {comm.world_size} ranks "

@@ -169,8 +169,12 @@ class SpatialPartition(IdentityPartition):
                               f"(a {type(self.space).__name__} places agents by '{want}'); use partition 'data'")
         return str(want)
 
-    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm) -> State:
-        """Compute the regions from the (global) initial state and keep this rank's agents."""
+    def place(self, state: State, space: Any, substeps: Sequence[Substep], params: Params, comm: Comm,
+              shared: bool = False) -> State:
+        """Compute the regions from the (global) initial state and keep this rank's agents; or,
+        ``shared`` (each rank built its own share of the agents), compute them from the histogram
+        of every rank's agents and send each agent to the rank whose region holds it.
+        """
         self.bind(space, params)
         check_reaches(substeps, params, space)
         self.position = {name: self._position_field(pop) for name, pop in state.populations.items()}
@@ -184,13 +188,17 @@ class SpatialPartition(IdentityPartition):
             self._graph_send_lists(comm)
         else:
             if self.layout == "rcb":
-                self.regions = geo.bisection(*self._histogram2d(state), W, self.space.region_extent,
-                                             self.space.periodic)
+                self.regions = geo.bisection(*self._histogram2d(state, comm if shared else None), W,
+                                             self.space.region_extent, self.space.periodic)
             else:
                 self.regions = geo.uniform(self.space.region_extent, W, self.layout, self.discrete,
                                            self.space.periodic)
         for name, pop in state.populations.items():
-            pop.keep(self.owner(name, pop) == comm.rank)
+            if shared and W > 1:
+                self.move_agents(state, name, comm)
+            else:
+                pop.keep(self.owner(name, pop) == comm.rank)
+        self.migrated = 0  # placing is not migrating
         # A differentiable run (grad parameters among params) exchanges step by step, without the overlap.
         differentiable = any(isinstance(v, Tensor) and v.requires_grad for v in params.values())
         plan = overlap_plan(self, substeps, params, comm) if self.allow_overlap and not differentiable else None

@@ -45,9 +45,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentsim.core.comm import Comm
+from agentsim.core.comm import Comm, LocalComm
 from agentsim.core.context import Effects, Halos
 from agentsim.core.env import changed_cells, merge_layer
+from agentsim.core.groups import GroupIndex, GroupSums
 from agentsim.core.params import Params
 from agentsim.core.state import UID, State
 from agentsim.core.substep import ENV, Substep, resolve_reach
@@ -57,7 +58,8 @@ from agentsim.space.grid import Grid
 
 __all__ = ["ContractChecks", "checked_env"]
 
-CallFn = Callable[[Substep, State, Halos], Effects]
+CallFn = Callable[..., Effects]  # call(substep, state, halos, groups=None) -> Effects
+_GROUP_PASSES = 4  # passes of a split call that uses ctx.group_totals (2 unless totals feed later contributions)
 Outcome = dict[str, Tensor]
 _MESSAGE_BYTES = 4096  # a violation's message travels to every rank in a fixed-size row
 
@@ -221,7 +223,7 @@ class ContractChecks:
         return f"{diff} changes when the agents are split over two processes: {hint}"
 
     def _split_outcome(self, s: Substep, before: State, parts: list[dict[str, Tensor]], within_reach: bool) -> Outcome:
-        results = []
+        calls = []
         for i, mine in enumerate(parts):
             others = parts[1 - i]
             sub = before.clone()
@@ -234,7 +236,17 @@ class ContractChecks:
                 if within_reach:
                     keep = keep & self._near(s, sub, before[name], keep)
                 halos[name] = {k: v[keep] for k, v in rest.items()}
-            results.append((sub, self.call(s, sub, halos)))
+            calls.append((sub, halos))
+        # ctx.group_totals adds the other part's contributions: as two processes exchange them, the parts
+        # run again with what the other part contributed on the previous pass, until that stops changing
+        split = _SplitGroups(before)
+        for _ in range(_GROUP_PASSES):
+            results = []
+            for i, (sub, halos) in enumerate(calls):
+                state = sub.clone()
+                results.append((state, self.call(s, state, halos, groups=split.part(i))))
+            if not split.next_pass():
+                break
         return _merged([_outcome(s, sub, eff) for sub, eff in results], s, before)
 
     def _near(self, s: Substep, part: State, pop: Any, candidates: Tensor) -> Tensor:
@@ -302,6 +314,61 @@ class ContractChecks:
 
 
 # ---------------------------------------------------------------------- outcomes
+class _SplitGroups:
+    """``ctx.group_totals`` for the two parts of a split call run one after the other in one process:
+    each part's totals add the other part's contributions recorded on the previous pass.
+    """
+
+    def __init__(self, whole: State) -> None:
+        self.whole = whole  # both parts' agents: group sizes count them all
+        self.before: list[list[tuple[Tensor, Tensor]]] = [[], []]
+        self.now: list[list[tuple[Tensor, Tensor]]] = [[], []]
+
+    def part(self, i: int) -> _PartGroups:
+        """The group sums part ``i`` (0 or 1) sees on this pass."""
+        self.now[i] = []
+        return _PartGroups(self, i)
+
+    def next_pass(self) -> bool:
+        """Keep this pass's contributions for the next; whether they changed (another pass is needed)."""
+        changed = any(len(a) != len(b) or any(not (torch.equal(ga, gb) and torch.equal(va, vb))
+                                              for (ga, va), (gb, vb) in zip(a, b, strict=False))
+                      for a, b in zip(self.before, self.now, strict=True))
+        self.before, self.now = self.now, [[], []]
+        return changed
+
+
+class _PartGroups:
+    """One part's ``ctx.group_totals`` in a split call (see :class:`_SplitGroups`)."""
+
+    def __init__(self, split: _SplitGroups, part: int) -> None:
+        self.split, self.part = split, part
+
+    def index(self, name: str, field: Tensor) -> GroupIndex:
+        """The part's own groups and members, with sizes that count both parts' members."""
+        index = GroupSums(LocalComm()).index(name, field)
+        population, _, key = name.partition(".")
+        every, counts = torch.unique(self.split.whole[population][key].to(torch.int64), return_counts=True)
+        size = counts.index_select(0, torch.searchsorted(every, index.ids)).to(index.size.device)
+        return GroupIndex(index.ids, index.of, size, index.start, index.order)
+
+    def totals(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        mine, partial = GroupSums(LocalComm()).totals(name, field, rows, values)
+        calls = self.split.now[self.part]
+        theirs = self.split.before[1 - self.part]
+        k = len(calls)
+        calls.append((mine, partial))
+        if k >= len(theirs):
+            return mine, partial
+        groups, sums = theirs[k]
+        held = torch.isin(groups, field.to(torch.int64))  # the other part's groups with members here
+        every = torch.cat([mine, groups[held]])
+        merged, where = torch.unique(every, return_inverse=True)
+        out = torch.zeros((merged.shape[0], *partial.shape[1:]), dtype=torch.int64, device=partial.device)
+        out.index_add_(0, where, torch.cat([partial, sums[held].to(partial.device)]))
+        return merged, out
+
+
 def _outcome(s: Substep, state: State, effects: Effects) -> Outcome:
     """What a call of ``s`` did, independent of row order: written fields by uid, env layers,
     deaths (uids), births (by parent uid) and flags.

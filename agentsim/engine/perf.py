@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 
 from agentsim.distributed.partition import RanksFigures
 
-__all__ = ["step_figures", "summarize_perf"]
+__all__ = ["group_figures", "step_figures", "summarize_groups", "summarize_perf"]
 
 
 def step_figures(figures: RanksFigures, counts: Sequence[int], moved: Sequence[int] | None) -> dict[str, float]:
@@ -62,6 +62,50 @@ def step_figures(figures: RanksFigures, counts: Sequence[int], moved: Sequence[i
         "halo/rows": float(figures.halo_rows.sum()), "halo/bytes": float(figures.halo_bytes.sum()),
         "migrated": float(figures.migrated.sum()), "rebalanced": float(moved is not None),
     }
+
+
+def group_figures(names: Sequence[str], per_rank: Sequence[Sequence[Sequence[int]]]) -> dict[str, float]:
+    """The cut of each group field of ``ctx.group_totals`` (:mod:`agentsim.core.groups`) over ranks.
+
+    Args:
+        names: The group fields (``"person.household"``), in the order of the rows.
+        per_rank: ``[W][F][3]`` each rank's ``(members, cut_members, cut_groups)`` per field.
+
+    Returns:
+        ``groups/cut_share``: over every field, the share of memberships whose group has members on
+        another rank; and per field ``f``: ``groups/f/cut_share``, the share of the agents whose group has members on
+        another rank (the edge cut of the person-place graph: the share of memberships that
+        cross ranks); ``groups/f/ghost_groups_max`` and ``.../ghost_groups_mean``, the groups a
+        rank shares with others (its ghost places). One process: all 0.
+
+    Examples:
+        >>> group_figures(["p.home"], [[[100, 4, 1]], [[50, 2, 1]]])["groups/p.home/cut_share"]
+        0.04
+    """
+    out: dict[str, float] = {}
+    every = sum(rank[f][0] for rank in per_rank for f in range(len(names)))
+    crossing = sum(rank[f][1] for rank in per_rank for f in range(len(names)))
+    out["groups/cut_share"] = crossing / every if every else 0.0
+    for f, name in enumerate(names):
+        members = sum(rank[f][0] for rank in per_rank)
+        cut = sum(rank[f][1] for rank in per_rank)
+        ghosts = [rank[f][2] for rank in per_rank]
+        out[f"groups/{name}/cut_share"] = cut / members if members else 0.0
+        out[f"groups/{name}/ghost_groups_max"] = float(max(ghosts))
+        out[f"groups/{name}/ghost_groups_mean"] = sum(ghosts) / len(ghosts)
+    return out
+
+
+def summarize_groups(figures: Mapping[str, float]) -> str:
+    """One line on the cut of each group field (:func:`group_figures`); empty without any."""
+    names = [k[len("groups/"):-len("/cut_share")] for k in figures
+             if k.startswith("groups/") and k.endswith("/cut_share") and k != "groups/cut_share"]
+    if not names:
+        return ""
+    parts = [f"{name} {figures[f'groups/{name}/cut_share']:.2%} "
+             f"(ghosts per rank: max {figures[f'groups/{name}/ghost_groups_max']:.0f})" for name in names]
+    return (f"groups cut across ranks (share of members): {figures['groups/cut_share']:.2%} of all memberships; "
+            + "; ".join(parts))
 
 
 def summarize_perf(perf_steps: Sequence[Mapping[str, float]], steps: int | None = None) -> str:

@@ -40,6 +40,7 @@ from agentsim._native import build as native
 from agentsim.core import ops
 from agentsim.core.comm import Comm, CommStats, LocalComm
 from agentsim.core.context import Birth, Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
+from agentsim.core.groups import GroupSums
 from agentsim.core.model import Model
 from agentsim.core.params import Params
 from agentsim.core.policy import resolve_actors
@@ -52,7 +53,7 @@ from agentsim.distributed.snapshot import NeighborSnapshots
 from agentsim.engine.contract import ContractChecks, checked_env, plain
 from agentsim.engine.locality import LocalityOrder
 from agentsim.engine.memory import check_memory
-from agentsim.engine.perf import step_figures
+from agentsim.engine.perf import group_figures, step_figures
 from agentsim.engine.progress import progress_bar
 from agentsim.errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from agentsim.io.locks import lock_on_rank0
@@ -152,6 +153,9 @@ class RunResult:
             with a file has every step's in the file's ``/perf``).
         comm_seconds, comm_bytes: Per step, seconds this rank spent in collectives and bytes it
             sent: the same steps as ``perf``.
+        groups: The cut of every group field summed with ``ctx.group_totals`` (share of members in
+            groups that span ranks, ghost groups per rank: :func:`~agentsim.engine.perf.group_figures`;
+            also attributes of the file's ``/perf``).
     """
 
     metrics: dict[str, np.ndarray]
@@ -164,6 +168,7 @@ class RunResult:
     perf: list[dict[str, float]] = field(default_factory=list)
     comm_seconds: list[float] = field(default_factory=list)
     comm_bytes: list[int] = field(default_factory=list)
+    groups: dict[str, float] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         steps = len(self.metrics.get("step", [])) - 1
@@ -347,6 +352,7 @@ class Simulation:
         self.n_agents = check_agents(self.model.default_agents if agents is None else agents)
         self.device = resolve_device(device)
         self.comm: Comm = comm if comm is not None else LocalComm()
+        self.groups = GroupSums(self.comm)  # ctx.group_totals: per-group sums over ranks, cut groups cached
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
         if not isinstance(check, bool):
             raise ConfigError(f"check: expected True or False (got {check!r})")
@@ -367,8 +373,11 @@ class Simulation:
         if resume is None:  # a state that cannot fit: refused now, not by the allocator in the build
             check_memory(self.model, self.params, self.n_agents, self.device, self.seed)
         rng: Any = self.rng.at(0, "init")
+        ic = InitContext(self.params, self.n_agents, rng, self.device, rank=self.comm.rank,
+                         world_size=self.comm.world_size)
         with torch.set_grad_enabled(self.differentiable):
-            state, space = self.model.build(InitContext(self.params, self.n_agents, rng, self.device))
+            state, space = self.model.build(ic)
+        shared = ic.shared and resume is None  # each rank built its share (a checkpoint holds every agent)
         state = state.to(self.device)
         self.model.validate_state(state)
         check_positions(state, space)
@@ -386,7 +395,10 @@ class Simulation:
             self.resume_manifest = saved.manifest
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
-        self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm)
+        self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm,
+                                                 shared=shared and self.comm.world_size > 1)
+        if shared and self.comm.world_size > 1:
+            self._agree_next_uids()
         self.locality = LocalityOrder(space, self.model.substeps, self.params, sort_every)
         # Called after every substep with (simulation, substep) on every rank (agentsim.runner.invariance).
         self.trace: Callable[[Simulation, Substep], None] | None = None
@@ -402,6 +414,16 @@ class Simulation:
         self._history = True  # a differentiable run's steps record autograd history (see without_history)
         if self.device.type == "cpu":  # the steps' freed tensors reused, not fresh pages (after init: its
             native.reuse_freed_memory()  # one-off temporaries go back to the system)
+
+    def _agree_next_uids(self) -> None:
+        """After an init that built a share per rank: every rank's ``next_uid`` of each population is the
+        largest over ranks (births number from it, as on one process).
+        """
+        names = sorted(self.state.populations)
+        mine = torch.tensor([[self.state.populations[n].next_uid for n in names]], dtype=torch.int64)
+        every = self.comm.all_gather_rows({"next": mine}, rows_per_rank=1)["next"]
+        for name, top in zip(names, every.max(0).values.tolist(), strict=True):
+            self.state.populations[name].next_uid = int(top)
 
     def parameter_gradients(self, loss: Tensor) -> dict[str, Tensor]:
         """``d loss / d`` each of :attr:`grad_params`, added over ranks (a collective: every rank
@@ -595,9 +617,11 @@ class Simulation:
         return {key: self.state.env[key].clone() for key in sorted(s.writable(ENV))}  # the same order on every rank
 
     def _call(self, s: Substep, state: State, halos: Halos, *, per_agent_flags: bool = False,
-              fresh: bool = True) -> Effects:
+              fresh: bool = True, groups: Any = None) -> Effects:
         """Call ``s`` on ``state`` with ``halos`` as the other agents it may read (or, not
         ``fresh``, the neighbor snapshots); raise if it modified a read-only tensor in place.
+        ``groups``: what ``ctx.group_totals`` sums with (default: the run's, over its ranks; the check
+        mode's split calls pass their own).
         """
         snapshots = None if fresh else self.snapshots  # the closure holds what it needs, not the engine
 
@@ -612,7 +636,8 @@ class Simulation:
         step = state.step + 1
         ctx = Context(s, state, step=step, params=self.params, rng=self.rng.at(step, s.name), space=self.space,
                       device=self.device, neighbors=neighbors if s.neighbors else None,
-                      per_agent_flags=per_agent_flags, policies=self.actors)
+                      per_agent_flags=per_agent_flags, policies=self.actors,
+                      groups=self.groups if groups is None else groups)
         if self.checks is not None:  # env layers that refuse negative indices, for this call
             state.env.update(checked_env(state.env, s))
         versions = _read_only_versions(s, state)
@@ -889,6 +914,8 @@ class Simulation:
             self._in_run = False
             self._rows = []
             self.partition.release()
+        groups = self._group_figures()
+        recorder.write_perf_attrs(groups)
         recorder.close(completed=True)
         figs = self._figures
         taken = figs.taken - first_perf
@@ -897,7 +924,23 @@ class Simulation:
         metrics = rows.arrays()
         comm = figs.last(figs.comm, figs.comm_taken - first_comm)
         return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
-                         figs.last(figs.perf, taken), [c.seconds for c in comm], [c.bytes_sent for c in comm])
+                         figs.last(figs.perf, taken), [c.seconds for c in comm], [c.bytes_sent for c in comm],
+                         groups)
+
+    def _group_figures(self) -> dict[str, float]:
+        """The cut of each group field over ranks (a collective on several ranks: every rank has
+        the same fields, since ``ctx.group_totals`` is called on every rank alike).
+        """
+        mine = self.groups.figures
+        names = list(mine)
+        rows = [[mine[n]["members"], mine[n]["cut_members"], mine[n]["cut_groups"]] for n in names]
+        if not names:
+            return {}
+        if self.comm.world_size == 1:
+            return group_figures(names, [rows])
+        flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64).reshape(1, -1)
+        every = self.comm.all_gather_rows({"figures": flat})["figures"].reshape(self.comm.world_size, len(names), 3)
+        return group_figures(names, every.tolist())
 
 
 def _plain_state(state: State, effects: Effects) -> None:

@@ -797,6 +797,15 @@ class TrajectoryWriter:
         self._buffer_row(self._perf, step, values)
 
     @_io_errors
+    def write_perf_attrs(self, figures: Mapping[str, float]) -> None:
+        """Figures of the whole run (the cut of each group field: :mod:`agentsim.engine.perf`), as
+        float attributes of ``/perf``.
+        """
+        self._check_open()
+        for key, value in figures.items():
+            self._perf.group.attrs[_check_name("perf", key, nested=True)] = float(value)
+
+    @_io_errors
     def write_agents(self, step: int, population: str, fields: Mapping[str, Tensor | np.ndarray]) -> None:
         """Append one frame of a population to ``/agents/<population>``.
 

@@ -234,6 +234,11 @@ class Recorder:
             self.writer.flush()
             self._flushed = now
 
+    def write_perf_attrs(self, figures: Mapping[str, float]) -> None:
+        """Figures of the whole run, kept as attributes of the file's ``/perf`` (rank 0 writes)."""
+        if self.writer is not None and figures:
+            self.writer.write_perf_attrs(figures)
+
     def close(self, completed: bool) -> None:
         """Close the file; ``completed`` marks a run that finished."""
         if self.writer is not None:

@@ -411,7 +411,7 @@ def synthesize(n: int, seed: int = 0, tables: PopulationTables | None = None, *,
     return _synthesize_localities(loc, own, tables, rng)
 
 
-_BATCH_PEOPLE = 2**24
+_BATCH_PEOPLE = 2**22
 _COLUMNS = ("uid", "age", "locality", "household", "school", "work", "community")
 
 

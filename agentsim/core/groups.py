@@ -1,0 +1,318 @@
+"""Sums over groups of agents that may span processes: places whose members live on several ranks.
+
+A *group field* is an integer field of a population whose value names the agent's group: a
+household, a school, a workplace (any int >= 0; the agents of one group share the value; a
+negative value: the agent is in no group of that field, contributes nothing and gets nothing).
+:meth:`Context.group_totals <agentsim.core.context.Context.group_totals>` sums integer values
+contributed by some of this rank's agents over each of their groups, adds the contributions of
+the same groups' members on every other rank, and returns the totals of the groups this rank's
+agents belong to. A model that reads other agents only through such totals needs no halo of
+agents at all: the traffic is one row per group that has members on several ranks (a *cut*
+group) and a contribution, so a partition that keeps households, schools and workplaces whole
+sends almost nothing.
+
+How it runs on ``W`` ranks (every rank calls it: it is a collective step):
+
+- **once per field** (again after the field or its population changed): each rank sends its
+  distinct groups to their *owner* rank, ``group % W``; an owner finds the groups held by
+  several ranks and tells each holder of such a cut group the other holders;
+- **per call**: each rank adds its contributions per group (``index_add`` of int64: exact) and
+  sends the partial sums of its cut groups to the other holders of each, in one all-to-all
+  whose sizes every rank knows; each holder adds what it receives (exact, so the order of
+  ranks does not matter).
+
+Integers only: a float sum would depend on how the agents are split. Totals are therefore the
+same bits on any number of ranks and for any partition of the agents. On one process it is a
+per-group sum and nothing travels. :attr:`GroupSums.figures` gives, per field, the share of
+the agents whose group is cut and the cut groups per rank (for ``/perf`` and the run summary).
+
+Examples:
+    >>> import torch
+    >>> from agentsim.core.comm import LocalComm
+    >>> sums = GroupSums(LocalComm())
+    >>> household = torch.tensor([7, 7, 3, 9])          # agent k lives in household[k]
+    >>> rows, values = torch.tensor([0, 1, 2]), torch.tensor([[1], [1], [1]])
+    >>> groups, totals = sums.totals("person.household", household, rows, values)
+    >>> groups.tolist(), totals.tolist()
+    ([3, 7], [[1], [2]])
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentsim.core.comm import Comm
+from agentsim.core.ops import tensor_version
+from agentsim.errors import ConfigError
+
+__all__ = ["GroupIndex", "GroupSums"]
+
+
+@dataclass
+class _Cut:
+    """What one rank knows of a group field's cut groups (built collectively).
+
+    Attributes:
+        field: The field tensor it was built from (a weak reference) and its version.
+        index: The group index (:class:`GroupIndex`), once asked for.
+        cut: ``[c]`` int64 sorted: this rank's groups that have members on other ranks.
+        peer_pos: ``[s]`` int64 positions in ``cut`` of the groups shared with each peer rank, peer
+            by peer (rank order) and by group id within a peer: what this rank sends, and the
+            order of what it receives (each peer lists the same groups in the same order).
+        peer_counts: ``[W]`` how many of ``peer_pos`` go to each rank.
+        cut_members: This rank's agents whose group is cut.
+        members: This rank's agents.
+    """
+
+    field: Any
+    version: int
+    index: GroupIndex | None
+    cut: Tensor
+    peer_pos: Tensor
+    peer_counts: list[int]
+    cut_members: int
+    members: int
+
+
+@dataclass
+class GroupIndex:
+    """This rank's groups of one field, numbered ``0 .. G - 1``, with their sizes over every rank and
+    their members here (from :meth:`GroupSums.index`, ``ctx.group_index``). The numbers are this
+    rank's: use them as indices, never as results (the ids are the same on any number of ranks).
+
+    Attributes:
+        ids: ``[G]`` int64 sorted ids of the groups of this rank's agents.
+        of: ``[n]`` int32 number of each agent's group (its position in ``ids``), -1 for none.
+        size: ``[G]`` int64 members of each group over every rank.
+        start: ``[G + 1]`` int64: the rows of group ``k``'s members here are ``order[start[k]:start[k + 1]]``.
+        order: ``[m]`` int32 (int64 beyond 2**31 agents) rows of this rank's members, group by group
+            (row order within a group).
+    """
+
+    ids: Tensor
+    of: Tensor
+    size: Tensor
+    start: Tensor
+    order: Tensor
+
+    def find(self, groups: Tensor) -> Tensor:
+        """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
+        return torch.searchsorted(self.ids, groups.to(torch.int64))
+
+    def members(self, numbers: Tensor) -> tuple[Tensor, Tensor]:
+        """This rank's members of the groups ``numbers`` (``[g]`` int64): ``(rows [m], which [m])``,
+        ``which[j]`` the position in ``numbers`` of row ``rows[j]``'s group; group by group.
+        """
+        first = self.start.index_select(0, numbers)
+        count = self.start.index_select(0, numbers + 1) - first
+        which = torch.repeat_interleave(torch.arange(numbers.shape[0], device=numbers.device), count)
+        offset = torch.cumsum(count, 0) - count
+        slot = torch.arange(which.shape[0], device=numbers.device) + (first - offset).index_select(0, which)
+        return self.order.index_select(0, slot).to(torch.int64), which
+
+    def local_members(self, numbers: Tensor) -> int:
+        """How many of this rank's agents the groups ``numbers`` have (the length of :meth:`members`)."""
+        return int((self.start.index_select(0, numbers + 1) - self.start.index_select(0, numbers)).sum())
+
+
+def _lexsorted(major: Tensor, minor: Tensor) -> tuple[Tensor, Tensor]:
+    """``major`` and ``minor`` (``[m]`` int64) reordered by ``major``, then ``minor`` (no products that overflow)."""
+    order = torch.argsort(minor, stable=True)
+    order = order.index_select(0, torch.argsort(major.index_select(0, order), stable=True))
+    return major.index_select(0, order), minor.index_select(0, order)
+
+
+def _sorted_member(values: Tensor, sorted_set: Tensor) -> Tensor:
+    """``[n]`` bool: which ``values`` are in the sorted 1-D ``sorted_set``."""
+    if sorted_set.numel() == 0:
+        return torch.zeros(values.shape, dtype=torch.bool, device=values.device)
+    at = torch.searchsorted(sorted_set, values).clamp_(max=sorted_set.numel() - 1)
+    return sorted_set.index_select(0, at) == values
+
+
+class GroupSums:
+    """Per-group integer sums over the ranks of a run, with the cut groups of each field cached.
+
+    Args:
+        comm: The run's collectives (:class:`~agentsim.core.comm.LocalComm` on one process).
+    """
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+        self._cuts: dict[str, _Cut] = {}
+
+    @property
+    def figures(self) -> dict[str, dict[str, int]]:
+        """Per group field (``"person.household"``), on this rank: ``members`` (agents),
+        ``cut_members`` (agents whose group has members on another rank) and ``cut_groups``
+        (groups shared with another rank: the ghost places).
+        """
+        return {name: {"members": c.members, "cut_members": c.cut_members, "cut_groups": int(c.cut.numel())}
+                for name, c in sorted(self._cuts.items())}
+
+    def totals(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Sums of ``values`` per group over every rank, for this rank's groups that got any.
+
+        Args:
+            name: The field's reference, ``"population.field"`` (the cache key).
+            field: ``[n]`` integer group of each of this rank's agents (< 0: none).
+            rows: ``[m]`` int64 the agents that contribute (rows of ``field``; repeats allowed).
+            values: ``[m]`` or ``[m, k]`` integer contribution of each (summed as int64).
+
+        Returns:
+            ``(groups, totals)``: ``[g]`` int64 sorted group ids, every group of this rank's
+            agents that a contribution reached from any rank, and ``[g]`` or ``[g, k]`` int64
+            their totals over all ranks. The same for any number of ranks.
+
+        Raises:
+            ConfigError: float or bool ``values``, or shapes that do not fit.
+        """
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise ConfigError(f"group_totals({name!r}): values must be integers (got {values.dtype}): a float "
+                              "sum depends on how the agents are split over processes; count in integer units")
+        self._check_field(name, field)
+        if rows.dim() != 1 or values.shape[:1] != rows.shape:
+            raise ConfigError(f"group_totals({name!r}): expected rows [m] and values [m] or [m, k] "
+                              f"(got rows {list(rows.shape)}, values {list(values.shape)})")
+        width = 1
+        for extent in values.shape[1:]:
+            width *= int(extent)
+        flat = values.reshape(rows.shape[0], width).to(torch.int64)
+        of = field.index_select(0, rows).to(torch.int64)
+        if of.numel() and int(of.min()) < 0:  # agents in no group contribute nothing
+            some = torch.nonzero(of >= 0).reshape(-1)
+            of, flat = of.index_select(0, some), flat.index_select(0, some)
+        groups, where = torch.unique(of, return_inverse=True)
+        partial = torch.zeros((groups.shape[0], flat.shape[1]), dtype=torch.int64, device=flat.device)
+        partial.index_add_(0, where, flat)
+        if self.comm.world_size > 1:
+            groups, partial = self._across(name, field, groups, partial)
+        return groups, partial.reshape((groups.shape[0], *values.shape[1:]))
+
+    def _across(self, name: str, field: Tensor, groups: Tensor, partial: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the other ranks' partial sums of this rank's cut groups (one all-to-all, no counts to
+        exchange first: each rank sends every group it shares with a peer, in the order both know).
+        A group is kept if a contribution reached it on some rank (a count travels with the sums).
+        """
+        cut = self._cut(name, field)
+        k = partial.shape[1]
+        shared = _sorted_member(groups, cut.cut)
+        # [c, k + 1] this rank's sums of its cut groups, and how many rows contributed to each
+        mine = torch.zeros((cut.cut.shape[0], k + 1), dtype=torch.int64, device=partial.device)
+        at = torch.searchsorted(cut.cut, groups[shared])
+        mine[at, :k] = partial[shared]
+        mine[at, k] = 1
+        send = mine.index_select(0, cut.peer_pos)
+        row = (k + 1) * 8
+        splits = [int(c) * row for c in cut.peer_counts]
+        got, work = self.comm.post_all_to_all(send.reshape(-1).view(torch.uint8), splits, splits)
+        self.comm.wait(work)
+        mine.index_add_(0, cut.peer_pos, got.view(torch.int64).reshape(-1, k + 1).to(mine.device))
+        reached = mine[:, k] > 0
+        every = torch.cat([groups[~shared], cut.cut[reached]])
+        sums = torch.cat([partial[~shared], mine[reached, :k]])
+        order = torch.argsort(every)
+        return every.index_select(0, order), sums.index_select(0, order)
+
+    def index(self, name: str, field: Tensor) -> GroupIndex:
+        """The groups of this rank's agents in ``field`` with their sizes over every rank and their
+        members here (:class:`GroupIndex`); built once (a collective step: every rank calls it) and
+        again when ``field`` or its population changed.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.comm import LocalComm
+            >>> index = GroupSums(LocalComm()).index("person.home", torch.tensor([7, -1, 3, 7]))
+            >>> index.ids.tolist(), index.of.tolist(), index.size.tolist()
+            ([3, 7], [1, -1, 0, 1], [1, 2])
+            >>> rows, which = index.members(torch.tensor([1]))
+            >>> rows.tolist(), which.tolist()
+            ([0, 3], [0, 0])
+        """
+        self._check_field(name, field)
+        cut = self._cut(name, field) if self.comm.world_size > 1 else self._local(name, field)
+        if cut.index is None:
+            cut.index = self._build_index(name, field)
+        return cut.index
+
+    def _build_index(self, name: str, field: Tensor) -> GroupIndex:
+        """Number the groups of ``field`` here, list their members, and count them over every rank."""
+        ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
+        some = ids >= 0
+        if not bool(some.all()):  # the agents in no group: number -1, no group of theirs
+            number = number - 1
+            ids = ids[1:]
+        of = number.to(torch.int32)
+        has = torch.nonzero(of >= 0).reshape(-1)
+        counts = torch.bincount(of.index_select(0, has), minlength=ids.shape[0])
+        rows_dtype = torch.int32 if field.shape[0] < 2**31 else torch.int64
+        order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
+        start = torch.zeros(ids.shape[0] + 1, dtype=torch.int64, device=field.device)
+        torch.cumsum(counts, 0, out=start[1:])
+        size = counts.to(torch.int64)
+        if self.comm.world_size > 1:
+            _, summed = self._across(name, field, ids, size.reshape(-1, 1))  # every group here has members here
+            size = summed.reshape(-1)
+        return GroupIndex(ids, of, size, start, order)
+
+    def _local(self, name: str, field: Tensor) -> _Cut:
+        """One process: nothing is cut; the entry keeps the index while ``field`` stays the same."""
+        known = self._cuts.get(name)
+        if known is not None and known.field() is field and known.version == tensor_version(field):
+            return known
+        empty = field.new_zeros(0, dtype=torch.int64)
+        made = _Cut(weakref.ref(field), tensor_version(field), None, empty, empty, [0], 0, int(field.shape[0]))
+        self._cuts[name] = made
+        return made
+
+    @staticmethod
+    def _check_field(name: str, field: Tensor) -> None:
+        if field.dim() != 1 or field.dtype.is_floating_point or field.dtype == torch.bool:
+            raise ConfigError(f"group field {name!r}: expected [n] integers (got {field.dtype} {list(field.shape)})")
+
+    def _cut(self, name: str, field: Tensor) -> _Cut:
+        """The cut groups of ``field``, rebuilt (on every rank together) when any rank's changed."""
+        known = self._cuts.get(name)
+        fresh = known is not None and known.field() is field and known.version == tensor_version(field)
+        stale = self.comm.sum_int64(torch.tensor([0 if fresh else 1], dtype=torch.int64, device=field.device))
+        if known is not None and int(stale[0]) == 0:
+            return known
+        comm, rank, world = self.comm, self.comm.rank, self.comm.world_size
+        held = torch.unique(field.to(torch.int64))
+        held = held[held >= 0]  # no group
+        # each group's owner (group % W) learns which ranks hold it
+        owner = torch.remainder(held, world)
+        mine, away = owner == rank, owner != rank
+        got = comm.exchange_rows({"g": held[away], "r": torch.full_like(held[away], rank)}, owner[away])
+        g = torch.cat([held[mine], got["g"]])
+        r = torch.cat([torch.full_like(held[mine], rank), got["r"]])
+        g, r = _lexsorted(g, r)  # by group, then rank
+        _, counts = torch.unique_consecutive(g, return_counts=True)
+        row_count = torch.repeat_interleave(counts, counts)  # per (group, holder) row: its group's holders
+        row_first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)  # its group's first row
+        cut_rows = torch.nonzero(row_count > 1).reshape(-1)  # rows of cut groups
+        # and tells each holder of a cut group every other holder: rows (group, holder, peer)
+        times = row_count.index_select(0, cut_rows)
+        holder = torch.repeat_interleave(cut_rows, times)  # each row once per holder of its group
+        step = torch.arange(holder.shape[0], device=g.device) - torch.repeat_interleave(torch.cumsum(times, 0) - times,
+                                                                                        times)
+        peer = r.index_select(0, row_first.index_select(0, holder) + step)
+        keep = peer != r.index_select(0, holder)
+        rows_g, rows_holder, rows_peer = g.index_select(0, holder)[keep], r.index_select(0, holder)[keep], peer[keep]
+        here = rows_holder == rank
+        told = comm.exchange_rows({"g": rows_g[~here], "p": rows_peer[~here]}, rows_holder[~here])
+        pg, pp = torch.cat([rows_g[here], told["g"]]), torch.cat([rows_peer[here], told["p"]])
+        cut_groups = torch.unique(pg)
+        pp, pg = _lexsorted(pp, pg)  # by peer, then group
+        peer_pos = torch.searchsorted(cut_groups, pg)
+        peer_counts = torch.bincount(pp, minlength=world).tolist()
+        cut_members = int(_sorted_member(field.to(torch.int64), cut_groups).sum())
+        made = _Cut(weakref.ref(field), tensor_version(field), None, cut_groups, peer_pos, peer_counts,
+                    cut_members, int(field.shape[0]))
+        self._cuts[name] = made
+        return made

@@ -1,0 +1,134 @@
+"""The covid model at country scale: population sizes on one process, and strong scaling over processes.
+
+Each configuration runs in fresh processes (``agentsim.runner.launch.run_ranks``), so peak memory is
+the run's own. Per run: init seconds (each process builds its share of the synthetic population:
+``InitContext.share``), seconds per simulated day (the slowest rank's run over the days), peak
+resident memory summed over the processes (and the same less each process's resident memory
+after importing agentsim and torch, its baseline), bytes per person, the cut of each place layer
+(share of members whose place has members on another process) and the epidemic (final size,
+peak of the infectious), which must be the same on any number of processes.
+
+Usage::
+
+    python benchmarks/bench_covid_scale.py --agents 1000000 10000000 --ranks 1 --days 10 --threads 2 \\
+        --out benchmarks/results/covid-scale.json
+    python benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 2 4 8 --days 120 \\
+        --out benchmarks/results/covid-ranks-10m.json        # strong scaling (one thread per process)
+
+On several processes each keeps the people it built (``partition="data"`` with the model's share:
+whole localities, recursive bisection of the map by population, :func:`agentsim.population.partition_localities`);
+the model reads other people only through per-place sums (``ctx.group_totals``), so no agent
+travels. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rss_bytes() -> int:
+    """Peak resident memory of this process so far (bytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _current_rss_bytes() -> int:
+    """Resident memory of this process now (bytes)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: int) -> dict[str, Any]:
+    """One process of a run: build its share, run ``days`` days; its figures."""
+    import torch
+
+    from agentsim import Simulation, get_model
+
+    torch.set_num_threads(threads)
+    baseline = _current_rss_bytes()
+    options: dict[str, Any] = {"partition": "data"} if comm.world_size > 1 else {}
+    t0 = time.perf_counter()
+    sim = Simulation(get_model("covid"), agents=n, seed=seed, params={"initial_prevalence": prevalence},
+                     comm=comm if comm.world_size > 1 else None, **options)
+    init = time.perf_counter() - t0
+    after_init = _rss_bytes()
+    result = sim.run(days)
+    m = result.metrics
+    infectious = (m["A"] + m["I"]).tolist()
+    return {"rank": comm.rank, "people": sim.state["person"].n, "init_seconds": init,
+            "run_seconds": result.seconds, "seconds_per_day": result.seconds / days,
+            "comm_seconds": sum(result.comm_seconds), "baseline_rss_bytes": baseline,
+            "peak_rss_after_init_bytes": after_init, "peak_rss_bytes": _rss_bytes(),
+            "groups": result.groups, "final_size": int(n - m["S"][-1]), "peak_infectious": int(max(infectious)),
+            "peak_day": infectious.index(max(infectious)), "deaths": int(m["D"][-1])}
+
+
+def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, threads: int) -> dict[str, Any]:
+    """One run on ``world_size`` processes: the figures over ranks."""
+    from agentsim.runner.launch import run_ranks
+
+    t0 = time.perf_counter()
+    ranks = run_ranks(_rank, world_size, (n, days, seed, prevalence, threads), timeout=1800.0)
+    wall = time.perf_counter() - t0
+    peak = sum(r["peak_rss_bytes"] for r in ranks)
+    above = sum(r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
+    first = ranks[0]
+    return {"agents": n, "world_size": world_size, "days": days, "threads_per_rank": threads, "wall_seconds": wall,
+            "init_seconds": max(r["init_seconds"] for r in ranks),
+            "seconds_per_day": max(r["seconds_per_day"] for r in ranks),
+            "comm_seconds_max": max(r["comm_seconds"] for r in ranks),
+            "people_per_rank": [r["people"] for r in ranks],
+            "peak_rss_bytes": peak, "peak_rss_bytes_per_agent": peak / n,
+            "peak_rss_above_baseline_bytes_per_agent": above / n,
+            "groups": first["groups"], "final_size": first["final_size"], "peak_infectious": first["peak_infectious"],
+            "peak_day": first["peak_day"], "deaths": first["deaths"],
+            "same_epidemic_on_every_rank": len({(r["final_size"], r["peak_infectious"]) for r in ranks}) == 1}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--agents", type=int, nargs="+", default=[10_000_000])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1])
+    p.add_argument("--days", type=int, default=120)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--prevalence", type=float, default=0.001, help="share exposed at day 0")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rows: list[dict[str, Any]] = []
+    out = {"machine": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=ROOT).stdout.strip(),
+           "prevalence": args.prevalence, "seed": args.seed, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for n in args.agents:
+        for w in args.ranks:
+            row = measure(n, w, args.days, args.seed, args.prevalence, args.threads)
+            base = next((r for r in rows if r["agents"] == n and r["world_size"] == 1), None)
+            if base is not None and w > 1:
+                row["speedup"] = base["seconds_per_day"] / row["seconds_per_day"]
+                row["same_epidemic_as_one_process"] = (row["final_size"], row["peak_infectious"]) == (
+                    base["final_size"], base["peak_infectious"])
+            rows.append(row)
+            Path(args.out).write_text(json.dumps(out, indent=1))  # after each run: a cut-off run keeps the rest
+            cut = row["groups"].get("groups/cut_share")
+            speedup = f" (speedup {row['speedup']:.2f})" if "speedup" in row else ""
+            cut_text = f", memberships cut {cut:.2%}" if cut is not None else ""
+            print(f"{n:>11,} people W={w:<2}: init {row['init_seconds']:7.2f} s, {row['seconds_per_day']:8.4f} s/day"
+                  f"{speedup}, {row['peak_rss_bytes_per_agent']:6.1f} B/person at the peak "
+                  f"({row['peak_rss_above_baseline_bytes_per_agent']:.1f} above the processes' baseline)"
+                  f"{cut_text}; final size {row['final_size']:,}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

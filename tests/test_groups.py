@@ -1,0 +1,138 @@
+"""ctx.group_totals (agentsim.core.groups): integer sums per group over every rank, against a brute-force
+reference, on 1-4 processes and any split of the agents; and a model that reads its place-mates only
+through them, the same bits on 1-4 processes with both partitioners and accepted by the check mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentsim import Box, ConfigError, ContractError, Model, Simulation
+from agentsim.core.comm import LocalComm
+from agentsim.core.groups import GroupSums
+from agentsim.runner.invariance import check_model
+from agentsim.runner.launch import run_ranks
+
+N, GROUPS = 400, 37
+
+
+def population(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every agent's group (some groups huge, some single), who contributes, and what: ``[N]``, ``[m]``, ``[m, 2]``."""
+    g = torch.Generator().manual_seed(seed)
+    group = (torch.randint(0, GROUPS, (N,), generator=g) ** 2 // GROUPS) * 1000 + 5  # sparse, skewed ids
+    rows = torch.nonzero(torch.rand(N, generator=g) < 0.3).reshape(-1)
+    values = torch.randint(-3, 9, (rows.shape[0], 2), generator=g)
+    return group, rows, values
+
+
+def brute_force(group: torch.Tensor, rows: torch.Tensor, values: torch.Tensor,
+                mine: torch.Tensor) -> dict[int, list[int]]:
+    """Group id to its total over all contributors, for the groups of the agents ``mine`` that got one."""
+    totals: dict[int, list[int]] = {}
+    for r, v in zip(rows.tolist(), values.tolist(), strict=True):
+        old = totals.get(group[r].item(), [0, 0])
+        totals[int(group[r])] = [old[0] + v[0], old[1] + v[1]]
+    held = set(group[mine].tolist())
+    return {k: v for k, v in sorted(totals.items()) if k in held}
+
+
+def sums_on_a_rank(comm, seed: int) -> list[tuple[dict[int, list[int]], dict[int, list[int]]]]:
+    """This rank's agents are a scattered share (uid * 7919 % W): totals, twice (the cut is cached), vs brute force."""
+    group, rows, values = population(seed)
+    owner = torch.arange(N) * 7919 % comm.world_size
+    mine = torch.nonzero(owner == comm.rank).reshape(-1)
+    local_row = torch.full((N,), -1, dtype=torch.int64)
+    local_row[mine] = torch.arange(mine.shape[0])
+    here = owner.index_select(0, rows) == comm.rank
+    sums = GroupSums(comm)
+    field = group.index_select(0, mine)
+    out = []
+    for _ in range(2):
+        groups, totals = sums.totals("a.group", field, local_row.index_select(0, rows[here]), values[here])
+        got = dict(zip(groups.tolist(), totals.tolist(), strict=True))
+        out.append((got, brute_force(group, rows, values, mine)))
+    field.add_(0)  # an in-place write: the cut is found again
+    groups, totals = sums.totals("a.group", field, local_row.index_select(0, rows[here]), values[here])
+    out.append((dict(zip(groups.tolist(), totals.tolist(), strict=True)), brute_force(group, rows, values, mine)))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_group_totals_match_brute_force_on_any_number_of_ranks(world_size):
+    for rank_results in run_ranks(sums_on_a_rank, world_size, (world_size,), timeout=60.0):
+        for got, want in rank_results:
+            assert got == want
+
+
+def test_one_process_sums_without_communication():
+    group, rows, values = population(3)
+    groups, totals = GroupSums(LocalComm()).totals("a.group", group, rows, values)
+    assert dict(zip(groups.tolist(), totals.tolist(), strict=True)) == brute_force(group, rows, values, torch.arange(N))
+    one, flat = GroupSums(LocalComm()).totals("a.group", group, rows, values[:, 0])
+    assert flat.shape == one.shape and flat.tolist() == totals[:, 0].tolist()
+
+
+def test_float_values_and_bad_fields_are_refused():
+    sums = GroupSums(LocalComm())
+    group = torch.tensor([0, 1, 1])
+    with pytest.raises(ConfigError, match="values must be integers .*float"):
+        sums.totals("a.group", group, torch.tensor([0, 1]), torch.tensor([0.5, 1.0]))
+    with pytest.raises(ConfigError, match="group field .* expected \\[n\\] integers"):
+        sums.totals("a.group", group.to(torch.float32), torch.tensor([0]), torch.tensor([1]))
+    with pytest.raises(ConfigError, match="expected rows"):
+        sums.totals("a.group", group, torch.tensor([0, 1]), torch.tensor([1]))
+
+
+# A model of my own, from the docs: villagers in huts; each day a villager with a cold gives it to
+# each hut-mate with probability 0.2 per sick hut-mate, and recovers with probability 0.1.
+village = Model("village", default_agents=300)
+
+
+@village.init
+def _init(ic):
+    n = ic.n_agents
+    uid = ic.uids("villager", n)
+    hut = (ic.rng.uniform(uid, "hut") * (n // 4)).to(torch.int64)  # huts of about 4, scattered over uids
+    sick = ic.rng.uniform(uid, "sick") < 0.1
+    ic.add("villager", uid=uid, hut=hut, sick=sick, pos=torch.stack([hut.double(), hut.double()], 1) % 10)
+    return Box(size=(10.0, 10.0))
+
+
+@village.substep(reads=["villager.hut", "villager.sick"], writes=["villager.sick"])
+def catch(ctx):
+    v = ctx["villager"]
+    ill = torch.nonzero(v["sick"]).reshape(-1)
+    huts, sick_mates = ctx.group_totals("villager.hut", ill, torch.ones_like(ill))
+    per_hut = torch.zeros(int(v["hut"].max()) + 1 if v["hut"].numel() else 0, dtype=torch.int64)
+    known = huts < per_hut.shape[0]
+    per_hut[huts[known]] = sick_mates[known]
+    exposure = per_hut.index_select(0, v["hut"]) - v["sick"].to(torch.int64)
+    u = ctx.rng.uniform(v["uid"], draws=2)
+    caught = u[:, 0] < 1 - (1 - 0.2) ** exposure.double()
+    v["sick"] = torch.where(v["sick"], u[:, 1] >= 0.1, caught)
+
+
+village.metric(name="sick")(lambda state: state["villager"]["sick"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("partition", ["data", "spatial"])
+def test_a_model_of_place_mates_gives_the_same_bits_on_one_to_four_processes(partition):
+    report = check_model(village, agents=300, steps=6, world_sizes=(1, 2, 3, 4), partitions=(partition,))
+    assert report.identical, report.summary()
+
+
+def test_the_check_mode_accepts_group_totals_and_catches_a_local_count():
+    Simulation(village, agents=200, seed=1, check=True).run(3)  # no ContractError
+    wrong = Model("village_wrong", default_agents=200)
+    wrong.init(_init)
+
+    @wrong.substep(reads=["villager.hut", "villager.sick"], writes=["villager.sick"])
+    def local_count(ctx):  # counts sick hut-mates among this process's rows only
+        v = ctx["villager"]
+        per_hut = torch.bincount(v["hut"], weights=v["sick"].double(), minlength=int(v["hut"].max()) + 1)
+        v["sick"] = v["sick"] | (per_hut.index_select(0, v["hut"]) >= 2)
+
+    with pytest.raises(ContractError, match="split over two processes"):
+        Simulation(wrong, agents=200, seed=1, check=True).run(3)
