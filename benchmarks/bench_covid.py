@@ -1,8 +1,10 @@
 """agentsim's covid model beside Covasim's hybrid population: run time, memory, epidemic curves.
 
 Both start from Covasim's default disease parameters (agentsim's betas are Covasim's per-contact
-beta times its layer weights and contacts, see ``models/covid.py``), the same population size,
-days and share of people infected at day 0; each seed runs both, alternating (Covasim first),
+beta times its layer weights and contacts, its durations Covasim's lognormals, see
+``models/covid.py``), immunity for life after an infection (Covasim's ``use_waning=False``), the
+same population size, days and share of people infected at day 0, and a population made
+comparable to Covasim's hybrid one (``COMPARABLE`` below); each seed runs both, alternating (Covasim first),
 each in a fresh process with one thread. Reported per side: init seconds (population and
 contacts), seconds per simulated day (the run over days), peak resident memory of the process,
 and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic and
@@ -41,8 +43,9 @@ import json, resource, sys, time, torch
 torch.set_num_threads(1)
 from agentsim import Simulation, get_model
 n, days, seed, prevalence = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+params = {"initial_prevalence": prevalence, **json.loads(sys.argv[5])}
 t0 = time.perf_counter()
-sim = Simulation(get_model("covid"), agents=n, seed=seed, params={"initial_prevalence": prevalence})
+sim = Simulation(get_model("covid"), agents=n, seed=seed, params=params)
 t1 = time.perf_counter()
 m = sim.run(days).metrics
 t2 = time.perf_counter()
@@ -61,7 +64,7 @@ n, days, seed, prevalence = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 cv.options.set(verbose=0, show=False)
 t0 = time.perf_counter()
 sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days, rand_seed=seed, pop_infected=max(1, round(prevalence * n)),
-             verbose=0)
+             use_waning=False, verbose=0)  # immunity for life after infection, as agentsim's model
 sim.initialize()
 t1 = time.perf_counter()
 sim.run()
@@ -76,6 +79,13 @@ print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
 """
 
 
+# agentsim's population beside Covasim's hybrid one, whose school and work layers are random networks
+# over all pupils and all workers (20 and 16 contacts each, no places): one school per age band and
+# locality (10,000 people), workplaces of flat sizes (exponent 0.5: most workers in places of hundreds),
+# and 90% of working-age people at work (Covasim: everyone aged 22-64). Disease parameters: the defaults.
+COMPARABLE: dict[str, Any] = {"school_size": 100_000, "workplace_exponent": 0.5, "employment_rate": 0.9}
+
+
 def _run(python: str, code: str, args: list[Any], env: dict[str, str]) -> dict[str, Any]:
     return child_json([python, "-W", "ignore", "-c", code, *map(str, args)], env=env)
 
@@ -86,8 +96,11 @@ def main() -> None:
     p.add_argument("--days", type=int, default=180)
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--prevalence", type=float, default=0.001, help="share infected at day 0")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="an agentsim covid parameter (repeatable; the comparable configuration is the default)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    params = {**COMPARABLE, **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}}
     single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     mine = {**checkout_env(ROOT), **single}  # this checkout's agentsim and models
     theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
@@ -98,7 +111,7 @@ def main() -> None:
     for seed in range(1, args.seeds + 1):
         run_args = [args.agents, args.days, seed, args.prevalence]
         covasim = _run(str(COVASIM), COVASIM_RUN, run_args, theirs)
-        agentsim = _run(sys.executable, AGENTSIM, run_args, mine)
+        agentsim = _run(sys.executable, AGENTSIM, [*run_args, json.dumps(params)], mine)
         rounds.append({"seed": seed, "covasim": covasim, "agentsim": agentsim})
         print(json.dumps(rounds[-1]), flush=True)
     summary: dict[str, Any] = {}
@@ -115,6 +128,7 @@ def main() -> None:
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),
            "agents": args.agents, "days": args.days, "prevalence": args.prevalence, "threads": 1,
+           "agentsim_params": params,
            "rounds": rounds, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -87,6 +87,7 @@ REQUIRED = {
     "gpu": ["device"],
     "covid": ["agents", "days", "rounds", "summary"],
     "covid-scale": ["rows"],
+    "covid-ranks": ["rows"],
 }
 
 
@@ -691,8 +692,11 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
             ("final_size", "ever infected"), ("peak_infectious", "peak infectious"), ("peak_day", "peak day"),
             ("deaths", "deaths")]
     for rel, d in files:
+        params = d.get("agentsim_params")
+        setting = (f" agentsim's population parameters {params}; Covasim without waning immunity."
+                   if params is not None else " Covasim's `cum_infections` counts reinfections too.")
         lines += [f"`{rel}`: {int(d['agents']):,} people, {d['days']} days, {len(d['rounds'])} seeds, one thread "
-                  f"each; medians (min - max). Covasim's `cum_infections` counts reinfections too.", ""]
+                  f"each; medians (min - max).{setting}", ""]
         rows = []
         for side in ("covasim", "agentsim"):
             got = d["summary"].get(side) or {}
@@ -721,7 +725,8 @@ def covid_scale_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
         lines += [f"`{rel}`: {d.get('note', '')}", ""]
         lines += table(["people", "init s", "s per day", "days", "torch threads", "peak RSS bytes per person"],
                        [[f"{int(r['agents']):,}", num(r["init_seconds"]), num(r["seconds_per_day"]), r["days"],
-                         r.get("threads", NOT_RECORDED), num(r["peak_rss_bytes_per_agent"])] for r in d["rows"]])
+                         r.get("threads", r.get("threads_per_rank", NOT_RECORDED)), num(r["peak_rss_bytes_per_agent"])]
+                        for r in d["rows"]])
         for r in d.get("population_only", []):
             lines += [f"{r['what']}, {int(r['agents']):,} people: {num(r['seconds'])} s, peak RSS "
                       f"{num(r['peak_rss_bytes'] / 2**30)} GiB, {num(r['bytes_per_person_columns'])} bytes a person "
@@ -733,6 +738,28 @@ def covid_scale_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     n = sum(len(d["rows"]) for _, d in files)
     return Section("covid-scale", "Covid at scale on one process", [rel for rel, _ in files], lines, plot,
                    (7.0, 1.0 + 0.4 * n), "seconds per simulated day of the covid model by population size")
+
+
+def covid_ranks_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_covid_scale.py`` over processes: strong scaling of the covid model, and the US."""
+    lines = provenance(files)
+    for rel, d in files:
+        lines += [f"`{rel}`: {d.get('note', '')} ({d.get('cpu_count', '?')} cores)", ""]
+        lines += table(["people", "processes", "init s", "s per day", "speedup over 1", "memberships cut",
+                        "peak RSS bytes per person (above the processes' baseline)", "ever infected"],
+                       [[f"{int(r['agents']):,}", r["world_size"], num(r["init_seconds"]), num(r["seconds_per_day"]),
+                         num(r["speedup"]) if "speedup" in r else "",
+                         f"{100 * r['groups'].get('groups/cut_share', 0.0):.2f}%",
+                         f"{num(r['peak_rss_bytes_per_agent'])} ({num(r['peak_rss_above_baseline_bytes_per_agent'])})",
+                         f"{int(r['final_size']):,}"] for r in d["rows"]])
+
+    def plot(ax: Any) -> None:
+        bars = [(f"{int(r['agents']):,} people, {r['world_size']} processes", [r["seconds_per_day"]])
+                for _, d in files for r in d["rows"]]
+        _bars(ax, bars, "seconds per simulated day", log=True)
+    n = sum(len(d["rows"]) for _, d in files)
+    return Section("covid-ranks", "Covid on several processes (`bench_covid_scale.py`)", [rel for rel, _ in files],
+                   lines, plot, (7.0, 1.0 + 0.4 * n), "seconds per simulated day of the covid model by processes")
 
 
 def classify(rel: str, d: Any) -> str | None:
@@ -756,6 +783,8 @@ def classify(rel: str, d: Any) -> str | None:
         return "gpu"
     if name.startswith("covid-scale"):
         return "covid-scale"
+    if name.startswith(("covid-ranks", "covid-us")):
+        return "covid-ranks"
     if name.startswith("covid"):
         return "covid"
     if name in STRESS:
@@ -794,7 +823,8 @@ def render(results: Path) -> Report:
     for suite in sorted(peers, key=lambda s: (PEER_ORDER.index(s) if s in PEER_ORDER else len(PEER_ORDER), s)):
         report.sections.append(peers_section(suite, peers[suite]))
     for key, build in (("gpu", gpu_section), ("covid", covid_section),
-                       ("covid-scale", covid_scale_section), ("roofline", roofline_section),
+                       ("covid-scale", covid_scale_section), ("covid-ranks", covid_ranks_section),
+                       ("roofline", roofline_section),
                        ("models", models_section), ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section)):
         if key in by_suite:

@@ -14,13 +14,22 @@ probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
   ``beta_l`` is the daily rate of a person whose every place-mate is infectious),
 - ``v = 1 - vaccine_efficacy`` for the vaccinated, 1 otherwise.
 
-The course of an infection, one draw a day per state (mean durations, geometric):
+The course of an infection: each state lasts a number of days drawn when it begins, from
+Covasim's lognormal durations rounded to whole days (mean and standard deviation in days are
+parameters; the defaults are Covasim's):
 
-- exposed (E) becomes infectious after ``latent_days`` on average: symptomatic (I) with
-  probability ``symp(a)``, else asymptomatic (A);
-- A recovers (R) after ``infectious_days``; I leaves after ``infectious_days``: severe (H, in
-  hospital: infects nobody) with probability ``severe(a) / symp(a)``, else R;
-- H leaves after ``severe_days``: dead (D) with probability ``death(a) / severe(a)``, else R.
+- exposed (E) becomes infectious after ``latent_days``: symptomatic (I) with probability
+  ``symp(a)``, else asymptomatic (A);
+- A recovers (R) after ``infectious_days``;
+- I is severe with probability ``severe(a) / symp(a)``, decided as I begins: a severe case goes
+  to hospital (H, infects nobody) after ``presymptomatic_days + onset_to_severe_days``, a mild
+  one recovers after ``presymptomatic_days + infectious_days``;
+- H dies (D) with probability ``death(a) / severe(a)``, decided as H begins, after
+  ``dying_days``; else recovers after ``severe_days``.
+
+Infectiousness is higher early in an infection (Covasim's viral load): over the first
+``ceil(min(early_share * D, early_max_days))`` of its ``D`` infectious days (A, or I) a case counts
+``early_ratio / (1 + early_share * (early_ratio - 1))``, later ``1 / (1 + ...)``: 1 on average.
 
 Age tables (per decade of age, the last 90+) are Covasim's default prognoses (Kerr et al. 2021,
 PLoS Comput Biol; after Verity et al. 2020 and Ferguson et al. 2020), as absolute probabilities
@@ -34,17 +43,28 @@ from ``test_day`` a symptomatic person is tested each day with probability ``tes
 isolates until no longer infectious; from ``vaccine_day`` each susceptible person aged
 ``vaccine_min_age`` or more is vaccinated each day with probability ``vaccine_rate``.
 
-Counts per place are integers (``bincount``) and every draw is keyed by uid: the same days on any
-number of processes. ``exp`` is :func:`agentsim.core.portable.exp`: the same bits on a GPU.
+People read their place-mates only through sums per place (``ctx.group_totals``: integer counts
+of the infectious by kind, whatever process each member is on) and the places' sizes and members
+(``ctx.group_index``); every draw is keyed by uid. Each process builds the people of its own
+localities (``ic.share()``; whole localities by recursive bisection of the map by population), so
+that no process holds the whole population and only places that span processes (commuters'
+workplaces) exchange their counts: the same days on any number of processes. ``exp`` is
+:func:`agentsim.core.portable.exp`: the same bits on a GPU. The population's parameters
+(``community_size``, ``school_size``, ``employment_rate``, ``workplace_exponent``,
+``people_per_locality``, ``locality_spread``) are those of :class:`agentsim.population.PopulationTables`
+and :func:`agentsim.population.synthesize`.
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 
 from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
 from agentsim.core import ops, portable
-from agentsim.population import LAYERS, locality_grid, partition_localities, synthesize
+from agentsim.population import LAYERS, PopulationTables, locality_grid, partition_localities, synthesize
 
 S, E, A, I, H, R, D = range(7)  # noqa: E741  the compartments
 STATES = ("S", "E", "A", "I", "H", "R", "D")
@@ -63,12 +83,28 @@ model = Model(
         "beta_work": Param(0.154, "daily rate when every co-worker is infectious", ge=0),
         "beta_community": Param(0.096, "daily rate when every venue-mate is infectious", ge=0),
         "asymptomatic_factor": Param(1.0, "infectiousness of an asymptomatic case (symptomatic: 1)", ge=0),
-        "latent_days": Param(4.5, "mean days from exposure to infectiousness", ge=1),
-        "infectious_days": Param(8.0, "mean days infectious (A and I)", ge=1),
-        "severe_days": Param(14.0, "mean days severe (H)", ge=1),
+        "early_ratio": Param(2.0, "infectiousness early in an infection over that later (Covasim's load_ratio)", gt=0),
+        "early_share": Param(0.3, "share of the infectious days that are early (Covasim's frac_time)", ge=0, le=1),
+        "early_max_days": Param(4, "most early days (Covasim's high_cap)", ge=0),
+        "latent_days": Param(4.5, "mean days from exposure to infectiousness", gt=0),
+        "latent_sd": Param(1.5, "standard deviation of the latent days", ge=0),
+        "presymptomatic_days": Param(1.1, "mean days infectious before symptoms (I)", gt=0),
+        "presymptomatic_sd": Param(0.9, "standard deviation of the presymptomatic days", ge=0),
+        "infectious_days": Param(8.0, "mean days infectious: A, and I after symptoms in a mild case", gt=0),
+        "infectious_sd": Param(2.0, "standard deviation of the infectious days", ge=0),
+        "onset_to_severe_days": Param(6.6, "mean days from symptoms to hospital (H) in a severe case", gt=0),
+        "onset_to_severe_sd": Param(4.9, "standard deviation of the days from symptoms to hospital", ge=0),
+        "severe_days": Param(18.1, "mean days in hospital (H) before recovery", gt=0),
+        "severe_sd": Param(6.3, "standard deviation of the days in hospital before recovery", ge=0),
+        "dying_days": Param(12.2, "mean days in hospital (H) before death", gt=0),
+        "dying_sd": Param(5.2, "standard deviation of the days in hospital before death", ge=0),
         "initial_prevalence": Param(0.001, "share of people exposed at day 0", ge=0, le=1),
         "people_per_locality": Param(10_000, "mean people per locality of the synthetic population", ge=1),
         "locality_spread": Param(0.8, "spread of the localities' densities (log scale)", ge=0),
+        "community_size": Param(200, "mean people per community venue", ge=1),
+        "school_size": Param(500, "mean pupils per school", ge=1),
+        "employment_rate": Param(0.7, "share of people of working age who work", ge=0, le=1),
+        "workplace_exponent": Param(2.0, "exponent a of the workplace sizes' power law p(s) ~ s**-a", gt=0),
         "school_close_day": Param(-1, "first day schools are closed (-1: never)", ge=-1),
         "school_open_day": Param(-1, "first day schools are open again (-1: never)", ge=-1),
         "work_from_home_day": Param(-1, "first day of working from home (-1: never)", ge=-1),
@@ -102,27 +138,87 @@ def active(day: int, start: int, stop: int = -1) -> bool:
     return start >= 0 and day >= start and (stop < 0 or day < stop)
 
 
-@model.substep(reads=["person.state", "person.age", "person.isolated"], writes=["person.state", "person.isolated"])
+@functools.lru_cache(maxsize=64)
+def duration_table(mean: float, sd: float) -> torch.Tensor:
+    """``[K]`` float64 cumulative probabilities of a duration of ``1 .. K`` days: a lognormal of this
+    mean and standard deviation (days), rounded to whole days as Covasim's ``lognormal_int`` (0 and 1
+    both give 1 day), its tail beyond ``K = ceil(mean + 8 sd)`` folded into ``K``. ``sd = 0``: always
+    ``round(mean)`` days. Computed on the CPU in Python floats: every device samples the same days.
+    """
+    if sd == 0:
+        k = max(1, round(mean))
+        return torch.tensor([0.0] * (k - 1) + [1.0], dtype=torch.float64)
+    sigma2 = math.log(1 + (sd / mean) ** 2)
+    mu, sigma = math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
+
+    def below(x: float) -> float:  # P(X < x)
+        return 0.0 if x <= 0 else 0.5 * (1 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2))))
+
+    k = max(1, math.ceil(mean + 8 * sd))
+    cdf = [below(d + 0.5) for d in range(1, k)] + [1.0]
+    return torch.tensor(cdf, dtype=torch.float64)
+
+
+def draw_days(table: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Days (``[m]`` int16, >= 1) drawn from a :func:`duration_table` with uniforms ``u`` (``[m]`` float64)."""
+    days = torch.searchsorted(table.to(u.device), u.contiguous(), right=True) + 1
+    return days.clamp_(max=table.shape[0]).to(torch.int16)
+
+
+RECOVERS, SEVERE_NEXT, DIES = 0, 1, 2  # person.outcome: where the current state leads
+
+
+@model.substep(reads=["person.state", "person.age", "person.isolated", "person.days_left", "person.outcome",
+                      "person.early_days"],
+               writes=["person.state", "person.isolated", "person.days_left", "person.outcome", "person.early_days"])
 def progress(ctx: Context) -> None:
-    """E -> A or I, A -> R, I -> H or R, H -> D or R: one draw of leaving and one of the branch."""
+    """A day of each course of infection: each state lasts the days drawn when it began.
+
+    E -> I (symptomatic, probability ``symp(a)``) or A; A -> R; I -> H if the case is severe
+    (probability ``severe(a) / symp(a)``, decided as I begins: its duration depends on it), else
+    R; H -> D (probability ``death(a) / severe(a)``, decided as H begins) or R. A person exposed
+    yesterday (no days drawn yet) starts the latent period today.
+    """
     p, people = ctx.params, ctx["person"]
-    state = people["state"]
+    state, left, outcome = people["state"], people["days_left"], people["outcome"]
     sick = ops.flatnonzero((state >= E) & (state <= H))  # draws keyed by uid: drawing for these alone is the same
     now, age = state.index_select(0, sick), people["age"].index_select(0, sick)
-    u = ctx.rng.uniform(people["uid"].index_select(0, sick), draws=2, dtype=torch.float64)
-    leave, branch = u[:, 0], u[:, 1]
-    symp, severe, death = per_age(SYMPTOMATIC, age), per_age(SEVERE, age), per_age(DEATH, age)
-    mean_days = torch.where(now == E, p["latent_days"], torch.where(now == H, p["severe_days"], p["infectious_days"]))
-    leaves = leave < 1.0 / mean_days
-    after = torch.where(now == E, torch.where(branch < symp, I, A),
-                        torch.where(now == A, R,
-                                    torch.where(now == I, torch.where(branch < severe / symp, H, R),
-                                                torch.where(branch < death / severe, D, R))))
-    moved = ops.flatnonzero(leaves)
-    rows = sick.index_select(0, moved)
-    state.index_copy_(0, rows, after.index_select(0, moved).to(state.dtype))  # in place (declared writes)
+    u = ctx.rng.uniform(people["uid"].index_select(0, sick), draws=4, dtype=torch.float64)
+    days = left.index_select(0, sick)
+    days = torch.where(days == 0, draw_days(duration_table(p["latent_days"], p["latent_sd"]), u[:, 0]), days) - 1
+    ends = ops.flatnonzero(days == 0)
+    rows, was, a, v = sick.index_select(0, ends), now.index_select(0, ends), age.index_select(0, ends), u[ends]
+    symp, severe, death = per_age(SYMPTOMATIC, a), per_age(SEVERE, a), per_age(DEATH, a)
+    fate = outcome.index_select(0, rows)
+    becomes_severe = v[:, 1] < severe / symp  # the branch of a case that becomes symptomatic now
+    dies = v[:, 1] < death / severe  # the branch of a severe case now in hospital
+    after = torch.where(was == E, torch.where(v[:, 2] < symp, I, A),
+                        torch.where(was == A, R,
+                                    torch.where(was == I, torch.where(fate == SEVERE_NEXT, H, R),
+                                                torch.where(fate == DIES, D, R))))
+    new_fate = torch.where((after == I) & becomes_severe, SEVERE_NEXT, torch.where((after == H) & dies, DIES, RECOVERS))
+    presymptomatic = draw_days(duration_table(p["presymptomatic_days"], p["presymptomatic_sd"]), v[:, 3])
+    next_days = torch.where(
+        after == A, draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), v[:, 0]),
+        torch.where(after == I, presymptomatic + torch.where(
+            new_fate == SEVERE_NEXT, draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]),
+                                               v[:, 0]),
+            draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), v[:, 0])),
+            torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), v[:, 0]),
+                        draw_days(duration_table(p["severe_days"], p["severe_sd"]), v[:, 0]))))
+    next_days = torch.where((after == R) | (after == D), 0, next_days)
+    days.index_copy_(0, ends, next_days.to(days.dtype))
+    left.index_copy_(0, sick, days)  # in place (declared writes)
+    # early days of an infectious period of D days: ceil(min(early_share * D, early_max_days))
+    early_days = people["early_days"]
+    early_days.index_copy_(0, sick, (early_days.index_select(0, sick) - 1).clamp_(min=0))
+    span = torch.clamp(p["early_share"] * next_days.to(torch.float64) - 1e-9, max=float(p["early_max_days"]))
+    starts = (after == A) | ((after == I) & (was == E))
+    early_days.index_copy_(0, rows, torch.where(starts, torch.ceil(span), 0.0).to(early_days.dtype))
+    state.index_copy_(0, rows, after.to(state.dtype))
+    outcome.index_copy_(0, rows, new_fate.to(outcome.dtype))
     isolated = people["isolated"]
-    isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (state.index_select(0, rows) <= I))  # ends with I
+    isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (after <= I))  # isolation ends with I
 
 
 # In a layer where the places holding an infectious person have few members (households, and
@@ -132,25 +228,29 @@ def progress(ctx: Context) -> None:
 SPARSE_SHARE = 0.125  # a layer uses its lists while the members reached are below this share of the people
 
 
-@model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated",
+@model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated", "person.early_days",
                       *(f"person.{layer}" for layer in LAYERS)],
                writes=["person.state"])
 def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
     state = people["state"]
-    # the infectious, by kind: 0 symptomatic, 1 asymptomatic, + 2 when isolated; counted per place
+    # the infectious, by kind: 0 symptomatic, 1 asymptomatic, + 2 when isolated, + 4 early; counted per place
     sick = ops.flatnonzero((state == I) | (state == A))
-    kind = (state.index_select(0, sick) == A).to(torch.int64) + 2 * people["isolated"].index_select(0, sick)
-    one_hot = torch.nn.functional.one_hot(kind, 4)
+    kind = ((state.index_select(0, sick) == A).to(torch.int64) + 2 * people["isolated"].index_select(0, sick)
+            + 4 * (people["early_days"].index_select(0, sick) > 0))
+    one_hot = torch.nn.functional.one_hot(kind, 8)
+    # infectiousness early and later in an infection, their mean over an infection 1 (Covasim's viral load)
+    mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
+    late, early = 1.0 / mean_load, p["early_ratio"] / mean_load
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
         betas["school"] = 0.0
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
-    hazard = torch.zeros(state.shape[0], dtype=torch.float64, device=state.device)
-    susceptible: torch.Tensor | None = None
+    susceptible = ops.flatnonzero(state == S)  # ascending rows
+    hazard = torch.zeros(susceptible.shape[0], dtype=torch.float64, device=state.device)  # per susceptible person
     for layer in LAYERS:  # in layer order: each person's sum in that order
         if betas[layer] == 0.0:
             continue
@@ -160,26 +260,26 @@ def transmit(ctx: Context) -> None:
         numbers = index.find(places)
         c = c.to(torch.float64)
         iso = 1.0 if layer == "household" else p["isolation_factor"]
-        infectious = c[:, 0] + p["asymptomatic_factor"] * c[:, 1] + iso * (c[:, 2] + p["asymptomatic_factor"] * c[:, 3])
+        by_kind = c[:, :4] * late + c[:, 4:] * early  # [g, 4] symptomatic, asymptomatic, both isolated
+        infectious = by_kind[:, 0] + p["asymptomatic_factor"] * by_kind[:, 1] + iso * (
+            by_kind[:, 2] + p["asymptomatic_factor"] * by_kind[:, 3])
         force = betas[layer] * infectious
         if layer != "household":
             force = force / torch.clamp(index.size.index_select(0, numbers) - 1, min=1).to(torch.float64)
         if index.local_members(numbers) < SPARSE_SHARE * state.shape[0]:  # the members of these places
             rows, which = index.members(numbers)
             take = ops.flatnonzero(state.index_select(0, rows) == S)
-            hazard.index_add_(0, rows.index_select(0, take), force.index_select(0, which.index_select(0, take)))
+            at = torch.searchsorted(susceptible, rows.index_select(0, take))
+            hazard.index_add_(0, at, force.index_select(0, which.index_select(0, take)))
         else:  # every susceptible person's place
-            if susceptible is None:
-                susceptible = ops.flatnonzero(state == S)
             per_place = torch.zeros(index.ids.shape[0] + 1, dtype=torch.float64, device=state.device)
             per_place.index_copy_(0, numbers, force)  # the last entry: no place, 0
-            at = index.of.index_select(0, susceptible)
-            at = torch.where(at < 0, index.ids.shape[0], at)
-            hazard.index_add_(0, susceptible, per_place.index_select(0, at))
-    who = ops.flatnonzero(hazard > 0)
+            hazard += per_place.index_select(0, index.of.index_select(0, susceptible))
+    exposed = ops.flatnonzero(hazard > 0)
+    who = susceptible.index_select(0, exposed)
     vaccinated = people["vaccinated"].index_select(0, who)
     protection = torch.where(vaccinated, 1.0 - p["vaccine_efficacy"], 1.0)
-    h = hazard.index_select(0, who) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
+    h = hazard.index_select(0, exposed) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
     u = ctx.rng.uniform(people["uid"].index_select(0, who), dtype=torch.float64)
     state.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
 
@@ -214,9 +314,13 @@ def init(ic: InitContext) -> Grid:
                           f"({p['school_close_day']})")
     rank, world_size = ic.share()
     people_per_locality, spread = int(p["people_per_locality"]), float(p["locality_spread"])
+    tables = PopulationTables(community_size=int(p["community_size"]), school_size=int(p["school_size"]),
+                              employment_rate=float(p["employment_rate"]),
+                              workplace_exponent=float(p["workplace_exponent"]))
     grid = locality_grid(n, ic.seed, people_per_locality, spread)
     mine = ops.flatnonzero(partition_localities(grid, world_size) == rank)
-    pop = synthesize(n, seed=ic.seed, people_per_locality=people_per_locality, spread=spread, localities=mine)
+    pop = synthesize(n, seed=ic.seed, tables=tables, people_per_locality=people_per_locality, spread=spread,
+                     localities=mine)
     uid = pop.uid
     exposed = ic.rng.uniform(uid, "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
     places = {layer: narrow(layer, pop.layer(layer), grid.population) for layer in LAYERS}
@@ -224,6 +328,9 @@ def init(ic: InitContext) -> Grid:
            state=torch.where(exposed, E, S).to(torch.int8).to(ic.device),
            isolated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),
            vaccinated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),
+           days_left=torch.zeros(len(pop), dtype=torch.int16, device=ic.device),  # 0: not drawn yet
+           outcome=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),
+           early_days=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),  # days left of high infectiousness
            **{k: v.to(ic.device) for k, v in places.items()})  # place ids, -1 for none
     return Grid(grid.shape, periodic=False)  # a person's cell: their locality
 

@@ -87,3 +87,27 @@ def test_membership_lists_and_dense_reads_give_the_same_days(monkeypatch):
     (a, sa), (b, sb) = runs.values()
     assert all(np.array_equal(a[k], b[k]) for k in a) and torch.equal(sa, sb)
     assert final_size(a) > 100
+
+
+def test_durations_follow_covasims_lognormals():
+    from agentsim.models.covid import draw_days, duration_table
+
+    u = (torch.arange(200_000, dtype=torch.float64) + 0.5) / 200_000  # an even grid of uniforms
+    days = draw_days(duration_table(8.0, 2.0), u).double()
+    assert int(days.min()) >= 1 and abs(float(days.mean()) - 8.0) < 0.05 and abs(float(days.std()) - 2.0) < 0.1
+    assert draw_days(duration_table(3.0, 0.0), u[:5]).tolist() == [3] * 5  # no spread: always the mean
+
+
+def test_init_builds_a_share_per_process_and_refuses_local_uids():
+    from agentsim.core.context import InitContext
+    from agentsim.core.params import Params
+    from agentsim.core.random import CounterRNG
+
+    ic = InitContext(Params({}), 10, CounterRNG(1).at(0, "init"), torch.device("cpu"), rank=1, world_size=3)
+    assert ic.share() == (1, 3)
+    with pytest.raises(ConfigError, match="after share"):
+        ic.uids("person", 4)
+    other = InitContext(Params({}), 10, CounterRNG(1).at(0, "init"), torch.device("cpu"))
+    other.uids("person", 4)
+    with pytest.raises(ConfigError, match="share\\(\\) after uids"):
+        other.share()

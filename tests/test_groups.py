@@ -136,3 +136,31 @@ def test_the_check_mode_accepts_group_totals_and_catches_a_local_count():
 
     with pytest.raises(ContractError, match="split over two processes"):
         Simulation(wrong, agents=200, seed=1, check=True).run(3)
+
+
+@pytest.mark.timeout(120)
+def test_the_cut_is_reported_in_the_result_the_file_and_the_summary(tmp_path):
+    import h5py
+
+    from agentsim import launch
+    from agentsim.engine.perf import summarize_groups
+
+    result = launch(village, world_size=2, agents=300, steps=3, seed=1, out=str(tmp_path / "v.h5"))
+    share = result.groups["groups/villager.hut/cut_share"]
+    assert 0 < share < 1 and result.groups["groups/cut_share"] == share  # scattered huts: some span both ranks
+    assert result.groups["groups/villager.hut/ghost_groups_max"] >= 1
+    with h5py.File(tmp_path / "v.h5") as f:
+        assert f["perf"].attrs["groups/villager.hut/cut_share"] == share
+    assert "villager.hut" in summarize_groups(result.groups)
+    one = Simulation(village, agents=300, seed=1).run(3)
+    assert one.groups["groups/villager.hut/cut_share"] == 0.0
+    assert one.metrics["sick"].tolist() == result.metrics["sick"].tolist()
+
+
+def test_group_index_numbers_places_and_lists_their_members():
+    index = GroupSums(LocalComm()).index("a.group", torch.tensor([9, -1, 4, 9, 4, 4]))
+    assert index.ids.tolist() == [4, 9] and index.size.tolist() == [3, 2]
+    assert index.of.tolist() == [1, 2, 0, 1, 0, 0]  # 2 = G: no group
+    rows, which = index.members(torch.tensor([1, 0]))
+    assert rows.tolist() == [0, 3, 2, 4, 5] and which.tolist() == [0, 0, 1, 1, 1]
+    assert index.local_members(torch.tensor([0])) == 3

@@ -87,7 +87,9 @@ class GroupIndex:
 
     Attributes:
         ids: ``[G]`` int64 sorted ids of the groups of this rank's agents.
-        of: ``[n]`` int32 number of each agent's group (its position in ``ids``), -1 for none.
+        of: ``[n]`` int32 number of each agent's group (its position in ``ids``); ``G`` for an
+            agent in no group, so that a per-group table of ``G + 1`` entries (the last for "none")
+            can be read at ``of`` directly.
         size: ``[G]`` int64 members of each group over every rank.
         start: ``[G + 1]`` int64: the rows of group ``k``'s members here are ``order[start[k]:start[k + 1]]``.
         order: ``[m]`` int32 (int64 beyond 2**31 agents) rows of this rank's members, group by group
@@ -192,6 +194,8 @@ class GroupSums:
         partial.index_add_(0, where, flat)
         if self.comm.world_size > 1:
             groups, partial = self._across(name, field, groups, partial)
+        else:
+            self._local(name, field)  # known (its figures: nothing cut)
         return groups, partial.reshape((groups.shape[0], *values.shape[1:]))
 
     def _across(self, name: str, field: Tensor, groups: Tensor, partial: Tensor) -> tuple[Tensor, Tensor]:
@@ -229,7 +233,7 @@ class GroupSums:
             >>> from agentsim.core.comm import LocalComm
             >>> index = GroupSums(LocalComm()).index("person.home", torch.tensor([7, -1, 3, 7]))
             >>> index.ids.tolist(), index.of.tolist(), index.size.tolist()
-            ([3, 7], [1, -1, 0, 1], [1, 2])
+            ([3, 7], [1, 2, 0, 1], [1, 2])
             >>> rows, which = index.members(torch.tensor([1]))
             >>> rows.tolist(), which.tolist()
             ([0, 3], [0, 0])
@@ -243,12 +247,11 @@ class GroupSums:
     def _build_index(self, name: str, field: Tensor) -> GroupIndex:
         """Number the groups of ``field`` here, list their members, and count them over every rank."""
         ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
-        some = ids >= 0
-        if not bool(some.all()):  # the agents in no group: number -1, no group of theirs
-            number = number - 1
+        if ids.numel() and int(ids[0]) < 0:  # the agents in no group (negative ids): number G
+            number = torch.where(number == 0, ids.shape[0], number) - 1
             ids = ids[1:]
         of = number.to(torch.int32)
-        has = torch.nonzero(of >= 0).reshape(-1)
+        has = torch.nonzero(of < ids.shape[0]).reshape(-1)
         counts = torch.bincount(of.index_select(0, has), minlength=ids.shape[0])
         rows_dtype = torch.int32 if field.shape[0] < 2**31 else torch.int64
         order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)

@@ -77,9 +77,12 @@ assigned from the global ranking of the parents' uids, and metric sums are exact
 
 Contract for model authors (true of the built-in models; :mod:`agentsim.engine.contract` checks it
 with ``check=True``, and ``agentsim check`` compares runs on 1, 2 and 3 processes): read other
-agents only through ``ctx.neighbors``, and declare a ``reach`` that covers every such read;
-call ``ctx.spawn`` / ``ctx.kill`` / ``ctx.flag`` unconditionally (with empty inputs when
-nothing happens), since each is a collective step on some rank; within a substep, read
+agents only through ``ctx.neighbors``, and declare a ``reach`` that covers every such read, or
+through integer sums over groups (``ctx.group_totals``, ``ctx.group_index``:
+:mod:`agentsim.core.groups`), which need no reach and no halo;
+call ``ctx.spawn`` / ``ctx.kill`` / ``ctx.flag`` / ``ctx.group_totals`` / ``ctx.group_index``
+unconditionally (with empty inputs when nothing happens), since each is a collective step on
+some rank; within a substep, read
 neighbor fields before writing the same field (halo rows hold the values from the start of
 the substep). Env layers are whole on every rank with either partitioner: after a substep
 that writes them and runs on agents, every rank's changes are applied on every rank with the
@@ -110,9 +113,19 @@ Performance figures
 :attr:`RunResult.perf <agentsim.engine.simulation.RunResult.perf>` (and the file's ``/perf``, written by
 rank 0; :mod:`agentsim.engine.perf`): per step, bytes sent, seconds in collectives, halo rows and
 bytes, max/mean agents per rank (before and after balancing), step time (slowest rank and
-mean), migrations; a CLI run prints a summary.
+mean), migrations; a CLI run prints a summary. For a model that sums over groups, the cut of each
+group field (``RunResult.groups``, the attributes of ``/perf``).
 :mod:`agentsim.runner.bench` (``agentsim bench --scaling``, ``benchmarks/bench_scaling.py``)
 measures speedup, parallel efficiency and the communication share of W=2 against W=1.
+
+Models of places
+----------------
+A model whose agents meet in places (households, schools, workplaces) reads its place-mates
+through ``ctx.group_totals`` (integer sums per place over every rank; only places with members
+on several ranks travel) and needs no halo. Its ``init`` may build only each rank's share of the
+agents (``ic.share()``): with ``partition="data"`` they stay where they were built, so a share by
+geography (whole localities: :func:`agentsim.population.partition_localities`) is the partition.
+The covid model runs this way; the run summary gives the share of memberships cut.
 
 Not built yet
 -------------

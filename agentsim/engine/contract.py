@@ -18,7 +18,10 @@ What is checked, at every call of every substep (policy substeps excepted):
   substep runs again with the whole other part as its halo: if that agrees, the substep
   reads agents beyond its declared ``reach``; if not, its result depends on how the
   agents are split (a sum or a choice over ``ctx[pop]`` rows instead of
-  ``ctx.neighbors``, or env writes whose combine does not fit);
+  ``ctx.neighbors``, or env writes whose combine does not fit). ``ctx.group_totals`` in the
+  parts adds the other part's contributions, as processes exchange them (the parts run again
+  with what the other contributed until that stops changing), and ``ctx.group_index`` counts
+  both parts' members;
 - **env indices**: env layers read through ``ctx.env`` refuse negative indices (a bounded
   grid's ``neighbor_cells`` gives -1 beyond the border, which torch would read as the last
   cell);
@@ -210,9 +213,10 @@ class ContractChecks:
                     "of them: the substep reads agents beyond its declared reach. Declare a reach that covers "
                     "every read (the largest distance, in cells or length units, between an agent and an agent "
                     "it reads)")
-        hint = ("agents read other agents only through ctx.neighbors (a sum, count or choice over ctx[pop] rows "
-                "sees only this process's agents), and only their declared fields: a value computed in this "
-                "substep for this process's agents (a target, a bid) is unknown for the halo's agents, so write it "
+        hint = ("agents read other agents only through ctx.neighbors or ctx.group_totals (a sum, count or choice "
+                "over ctx[pop] rows sees only this process's agents), and only their declared fields: a value "
+                "computed in this substep for this process's agents (a target, a bid) is unknown for the halo's "
+                "agents, so write it "
                 "to a field in one substep and read it through ctx.neighbors in the next")
         if diff.startswith("env."):
             layer = diff.split()[0]
