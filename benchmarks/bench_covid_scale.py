@@ -2,7 +2,8 @@
 
 Each configuration runs in fresh processes (``agentsim.runner.launch.run_ranks``), so peak memory is
 the run's own. Per run: init seconds (each process builds its share of the synthetic population:
-``InitContext.share``), seconds per simulated day (the slowest rank's run over the days), peak
+``InitContext.share``), seconds per simulated day (the slowest rank's run over the days; the first day, which numbers each rank's places, and the
+median of the later days, slowest rank), peak
 resident memory summed over the processes (and the same less each process's resident memory
 after importing agentsim and torch, its baseline), bytes per person, the cut of each place layer
 (share of members whose place has members on another process) and the epidemic (final size,
@@ -28,6 +29,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -66,6 +68,9 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
     infectious = (m["A"] + m["I"]).tolist()
     return {"rank": comm.rank, "people": sim.state["person"].n, "init_seconds": init,
             "run_seconds": result.seconds, "seconds_per_day": result.seconds / days,
+            "first_day_seconds": result.perf[0]["rank_step_seconds/max"] if result.perf else None,
+            "later_days_median_seconds": statistics.median(p["rank_step_seconds/max"] for p in result.perf[1:])
+            if len(result.perf) > 1 else None,
             "comm_seconds": sum(result.comm_seconds), "baseline_rss_bytes": baseline,
             "peak_rss_after_init_bytes": after_init, "peak_rss_bytes": _rss_bytes(),
             "groups": result.groups, "final_size": int(n - m["S"][-1]), "peak_infectious": int(max(infectious)),
@@ -85,6 +90,7 @@ def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, th
     return {"agents": n, "world_size": world_size, "days": days, "threads_per_rank": threads, "wall_seconds": wall,
             "init_seconds": max(r["init_seconds"] for r in ranks),
             "seconds_per_day": max(r["seconds_per_day"] for r in ranks),
+            "first_day_seconds": first["first_day_seconds"], "later_days_median_seconds": first["later_days_median_seconds"],
             "comm_seconds_max": max(r["comm_seconds"] for r in ranks),
             "people_per_rank": [r["people"] for r in ranks],
             "peak_rss_bytes": peak, "peak_rss_bytes_per_agent": peak / n,
@@ -102,6 +108,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--prevalence", type=float, default=0.001, help="share exposed at day 0")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--note", default="", help="what the machine and the run were (kept in the file)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     rows: list[dict[str, Any]] = []
@@ -109,7 +116,7 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),
-           "prevalence": args.prevalence, "seed": args.seed, "rows": rows}
+           "prevalence": args.prevalence, "seed": args.seed, "note": args.note, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for n in args.agents:
         for w in args.ranks:
@@ -124,7 +131,8 @@ def main() -> None:
             cut = row["groups"].get("groups/cut_share")
             speedup = f" (speedup {row['speedup']:.2f})" if "speedup" in row else ""
             cut_text = f", memberships cut {cut:.2%}" if cut is not None else ""
-            print(f"{n:>11,} people W={w:<2}: init {row['init_seconds']:7.2f} s, {row['seconds_per_day']:8.4f} s/day"
+            print(f"{n:>11,} people W={w:<2}: init {row['init_seconds']:7.2f} s, {row['seconds_per_day']:8.4f} s/day "
+                  f"(first {row['first_day_seconds']:.3f}, later median {row['later_days_median_seconds']:.4f})"
                   f"{speedup}, {row['peak_rss_bytes_per_agent']:6.1f} B/person at the peak "
                   f"({row['peak_rss_above_baseline_bytes_per_agent']:.1f} above the processes' baseline)"
                   f"{cut_text}; final size {row['final_size']:,}", flush=True)
