@@ -2,9 +2,9 @@
 
 Each configuration runs in fresh processes (``agentsim.runner.launch.run_ranks``), so peak memory is
 the run's own. Per run: init seconds (each process builds its share of the synthetic population:
-``InitContext.share``), seconds per simulated day (the slowest rank's run over the days; the first day, which numbers each rank's places, and the
-median of the later days, slowest rank), peak
-resident memory summed over the processes (and the same less each process's resident memory
+``InitContext.share``), seconds per simulated day (the slowest rank's run over the days; the
+first day, which numbers each rank's places, and the median of the later days, slowest rank),
+peak resident memory summed over the processes (and the same less each process's resident memory
 after importing agentsim and torch, its baseline), bytes per person, the cut of each place layer
 (share of members whose place has members on another process) and the epidemic (final size,
 peak of the infectious), which must be the same on any number of processes.
@@ -90,7 +90,8 @@ def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, th
     return {"agents": n, "world_size": world_size, "days": days, "threads_per_rank": threads, "wall_seconds": wall,
             "init_seconds": max(r["init_seconds"] for r in ranks),
             "seconds_per_day": max(r["seconds_per_day"] for r in ranks),
-            "first_day_seconds": first["first_day_seconds"], "later_days_median_seconds": first["later_days_median_seconds"],
+            "first_day_seconds": first["first_day_seconds"],
+            "later_days_median_seconds": first["later_days_median_seconds"],
             "comm_seconds_max": max(r["comm_seconds"] for r in ranks),
             "people_per_rank": [r["people"] for r in ranks],
             "peak_rss_bytes": peak, "peak_rss_bytes_per_agent": peak / n,
