@@ -164,3 +164,11 @@ def test_group_index_numbers_places_and_lists_their_members():
     rows, which = index.members(torch.tensor([1, 0]))
     assert rows.tolist() == [0, 3, 2, 4, 5] and which.tolist() == [0, 0, 1, 1, 1]
     assert index.local_members(torch.tensor([0])) == 3
+
+
+def test_every_negative_id_means_no_group():
+    index = GroupSums(LocalComm()).index("a.group", torch.tensor([5, -1, -3, 5, 2, -1]))
+    assert index.ids.tolist() == [2, 5] and index.of.tolist() == [1, 2, 2, 1, 0, 2] and index.size.tolist() == [1, 2]
+    groups, totals = GroupSums(LocalComm()).totals("a.group", torch.tensor([5, -1, -3, 2]), torch.arange(4),
+                                                   torch.ones(4, dtype=torch.int64))
+    assert groups.tolist() == [2, 5] and totals.tolist() == [1, 1]

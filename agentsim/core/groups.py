@@ -247,9 +247,10 @@ class GroupSums:
     def _build_index(self, name: str, field: Tensor) -> GroupIndex:
         """Number the groups of ``field`` here, list their members, and count them over every rank."""
         ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
-        if ids.numel() and int(ids[0]) < 0:  # the agents in no group (negative ids): number G
-            number = torch.where(number == 0, ids.shape[0], number) - 1
-            ids = ids[1:]
+        negative = int((ids < 0).sum())
+        if negative:  # the agents in no group (negative ids): number G
+            ids = ids[negative:]
+            number = torch.where(number < negative, ids.shape[0] + negative, number) - negative
         of = number.to(torch.int32)
         has = torch.nonzero(of < ids.shape[0]).reshape(-1)
         counts = torch.bincount(of.index_select(0, has), minlength=ids.shape[0])
