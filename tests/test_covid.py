@@ -111,3 +111,19 @@ def test_init_builds_a_share_per_process_and_refuses_local_uids():
     other.uids("person", 4)
     with pytest.raises(ConfigError, match="share\\(\\) after uids"):
         other.share()
+
+
+@pytest.mark.timeout(120)
+def test_the_reported_contact_cut_is_the_population_edge_cut():
+    """The run's cut (pairs of place-mates on two processes) against a count over the whole population."""
+    from agentsim import launch
+    from agentsim.population import edge_cut, locality_grid, partition_localities, synthesize
+
+    n, params = 20_000, {"people_per_locality": 2000}
+    result = launch("covid", world_size=2, agents=n, steps=1, seed=4, params=params)
+    pop = synthesize(n, seed=4, people_per_locality=2000)
+    want = edge_cut(pop, partition_localities(locality_grid(n, 4, 2000), 2))
+    for layer in ("household", "school", "work", "community"):
+        assert result.groups[f"groups/person.{layer}/contact_cut_share"] == pytest.approx(want[layer], abs=1e-12)
+    assert result.groups["groups/contact_cut_share"] == pytest.approx(want["all"], abs=1e-12)
+    assert 0 < want["work"] < 0.5  # commuters across the border

@@ -172,3 +172,18 @@ def test_every_negative_id_means_no_group():
     groups, totals = GroupSums(LocalComm()).totals("a.group", torch.tensor([5, -1, -3, 2]), torch.arange(4),
                                                    torch.ones(4, dtype=torch.int64))
     assert groups.tolist() == [2, 5] and totals.tolist() == [1, 1]
+
+
+def test_a_field_in_group_order_is_indexed_as_any_other():
+    """Households built by uid come in group order: the index that skips the sort is the same."""
+    ordered = torch.tensor([-3, -1, -1, 2, 5, 5, 5, 9])
+    for field in (ordered, ordered.flip(0)):
+        index = GroupSums(LocalComm()).index("a.group", field)
+        rows, which = index.members(torch.arange(index.ids.shape[0]))
+        assert index.ids.tolist() == [2, 5, 9] and index.size.tolist() == [1, 3, 1]
+        assert field[rows].tolist() == index.ids[which].tolist()  # members of each group, group by group
+        for k in range(3):
+            mine = rows[which == k].tolist()
+            assert mine == sorted(mine)  # in row order within a group
+        assert all(int(index.ids[index.of[i]]) == int(field[i]) for i in range(8) if field[i] >= 0)
+        assert all(int(index.of[i]) == 3 for i in range(8) if field[i] < 0)

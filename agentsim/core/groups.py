@@ -66,7 +66,9 @@ class _Cut:
             order of what it receives (each peer lists the same groups in the same order).
         peer_counts: ``[W]`` how many of ``peer_pos`` go to each rank.
         cut_members: This rank's agents whose group is cut.
-        members: This rank's agents.
+        members: This rank's agents that have a group.
+        pairs, crossing_pairs: Over the groups this rank owns, the pairs of members (contacts
+            within a group: ``m (m - 1) / 2``) and those whose members are on two ranks.
     """
 
     field: Any
@@ -77,6 +79,8 @@ class _Cut:
     peer_counts: list[int]
     cut_members: int
     members: int
+    pairs: int = 0
+    crossing_pairs: int = 0
 
 
 @dataclass
@@ -122,11 +126,12 @@ class GroupIndex:
         return int((self.start.index_select(0, numbers + 1) - self.start.index_select(0, numbers)).sum())
 
 
-def _lexsorted(major: Tensor, minor: Tensor) -> tuple[Tensor, Tensor]:
-    """``major`` and ``minor`` (``[m]`` int64) reordered by ``major``, then ``minor`` (no products that overflow)."""
+def _lexorder(major: Tensor, minor: Tensor) -> Tensor:
+    """``[m]`` int64 the order of ``major`` and ``minor`` (``[m]`` int64) by ``major``, then ``minor``
+    (two stable sorts: no products that overflow).
+    """
     order = torch.argsort(minor, stable=True)
-    order = order.index_select(0, torch.argsort(major.index_select(0, order), stable=True))
-    return major.index_select(0, order), minor.index_select(0, order)
+    return order.index_select(0, torch.argsort(major.index_select(0, order), stable=True))
 
 
 def _sorted_member(values: Tensor, sorted_set: Tensor) -> Tensor:
@@ -150,11 +155,13 @@ class GroupSums:
 
     @property
     def figures(self) -> dict[str, dict[str, int]]:
-        """Per group field (``"person.household"``), on this rank: ``members`` (agents),
-        ``cut_members`` (agents whose group has members on another rank) and ``cut_groups``
-        (groups shared with another rank: the ghost places).
+        """Per group field (``"person.household"``), on this rank: ``members`` (agents in a group),
+        ``cut_members`` (agents whose group has members on another rank), ``cut_groups`` (groups
+        shared with another rank: the ghost places), and over the groups it owns ``pairs`` (pairs
+        of members: the contacts a group stands for) and ``crossing_pairs`` (those split over ranks).
         """
-        return {name: {"members": c.members, "cut_members": c.cut_members, "cut_groups": int(c.cut.numel())}
+        return {name: {"members": c.members, "cut_members": c.cut_members, "cut_groups": int(c.cut.numel()),
+                       "pairs": c.pairs, "crossing_pairs": c.crossing_pairs}
                 for name, c in sorted(self._cuts.items())}
 
     def totals(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -246,16 +253,29 @@ class GroupSums:
 
     def _build_index(self, name: str, field: Tensor) -> GroupIndex:
         """Number the groups of ``field`` here, list their members, and count them over every rank."""
-        ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
-        negative = int((ids < 0).sum())
-        if negative:  # the agents in no group (negative ids): number G
-            ids = ids[negative:]
-            number = torch.where(number < negative, ids.shape[0] + negative, number) - negative
-        of = number.to(torch.int32)
-        has = torch.nonzero(of < ids.shape[0]).reshape(-1)
-        counts = torch.bincount(of.index_select(0, has), minlength=ids.shape[0])
-        rows_dtype = torch.int32 if field.shape[0] < 2**31 else torch.int64
-        order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
+        n = field.shape[0]
+        rows_dtype = torch.int32 if n < 2**31 else torch.int64
+        if n > 1 and bool((field[1:] >= field[:-1]).all()):  # in group order already (households built by uid)
+            ids, counts = torch.unique_consecutive(field, return_counts=True)
+            ids = ids.to(torch.int64)
+            negative = int((ids < 0).sum())
+            first = int(counts[:negative].sum())  # the agents in no group come first: number G
+            ids, counts = ids[negative:], counts[negative:]
+            of = torch.cat([torch.full((first,), ids.shape[0], dtype=torch.int32, device=field.device),
+                            torch.repeat_interleave(torch.arange(ids.shape[0], dtype=torch.int32,
+                                                                 device=field.device), counts)])
+            order = torch.arange(first, n, dtype=rows_dtype, device=field.device)
+        else:
+            ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
+            negative = int((ids < 0).sum())
+            if negative:  # the agents in no group (negative ids): number G
+                ids = ids[negative:]
+                number = torch.where(number < negative, ids.shape[0] + negative, number) - negative
+            of = number.to(torch.int32)
+            del number
+            has = torch.nonzero(of < ids.shape[0]).reshape(-1)
+            counts = torch.bincount(of.index_select(0, has), minlength=ids.shape[0])
+            order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
         start = torch.zeros(ids.shape[0] + 1, dtype=torch.int64, device=field.device)
         torch.cumsum(counts, 0, out=start[1:])
         size = counts.to(torch.int64)
@@ -270,7 +290,7 @@ class GroupSums:
         if known is not None and known.field() is field and known.version == tensor_version(field):
             return known
         empty = field.new_zeros(0, dtype=torch.int64)
-        made = _Cut(weakref.ref(field), tensor_version(field), None, empty, empty, [0], 0, int(field.shape[0]))
+        made = _Cut(weakref.ref(field), tensor_version(field), None, empty, empty, [0], 0, int((field >= 0).sum()))
         self._cuts[name] = made
         return made
 
@@ -287,16 +307,25 @@ class GroupSums:
         if known is not None and int(stale[0]) == 0:
             return known
         comm, rank, world = self.comm, self.comm.rank, self.comm.world_size
-        held = torch.unique(field.to(torch.int64))
-        held = held[held >= 0]  # no group
-        # each group's owner (group % W) learns which ranks hold it
+        held, held_members = torch.unique(field.to(torch.int64), return_counts=True)
+        some = held >= 0  # no group
+        held, held_members = held[some], held_members[some]
+        # each group's owner (group % W) learns which ranks hold it, and how many members each
         owner = torch.remainder(held, world)
         mine, away = owner == rank, owner != rank
-        got = comm.exchange_rows({"g": held[away], "r": torch.full_like(held[away], rank)}, owner[away])
+        got = comm.exchange_rows({"g": held[away], "r": torch.full_like(held[away], rank),
+                                  "m": held_members[away]}, owner[away])
         g = torch.cat([held[mine], got["g"]])
         r = torch.cat([torch.full_like(held[mine], rank), got["r"]])
-        g, r = _lexsorted(g, r)  # by group, then rank
+        m = torch.cat([held_members[mine], got["m"]])
+        order = _lexorder(g, r)  # by group, then rank
+        g, r, m = g.index_select(0, order), r.index_select(0, order), m.index_select(0, order)
         _, counts = torch.unique_consecutive(g, return_counts=True)
+        total = torch.zeros(counts.shape[0], dtype=torch.int64, device=g.device)  # members of each owned group
+        which = torch.repeat_interleave(torch.arange(counts.shape[0], device=g.device), counts)
+        total.index_add_(0, which, m)
+        squares = torch.zeros_like(total).index_add_(0, which, m * m)
+        pairs, crossing = int((total * (total - 1)).sum()) // 2, int((total * total - squares).sum()) // 2
         row_count = torch.repeat_interleave(counts, counts)  # per (group, holder) row: its group's holders
         row_first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)  # its group's first row
         cut_rows = torch.nonzero(row_count > 1).reshape(-1)  # rows of cut groups
@@ -312,11 +341,12 @@ class GroupSums:
         told = comm.exchange_rows({"g": rows_g[~here], "p": rows_peer[~here]}, rows_holder[~here])
         pg, pp = torch.cat([rows_g[here], told["g"]]), torch.cat([rows_peer[here], told["p"]])
         cut_groups = torch.unique(pg)
-        pp, pg = _lexsorted(pp, pg)  # by peer, then group
+        order = _lexorder(pp, pg)  # by peer, then group
+        pp, pg = pp.index_select(0, order), pg.index_select(0, order)
         peer_pos = torch.searchsorted(cut_groups, pg)
         peer_counts = torch.bincount(pp, minlength=world).tolist()
         cut_members = int(_sorted_member(field.to(torch.int64), cut_groups).sum())
         made = _Cut(weakref.ref(field), tensor_version(field), None, cut_groups, peer_pos, peer_counts,
-                    cut_members, int(field.shape[0]))
+                    cut_members, int(held_members.sum()), pairs, crossing)
         self._cuts[name] = made
         return made

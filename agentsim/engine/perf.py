@@ -69,24 +69,34 @@ def group_figures(names: Sequence[str], per_rank: Sequence[Sequence[Sequence[int
 
     Args:
         names: The group fields (``"person.household"``), in the order of the rows.
-        per_rank: ``[W][F][3]`` each rank's ``(members, cut_members, cut_groups)`` per field.
+        per_rank: ``[W][F][5]`` each rank's ``(members, cut_members, cut_groups, pairs,
+            crossing_pairs)`` per field (:attr:`agentsim.core.groups.GroupSums.figures`).
 
     Returns:
         ``groups/cut_share``: over every field, the share of memberships whose group has members on
-        another rank; and per field ``f``: ``groups/f/cut_share``, the share of the agents whose group has members on
+        another rank; ``groups/contact_cut_share``: the share of contacts (pairs of members of a
+        group) whose two members are on different ranks; and per field ``f``:
+        ``groups/f/contact_cut_share``, ``groups/f/cut_share``, the share of the agents whose group has members on
         another rank (the edge cut of the person-place graph: the share of memberships that
         cross ranks); ``groups/f/ghost_groups_max`` and ``.../ghost_groups_mean``, the groups a
         rank shares with others (its ghost places). One process: all 0.
 
     Examples:
-        >>> group_figures(["p.home"], [[[100, 4, 1]], [[50, 2, 1]]])["groups/p.home/cut_share"]
-        0.04
+        >>> figures = group_figures(["p.home"], [[[100, 4, 1, 60, 3]], [[50, 2, 1, 40, 0]]])
+        >>> figures["groups/p.home/cut_share"], figures["groups/p.home/contact_cut_share"]
+        (0.04, 0.03)
     """
     out: dict[str, float] = {}
     every = sum(rank[f][0] for rank in per_rank for f in range(len(names)))
     crossing = sum(rank[f][1] for rank in per_rank for f in range(len(names)))
     out["groups/cut_share"] = crossing / every if every else 0.0
+    pairs = sum(rank[f][3] for rank in per_rank for f in range(len(names)))
+    crossing_pairs = sum(rank[f][4] for rank in per_rank for f in range(len(names)))
+    out["groups/contact_cut_share"] = crossing_pairs / pairs if pairs else 0.0
     for f, name in enumerate(names):
+        field_pairs = sum(rank[f][3] for rank in per_rank)
+        out[f"groups/{name}/contact_cut_share"] = sum(rank[f][4] for rank in per_rank) / field_pairs \
+            if field_pairs else 0.0
         members = sum(rank[f][0] for rank in per_rank)
         cut = sum(rank[f][1] for rank in per_rank)
         ghosts = [rank[f][2] for rank in per_rank]
@@ -99,13 +109,14 @@ def group_figures(names: Sequence[str], per_rank: Sequence[Sequence[Sequence[int
 def summarize_groups(figures: Mapping[str, float]) -> str:
     """One line on the cut of each group field (:func:`group_figures`); empty without any."""
     names = [k[len("groups/"):-len("/cut_share")] for k in figures
-             if k.startswith("groups/") and k.endswith("/cut_share") and k != "groups/cut_share"]
+             if k.startswith("groups/") and k.endswith("/cut_share") and not k.endswith("contact_cut_share")
+             and k != "groups/cut_share"]
     if not names:
         return ""
     parts = [f"{name} {figures[f'groups/{name}/cut_share']:.2%} "
              f"(ghosts per rank: max {figures[f'groups/{name}/ghost_groups_max']:.0f})" for name in names]
-    return (f"groups cut across ranks (share of members): {figures['groups/cut_share']:.2%} of all memberships; "
-            + "; ".join(parts))
+    return (f"groups cut across ranks: {figures['groups/contact_cut_share']:.2%} of contacts, "
+            f"{figures['groups/cut_share']:.2%} of memberships; by field (share of members): " + "; ".join(parts))
 
 
 def summarize_perf(perf_steps: Sequence[Mapping[str, float]], steps: int | None = None) -> str:

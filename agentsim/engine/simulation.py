@@ -933,13 +933,14 @@ class Simulation:
         """
         mine = self.groups.figures
         names = list(mine)
-        rows = [[mine[n]["members"], mine[n]["cut_members"], mine[n]["cut_groups"]] for n in names]
+        keys = ("members", "cut_members", "cut_groups", "pairs", "crossing_pairs")
+        rows = [[mine[n][k] for k in keys] for n in names]
         if not names:
             return {}
         if self.comm.world_size == 1:
             return group_figures(names, [rows])
         flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64).reshape(1, -1)
-        every = self.comm.all_gather_rows({"figures": flat})["figures"].reshape(self.comm.world_size, len(names), 3)
+        every = self.comm.all_gather_rows({"figures": flat})["figures"].reshape(self.comm.world_size, len(names), 5)
         return group_figures(names, every.tolist())
 
 
