@@ -693,7 +693,8 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
             ("deaths", "deaths")]
     for rel, d in files:
         params = d.get("agentsim_params")
-        setting = (f" agentsim's population parameters {params}; Covasim without waning immunity."
+        where = d.get("covasim_location") or "its default ages and household sizes"
+        setting = (f" agentsim's population parameters {params}; Covasim without waning immunity, location: {where}."
                    if params is not None else " Covasim's `cum_infections` counts reinfections too.")
         lines += [f"`{rel}`: {int(d['agents']):,} people, {d['days']} days, {len(d['rounds'])} seeds, one thread "
                   f"each; medians (min - max).{setting}", ""]
