@@ -29,7 +29,8 @@ parameters; the defaults are Covasim's):
 
 Infectiousness is higher early in an infection (Covasim's viral load): over the first
 ``ceil(min(early_share * D, early_max_days))`` of its ``D`` infectious days (A, or I) a case counts
-``early_ratio / (1 + early_share * (early_ratio - 1))``, later ``1 / (1 + ...)``: 1 on average.
+``early_ratio / (1 + early_share * (early_ratio - 1))``, later ``1 / (1 + ...)``: about 1 on
+average (exactly where the early days are ``early_share`` of the infectious days).
 
 Age tables (per decade of age, the last 90+) are Covasim's default prognoses (Kerr et al. 2021,
 PLoS Comput Biol; after Verity et al. 2020 and Ferguson et al. 2020), as absolute probabilities
@@ -85,19 +86,19 @@ model = Model(
         "asymptomatic_factor": Param(1.0, "infectiousness of an asymptomatic case (symptomatic: 1)", ge=0),
         "early_ratio": Param(2.0, "infectiousness early in an infection over that later (Covasim's load_ratio)", gt=0),
         "early_share": Param(0.3, "share of the infectious days that are early (Covasim's frac_time)", ge=0, le=1),
-        "early_max_days": Param(4, "most early days (Covasim's high_cap)", ge=0),
-        "latent_days": Param(4.5, "mean days from exposure to infectiousness", gt=0),
-        "latent_sd": Param(1.5, "standard deviation of the latent days", ge=0),
-        "presymptomatic_days": Param(1.1, "mean days infectious before symptoms (I)", gt=0),
-        "presymptomatic_sd": Param(0.9, "standard deviation of the presymptomatic days", ge=0),
-        "infectious_days": Param(8.0, "mean days infectious: A, and I after symptoms in a mild case", gt=0),
-        "infectious_sd": Param(2.0, "standard deviation of the infectious days", ge=0),
-        "onset_to_severe_days": Param(6.6, "mean days from symptoms to hospital (H) in a severe case", gt=0),
-        "onset_to_severe_sd": Param(4.9, "standard deviation of the days from symptoms to hospital", ge=0),
-        "severe_days": Param(18.1, "mean days in hospital (H) before recovery", gt=0),
-        "severe_sd": Param(6.3, "standard deviation of the days in hospital before recovery", ge=0),
-        "dying_days": Param(12.2, "mean days in hospital (H) before death", gt=0),
-        "dying_sd": Param(5.2, "standard deviation of the days in hospital before death", ge=0),
+        "early_max_days": Param(4, "most early days (Covasim's high_cap)", ge=0, le=100),
+        "latent_days": Param(4.5, "mean days from exposure to infectiousness", gt=0, le=1000),
+        "latent_sd": Param(1.5, "standard deviation of the latent days", ge=0, le=1000),
+        "presymptomatic_days": Param(1.1, "mean days infectious before symptoms (I)", gt=0, le=1000),
+        "presymptomatic_sd": Param(0.9, "standard deviation of the presymptomatic days", ge=0, le=1000),
+        "infectious_days": Param(8.0, "mean days infectious: A, and I after symptoms in a mild case", gt=0, le=1000),
+        "infectious_sd": Param(2.0, "standard deviation of the infectious days", ge=0, le=1000),
+        "onset_to_severe_days": Param(6.6, "mean days from symptoms to hospital (H) in a severe case", gt=0, le=1000),
+        "onset_to_severe_sd": Param(4.9, "standard deviation of the days from symptoms to hospital", ge=0, le=1000),
+        "severe_days": Param(18.1, "mean days in hospital (H) before recovery", gt=0, le=1000),
+        "severe_sd": Param(6.3, "standard deviation of the days in hospital before recovery", ge=0, le=1000),
+        "dying_days": Param(12.2, "mean days in hospital (H) before death", gt=0, le=1000),
+        "dying_sd": Param(5.2, "standard deviation of the days in hospital before death", ge=0, le=1000),
         "initial_prevalence": Param(0.001, "share of people exposed at day 0", ge=0, le=1),
         "people_per_locality": Param(10_000, "mean people per locality of the synthetic population", ge=1),
         "locality_spread": Param(0.8, "spread of the localities' densities (log scale)", ge=0),
@@ -183,7 +184,9 @@ def progress(ctx: Context) -> None:
     state, left, outcome = people["state"], people["days_left"], people["outcome"]
     sick = ops.flatnonzero((state >= E) & (state <= H))  # draws keyed by uid: drawing for these alone is the same
     now, age = state.index_select(0, sick), people["age"].index_select(0, sick)
-    u = ctx.rng.uniform(people["uid"].index_select(0, sick), draws=4, dtype=torch.float64)
+    # draws: 0 the latent days (when E begins), 1 the severe or fatal branch, 2 symptomatic or not,
+    # 3 the presymptomatic days, 4 the days of the state that begins
+    u = ctx.rng.uniform(people["uid"].index_select(0, sick), draws=5, dtype=torch.float64)
     days = left.index_select(0, sick)
     days = torch.where(days == 0, draw_days(duration_table(p["latent_days"], p["latent_sd"]), u[:, 0]), days) - 1
     ends = ops.flatnonzero(days == 0)
@@ -198,14 +201,14 @@ def progress(ctx: Context) -> None:
                                                 torch.where(fate == DIES, D, R))))
     new_fate = torch.where((after == I) & becomes_severe, SEVERE_NEXT, torch.where((after == H) & dies, DIES, RECOVERS))
     presymptomatic = draw_days(duration_table(p["presymptomatic_days"], p["presymptomatic_sd"]), v[:, 3])
+    w = v[:, 4]
     next_days = torch.where(
-        after == A, draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), v[:, 0]),
+        after == A, draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), w),
         torch.where(after == I, presymptomatic + torch.where(
-            new_fate == SEVERE_NEXT, draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]),
-                                               v[:, 0]),
-            draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), v[:, 0])),
-            torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), v[:, 0]),
-                        draw_days(duration_table(p["severe_days"], p["severe_sd"]), v[:, 0]))))
+            new_fate == SEVERE_NEXT, draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]), w),
+            draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), w)),
+            torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), w),
+                        draw_days(duration_table(p["severe_days"], p["severe_sd"]), w))))
     next_days = torch.where((after == R) | (after == D), 0, next_days)
     days.index_copy_(0, ends, next_days.to(days.dtype))
     left.index_copy_(0, sick, days)  # in place (declared writes)

@@ -127,3 +127,16 @@ def test_the_reported_contact_cut_is_the_population_edge_cut():
         assert result.groups[f"groups/person.{layer}/contact_cut_share"] == pytest.approx(want[layer], abs=1e-12)
     assert result.groups["groups/contact_cut_share"] == pytest.approx(want["all"], abs=1e-12)
     assert 0 < want["work"] < 0.5  # commuters across the border
+
+
+def test_the_days_of_a_state_are_drawn_apart_from_those_of_the_one_before(monkeypatch):
+    """A 1-day latent period must not bring short infectious periods (one uniform per duration)."""
+    import agentsim.models.covid as covid
+
+    monkeypatch.setattr(covid, "SYMPTOMATIC", (0.0,) * 10)  # every case asymptomatic: A for infectious_days
+    params = {"initial_prevalence": 1.0, "latent_days": 2.0, "latent_sd": 1.5, "infectious_days": 8.0,
+              "infectious_sd": 2.0, **{f"beta_{k}": 0.0 for k in ("household", "school", "work", "community")}}
+    m = Simulation(get_model("covid"), agents=20_000, seed=3, params=params).run(60).metrics
+    assert m["R"][-1] == 20_000
+    mean_days = float(np.sum(m["A"])) / 20_000  # each case is counted once per day in A
+    assert abs(mean_days - 8.0) < 0.1

@@ -187,3 +187,50 @@ def test_a_field_in_group_order_is_indexed_as_any_other():
             assert mine == sorted(mine)  # in row order within a group
         assert all(int(index.ids[index.of[i]]) == int(field[i]) for i in range(8) if field[i] >= 0)
         assert all(int(index.of[i]) == 3 for i in range(8) if field[i] < 0)
+
+
+def sums_of_other_widths(comm):
+    """Rank 0 sums two columns, the others one: every rank must raise, none may hang."""
+    sums = GroupSums(comm)
+    width = 2 if comm.rank == 0 else 1
+    try:
+        sums.totals("a.group", torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones((2, width), dtype=torch.int64))
+    except ConfigError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_values_of_another_width_on_one_rank_stop_every_rank():
+    for message in run_ranks(sums_of_other_widths, 2, timeout=30.0):
+        assert "same shape" in message
+
+
+uneven = Model("uneven_shares", default_agents=40)
+
+
+@uneven.init
+def _uneven(ic):
+    rank, world = ic.share()
+    uid = torch.arange(ic.n_agents)[rank::world]
+    extra = {"extra": torch.zeros(uid.shape[0])} if rank == 1 else {}
+    ic.add("person", uid=uid, home=uid // 4, **extra)
+
+
+@uneven.substep(reads=["person.home"])
+def _nothing(ctx):
+    pass
+
+
+def build_uneven(comm):
+    try:
+        Simulation(uneven, agents=40, seed=1, comm=comm, partition="data")
+    except ConfigError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_shares_with_other_fields_stop_every_rank():
+    for message in run_ranks(build_uneven, 2, timeout=30.0):
+        assert "built other populations or fields than process 0" in message

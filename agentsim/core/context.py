@@ -428,8 +428,10 @@ class InitContext:
         process adds the agents of its share only (any split, e.g. the localities
         :func:`agentsim.population.partition_localities` gives ``rank``), and the partitioner then
         sends every agent to the process that owns it (``spatial``: the rank whose region holds its
-        position, regions from the histogram of every rank's agents; ``data``: agents stay where they
-        were built). The model keeps what makes a run the same on any number of processes:
+        position, ``rcb`` regions from the histogram of every rank's agents; ``data``: agents stay
+        where they were built). Every process adds the same populations with the same fields (empty
+        tensors where its share has no agents); the engine checks it. The model keeps what makes a
+        run the same on any number of processes:
 
         - the shares of ``0 .. world_size - 1`` together are exactly the agents one process builds
           (``share()`` gives ``(0, 1)`` there), with the same fields, whatever ``world_size``;

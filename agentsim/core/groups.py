@@ -16,10 +16,12 @@ How it runs on ``W`` ranks (every rank calls it: it is a collective step):
 - **once per field** (again after the field or its population changed): each rank sends its
   distinct groups to their *owner* rank, ``group % W``; an owner finds the groups held by
   several ranks and tells each holder of such a cut group the other holders;
-- **per call**: each rank adds its contributions per group (``index_add`` of int64: exact) and
-  sends the partial sums of its cut groups to the other holders of each, in one all-to-all
-  whose sizes every rank knows; each holder adds what it receives (exact, so the order of
-  ranks does not matter).
+- **per call**: one all-reduce of a few integers (whether any rank's field changed, and that
+  every rank sums values of the same width); each rank adds its contributions per group
+  (``index_add`` of int64: exact) and sends the partial sums of its cut groups to the other
+  holders of each, in one all-to-all whose sizes every rank knows; each holder adds what it
+  receives (exact, so the order of ranks does not matter). ``ctx.group_index`` once built costs
+  the all-reduce only.
 
 Integers only: a float sum would depend on how the agents are split. Totals are therefore the
 same bits on any number of ranks and for any partition of the agents. On one process it is a
@@ -210,8 +212,8 @@ class GroupSums:
         exchange first: each rank sends every group it shares with a peer, in the order both know).
         A group is kept if a contribution reached it on some rank (a count travels with the sums).
         """
-        cut = self._cut(name, field)
         k = partial.shape[1]
+        cut = self._cut(name, field, width=k)
         shared = _sorted_member(groups, cut.cut)
         # [c, k + 1] this rank's sums of its cut groups, and how many rows contributed to each
         mine = torch.zeros((cut.cut.shape[0], k + 1), dtype=torch.int64, device=partial.device)
@@ -299,14 +301,21 @@ class GroupSums:
         if field.dim() != 1 or field.dtype.is_floating_point or field.dtype == torch.bool:
             raise ConfigError(f"group field {name!r}: expected [n] integers (got {field.dtype} {list(field.shape)})")
 
-    def _cut(self, name: str, field: Tensor) -> _Cut:
-        """The cut groups of ``field``, rebuilt (on every rank together) when any rank's changed."""
+    def _cut(self, name: str, field: Tensor, width: int = 0) -> _Cut:
+        """The cut groups of ``field``, rebuilt (on every rank together) when any rank's changed.
+        ``width``: the columns of the values summed (the same on every rank, else every rank raises).
+        """
         known = self._cuts.get(name)
         fresh = known is not None and known.field() is field and known.version == tensor_version(field)
-        stale = self.comm.sum_int64(torch.tensor([0 if fresh else 1], dtype=torch.int64, device=field.device))
-        if known is not None and int(stale[0]) == 0:
+        world = self.comm.world_size
+        stale, widths, width_squares = (int(v) for v in self.comm.sum_int64(torch.tensor(
+            [0 if fresh else 1, width, width * width], dtype=torch.int64, device=field.device)).tolist())
+        if widths * widths != world * width_squares:  # not every rank has the same width (Cauchy-Schwarz)
+            raise ConfigError(f"group_totals({name!r}): the values have {width} column(s) here but not on every "
+                              "process; pass values of the same shape [m, k] on every process (also with m = 0)")
+        if known is not None and stale == 0:
             return known
-        comm, rank, world = self.comm, self.comm.rank, self.comm.world_size
+        comm, rank = self.comm, self.comm.rank
         held, held_members = torch.unique(field.to(torch.int64), return_counts=True)
         some = held >= 0  # no group
         held, held_members = held[some], held_members[some]

@@ -4,7 +4,8 @@
 
 - every rank runs the model's global ``init`` (deterministic, so all ranks build the
   same state), then keeps a contiguous block of each population ordered by uid:
-  rows ``[r * n // W, (r + 1) * n // W)`` of the uid-sorted rows on rank ``r``;
+  rows ``[r * n // W, (r + 1) * n // W)`` of the uid-sorted rows on rank ``r``; or, where
+  ``init`` builds a share per rank (``ic.share()``), each rank keeps what it built;
 - births stay on the parent's rank (uids as on one process, see
   :meth:`TorchComm.birth_offset <agentsim.distributed.comm.TorchComm.birth_offset>`);
   deaths are local; agents never move between ranks;

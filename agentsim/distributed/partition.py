@@ -245,7 +245,8 @@ class Partitioner(Protocol):
               shared: bool = False) -> State:
         """Keep this rank's share of the initial state: every rank built the same global state, or,
         ``shared``, each built its own share of the agents (``InitContext.share``) and the agents
-        that another rank owns are sent there.
+        that another rank owns are sent there. The engine passes ``shared`` only when it is True,
+        so a partitioner that never meets such an init may omit the argument.
         """
         ...
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -395,9 +396,13 @@ class Simulation:
             self.resume_manifest = saved.manifest
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
+        shared = shared and self.comm.world_size > 1
+        if shared:
+            self._agree_populations(state)
+        # shared= only when it is so: a partitioner written to the protocol before it (5 arguments) still works
         self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm,
-                                                 shared=shared and self.comm.world_size > 1)
-        if shared and self.comm.world_size > 1:
+                                                 **({"shared": True} if shared else {}))
+        if shared:
             self._agree_next_uids()
         self.locality = LocalityOrder(space, self.model.substeps, self.params, sort_every)
         # Called after every substep with (simulation, substep) on every rank (agentsim.runner.invariance).
@@ -414,6 +419,22 @@ class Simulation:
         self._history = True  # a differentiable run's steps record autograd history (see without_history)
         if self.device.type == "cpu":  # the steps' freed tensors reused, not fresh pages (after init: its
             native.reuse_freed_memory()  # one-off temporaries go back to the system)
+
+    def _agree_populations(self, state: State) -> None:
+        """After an init that built a share per rank: every rank must have built the same populations
+        with the same fields (an empty share adds empty tensors), else every rank stops here with the
+        same error (later steps would run mismatched collectives).
+        """
+        described = ";".join(f"{name}:{','.join(f'{k}={spec}' for k, spec in sorted(pop.specs.items()))}"
+                             for name, pop in state.populations.items())
+        digest = torch.tensor([[zlib.crc32(described.encode()), len(described)]], dtype=torch.int64)
+        every = self.comm.all_gather_rows({"d": digest}, rows_per_rank=1)["d"]
+        differ = [r for r in range(every.shape[0]) if not torch.equal(every[r], every[0])]
+        if differ:
+            raise ConfigError(f"model '{self.model.name}': its init builds a share per process (ic.share()), but "
+                              f"process {differ[0]} built other populations or fields than process 0 (this one: "
+                              f"{described[:200]}); every process must add the same populations with the same fields, "
+                              "empty where its share has no agents")
 
     def _agree_next_uids(self) -> None:
         """After an init that built a share per rank: every rank's ``next_uid`` of each population is the
