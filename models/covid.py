@@ -202,11 +202,12 @@ def progress(ctx: Context) -> None:
     new_fate = torch.where((after == I) & becomes_severe, SEVERE_NEXT, torch.where((after == H) & dies, DIES, RECOVERS))
     presymptomatic = draw_days(duration_table(p["presymptomatic_days"], p["presymptomatic_sd"]), v[:, 3])
     w = v[:, 4]
+    infectious = draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), w)  # A, and mild I
     next_days = torch.where(
-        after == A, draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), w),
+        after == A, infectious,
         torch.where(after == I, presymptomatic + torch.where(
             new_fate == SEVERE_NEXT, draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]), w),
-            draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), w)),
+            infectious),
             torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), w),
                         draw_days(duration_table(p["severe_days"], p["severe_sd"]), w))))
     next_days = torch.where((after == R) | (after == D), 0, next_days)
@@ -326,7 +327,7 @@ def init(ic: InitContext) -> Grid:
                      localities=mine)
     uid = pop.uid
     exposed = ic.rng.uniform(uid, "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
-    places = {layer: narrow(layer, pop.layer(layer), grid.population) for layer in LAYERS}
+    places = {layer: pop.compact(layer) for layer in LAYERS}  # int32 ids where they fit
     ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=pop.locality.to(ic.device),
            state=torch.where(exposed, E, S).to(torch.int8).to(ic.device),
            isolated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),
@@ -336,28 +337,6 @@ def init(ic: InitContext) -> Grid:
            early_days=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),  # days left of high infectiousness
            **{k: v.to(ic.device) for k, v in places.items()})  # place ids, -1 for none
     return Grid(grid.shape, periodic=False)  # a person's cell: their locality
-
-
-def narrow(layer: str, ids: torch.Tensor, population: torch.Tensor) -> torch.Tensor:
-    """A layer's place ids (``[n]`` int64 from :func:`agentsim.population.synthesize`, -1 for none) as
-    int32 where they fit, for memory: a household's id is its first member's uid; another place's,
-    ``(locality << 32) | number`` (a school's number ``(band << 24) | k``) becomes
-    ``locality * K + number`` (schools ``(locality * 256 + band) * K + k``), ``K`` the most people a
-    locality has (no locality has more places of a kind than people). Ids stay distinct and the
-    same on any number of processes (``population``: the people of every locality).
-    """
-    people = int(population.max()) + 1 if population.numel() else 1
-    if layer == "household":
-        top = int(population.sum())
-        return ids.to(torch.int32) if top < 2**31 else ids
-    slots = population.shape[0] * people * (256 if layer == "school" else 1)
-    if slots >= 2**31:
-        return ids
-    some = ids >= 0
-    low, locality = ids & 0xFFFFFFFF, ids >> 32
-    if layer == "school":
-        locality, low = locality * 256 + (low >> 24), low & 0xFFFFFF
-    return torch.where(some, locality * people + low, -1).to(torch.int32)
 
 
 def _compartment(code: int, label: str, color: str) -> None:

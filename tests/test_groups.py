@@ -189,15 +189,20 @@ def test_a_field_in_group_order_is_indexed_as_any_other():
         assert all(int(index.of[i]) == 3 for i in range(8) if field[i] < 0)
 
 
-def sums_of_other_widths(comm):
-    """Rank 0 sums two columns, the others one: every rank must raise, none may hang."""
-    sums = GroupSums(comm)
-    width = 2 if comm.rank == 0 else 1
+def config_error_of(call):
+    """The message of the ConfigError ``call()`` raises, or "no error"."""
     try:
-        sums.totals("a.group", torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones((2, width), dtype=torch.int64))
+        call()
     except ConfigError as e:
         return str(e)
     return "no error"
+
+
+def sums_of_other_widths(comm):
+    """Rank 0 sums two columns, the others one: every rank must raise, none may hang."""
+    width = 2 if comm.rank == 0 else 1
+    return config_error_of(lambda: GroupSums(comm).totals("a.group", torch.tensor([0, 1, 2]), torch.tensor([0, 1]),
+                                                          torch.ones((2, width), dtype=torch.int64)))
 
 
 @pytest.mark.timeout(120)
@@ -223,11 +228,7 @@ def _nothing(ctx):
 
 
 def build_uneven(comm):
-    try:
-        Simulation(uneven, agents=40, seed=1, comm=comm, partition="data")
-    except ConfigError as e:
-        return str(e)
-    return "no error"
+    return config_error_of(lambda: Simulation(uneven, agents=40, seed=1, comm=comm, partition="data"))
 
 
 @pytest.mark.timeout(120)

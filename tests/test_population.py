@@ -156,3 +156,18 @@ def test_memberships_number_the_places_and_list_their_members(pop, layer):
     k = int(m.place[has][len(m.place[has]) // 2])  # one place's list: its members, ascending
     got = m.members[m.start[k]:m.start[k + 1]].long()
     assert torch.equal(got, pop.uid[m.place == k])
+
+
+@pytest.mark.parametrize("layer", ["household", "school", "work", "community"])
+def test_compact_place_ids_keep_places_apart_and_are_the_same_for_any_share(layer):
+    pop = synthesize(6000, seed=3, people_per_locality=1000)
+    ids, compact = pop.layer(layer), pop.compact(layer)
+    assert compact.dtype == torch.int32
+    assert torch.equal(compact < 0, ids < 0)
+    pairs = torch.unique(torch.stack([ids, compact.long()], 1), dim=0)  # one compact id per place and back
+    assert torch.unique(pairs[:, 0]).numel() == torch.unique(pairs[:, 1]).numel() == pairs.shape[0]
+    owner = partition_localities(pop.localities, 3)
+    parts = [synthesize(6000, seed=3, people_per_locality=1000, localities=torch.nonzero(owner == r).flatten())
+             for r in range(3)]
+    joined = torch.cat([p.compact(layer) for p in parts])[torch.argsort(torch.cat([p.uid for p in parts]))]
+    assert torch.equal(joined, compact)

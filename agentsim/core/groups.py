@@ -49,7 +49,7 @@ import torch
 from torch import Tensor
 
 from agentsim.core.comm import Comm
-from agentsim.core.ops import tensor_version
+from agentsim.core.ops import expand_ranges, tensor_version
 from agentsim.errors import ConfigError
 
 __all__ = ["GroupIndex", "GroupSums"]
@@ -84,6 +84,10 @@ class _Cut:
     pairs: int = 0
     crossing_pairs: int = 0
 
+    def describes(self, field: Tensor) -> bool:
+        """Whether it was built from ``field`` as it is now (the same tensor, not modified since)."""
+        return self.field() is field and self.version == tensor_version(field)
+
 
 @dataclass
 class GroupIndex:
@@ -117,10 +121,7 @@ class GroupIndex:
         ``which[j]`` the position in ``numbers`` of row ``rows[j]``'s group; group by group.
         """
         first = self.start.index_select(0, numbers)
-        count = self.start.index_select(0, numbers + 1) - first
-        which = torch.repeat_interleave(torch.arange(numbers.shape[0], device=numbers.device), count)
-        offset = torch.cumsum(count, 0) - count
-        slot = torch.arange(which.shape[0], device=numbers.device) + (first - offset).index_select(0, which)
+        slot, which = expand_ranges(first, self.start.index_select(0, numbers + 1) - first)
         return self.order.index_select(0, slot).to(torch.int64), which
 
     def local_members(self, numbers: Tensor) -> int:
@@ -202,18 +203,17 @@ class GroupSums:
         partial = torch.zeros((groups.shape[0], flat.shape[1]), dtype=torch.int64, device=flat.device)
         partial.index_add_(0, where, flat)
         if self.comm.world_size > 1:
-            groups, partial = self._across(name, field, groups, partial)
+            groups, partial = self._across(self._cut(name, field, width=partial.shape[1]), groups, partial)
         else:
             self._local(name, field)  # known (its figures: nothing cut)
         return groups, partial.reshape((groups.shape[0], *values.shape[1:]))
 
-    def _across(self, name: str, field: Tensor, groups: Tensor, partial: Tensor) -> tuple[Tensor, Tensor]:
+    def _across(self, cut: _Cut, groups: Tensor, partial: Tensor) -> tuple[Tensor, Tensor]:
         """Add the other ranks' partial sums of this rank's cut groups (one all-to-all, no counts to
         exchange first: each rank sends every group it shares with a peer, in the order both know).
         A group is kept if a contribution reached it on some rank (a count travels with the sums).
         """
         k = partial.shape[1]
-        cut = self._cut(name, field, width=k)
         shared = _sorted_member(groups, cut.cut)
         # [c, k + 1] this rank's sums of its cut groups, and how many rows contributed to each
         mine = torch.zeros((cut.cut.shape[0], k + 1), dtype=torch.int64, device=partial.device)
@@ -248,12 +248,12 @@ class GroupSums:
             ([0, 3], [0, 0])
         """
         self._check_field(name, field)
-        cut = self._cut(name, field) if self.comm.world_size > 1 else self._local(name, field)
+        cut = self._cut(name, field, width=1) if self.comm.world_size > 1 else self._local(name, field)
         if cut.index is None:
-            cut.index = self._build_index(name, field)
+            cut.index = self._build_index(cut, field)
         return cut.index
 
-    def _build_index(self, name: str, field: Tensor) -> GroupIndex:
+    def _build_index(self, cut: _Cut, field: Tensor) -> GroupIndex:
         """Number the groups of ``field`` here, list their members, and count them over every rank."""
         n = field.shape[0]
         rows_dtype = torch.int32 if n < 2**31 else torch.int64
@@ -282,14 +282,14 @@ class GroupSums:
         torch.cumsum(counts, 0, out=start[1:])
         size = counts.to(torch.int64)
         if self.comm.world_size > 1:
-            _, summed = self._across(name, field, ids, size.reshape(-1, 1))  # every group here has members here
+            _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
             size = summed.reshape(-1)
         return GroupIndex(ids, of, size, start, order)
 
     def _local(self, name: str, field: Tensor) -> _Cut:
         """One process: nothing is cut; the entry keeps the index while ``field`` stays the same."""
         known = self._cuts.get(name)
-        if known is not None and known.field() is field and known.version == tensor_version(field):
+        if known is not None and known.describes(field):
             return known
         empty = field.new_zeros(0, dtype=torch.int64)
         made = _Cut(weakref.ref(field), tensor_version(field), None, empty, empty, [0], 0, int((field >= 0).sum()))
@@ -301,12 +301,12 @@ class GroupSums:
         if field.dim() != 1 or field.dtype.is_floating_point or field.dtype == torch.bool:
             raise ConfigError(f"group field {name!r}: expected [n] integers (got {field.dtype} {list(field.shape)})")
 
-    def _cut(self, name: str, field: Tensor, width: int = 0) -> _Cut:
+    def _cut(self, name: str, field: Tensor, width: int) -> _Cut:
         """The cut groups of ``field``, rebuilt (on every rank together) when any rank's changed.
         ``width``: the columns of the values summed (the same on every rank, else every rank raises).
         """
         known = self._cuts.get(name)
-        fresh = known is not None and known.field() is field and known.version == tensor_version(field)
+        fresh = known is not None and known.describes(field)
         world = self.comm.world_size
         stale, widths, width_squares = (int(v) for v in self.comm.sum_int64(torch.tensor(
             [0 if fresh else 1, width, width * width], dtype=torch.int64, device=field.device)).tolist())
@@ -338,12 +338,11 @@ class GroupSums:
         row_count = torch.repeat_interleave(counts, counts)  # per (group, holder) row: its group's holders
         row_first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)  # its group's first row
         cut_rows = torch.nonzero(row_count > 1).reshape(-1)  # rows of cut groups
-        # and tells each holder of a cut group every other holder: rows (group, holder, peer)
-        times = row_count.index_select(0, cut_rows)
-        holder = torch.repeat_interleave(cut_rows, times)  # each row once per holder of its group
-        step = torch.arange(holder.shape[0], device=g.device) - torch.repeat_interleave(torch.cumsum(times, 0) - times,
-                                                                                        times)
-        peer = r.index_select(0, row_first.index_select(0, holder) + step)
+        # and tells each holder of a cut group every other holder: rows (group, holder, peer), each
+        # holder's row paired with every row of its group
+        peer_rows, pair = expand_ranges(row_first.index_select(0, cut_rows), row_count.index_select(0, cut_rows))
+        holder = cut_rows.index_select(0, pair)
+        peer = r.index_select(0, peer_rows)
         keep = peer != r.index_select(0, holder)
         rows_g, rows_holder, rows_peer = g.index_select(0, holder)[keep], r.index_select(0, holder)[keep], peer[keep]
         here = rows_holder == rank

@@ -387,6 +387,27 @@ def segment_sum(src: Tensor, indptr: Tensor) -> Tensor:
     return src.new_zeros((n_seg, *src.shape[1:])).index_add_(0, seg, src)
 
 
+def expand_ranges(start: Tensor, count: Tensor) -> tuple[Tensor, Tensor]:
+    """The positions of several runs, end to end: ``start[i] .. start[i] + count[i] - 1`` for each
+    ``i`` in turn (a CSR's slices of some rows), and for each position the run it belongs to.
+
+    Args:
+        start: ``[k]`` int64 first position of each run.
+        count: ``[k]`` int64 length of each run (>= 0).
+
+    Returns:
+        ``(positions, run)``: ``[sum(count)]`` int64 each.
+
+    Examples:
+        >>> pos, run = expand_ranges(torch.tensor([5, 0, 9]), torch.tensor([2, 0, 3]))
+        >>> pos.tolist(), run.tolist()
+        ([5, 6, 9, 10, 11], [0, 0, 2, 2, 2])
+    """
+    run = torch.repeat_interleave(torch.arange(count.shape[0], device=count.device), count)
+    first = torch.cumsum(count, 0) - count  # where each run starts in the output
+    return torch.arange(run.shape[0], device=count.device) + (start - first).index_select(0, run), run
+
+
 # --------------------------------------------------------------------------- selection
 def flatnonzero(mask: Tensor) -> Tensor:
     """Indices of the True entries of a 1D bool mask, ascending: ``mask.nonzero().squeeze(1)``.

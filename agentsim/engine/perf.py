@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 
 from agentsim.distributed.partition import RanksFigures
 
-__all__ = ["group_figures", "step_figures", "summarize_groups", "summarize_perf"]
+__all__ = ["GROUP_COLUMNS", "group_figures", "step_figures", "summarize_groups", "summarize_perf"]
 
 
 def step_figures(figures: RanksFigures, counts: Sequence[int], moved: Sequence[int] | None) -> dict[str, float]:
@@ -64,43 +64,44 @@ def step_figures(figures: RanksFigures, counts: Sequence[int], moved: Sequence[i
     }
 
 
+#: The columns of a rank's figures per group field (:attr:`agentsim.core.groups.GroupSums.figures`).
+GROUP_COLUMNS = ("members", "cut_members", "cut_groups", "pairs", "crossing_pairs")
+
+
 def group_figures(names: Sequence[str], per_rank: Sequence[Sequence[Sequence[int]]]) -> dict[str, float]:
     """The cut of each group field of ``ctx.group_totals`` (:mod:`agentsim.core.groups`) over ranks.
 
     Args:
         names: The group fields (``"person.household"``), in the order of the rows.
-        per_rank: ``[W][F][5]`` each rank's ``(members, cut_members, cut_groups, pairs,
-            crossing_pairs)`` per field (:attr:`agentsim.core.groups.GroupSums.figures`).
+        per_rank: ``[W][F][5]`` each rank's :data:`GROUP_COLUMNS` per field.
 
     Returns:
         ``groups/cut_share``: over every field, the share of memberships whose group has members on
         another rank; ``groups/contact_cut_share``: the share of contacts (pairs of members of a
-        group) whose two members are on different ranks; and per field ``f``:
-        ``groups/f/contact_cut_share``, ``groups/f/cut_share``, the share of the agents whose group has members on
-        another rank (the edge cut of the person-place graph: the share of memberships that
-        cross ranks); ``groups/f/ghost_groups_max`` and ``.../ghost_groups_mean``, the groups a
-        rank shares with others (its ghost places). One process: all 0.
+        group) whose two members are on different ranks; and per field ``f`` the same two,
+        ``groups/f/cut_share`` (the share of the field's members whose group spans ranks) and
+        ``groups/f/contact_cut_share``, with ``groups/f/ghost_groups_max`` and
+        ``.../ghost_groups_mean``, the groups a rank shares with others (its ghost places). One
+        process: all 0.
 
     Examples:
         >>> figures = group_figures(["p.home"], [[[100, 4, 1, 60, 3]], [[50, 2, 1, 40, 0]]])
         >>> figures["groups/p.home/cut_share"], figures["groups/p.home/contact_cut_share"]
         (0.04, 0.03)
     """
-    out: dict[str, float] = {}
-    every = sum(rank[f][0] for rank in per_rank for f in range(len(names)))
-    crossing = sum(rank[f][1] for rank in per_rank for f in range(len(names)))
-    out["groups/cut_share"] = crossing / every if every else 0.0
-    pairs = sum(rank[f][3] for rank in per_rank for f in range(len(names)))
-    crossing_pairs = sum(rank[f][4] for rank in per_rank for f in range(len(names)))
-    out["groups/contact_cut_share"] = crossing_pairs / pairs if pairs else 0.0
-    for f, name in enumerate(names):
-        field_pairs = sum(rank[f][3] for rank in per_rank)
-        out[f"groups/{name}/contact_cut_share"] = sum(rank[f][4] for rank in per_rank) / field_pairs \
-            if field_pairs else 0.0
-        members = sum(rank[f][0] for rank in per_rank)
-        cut = sum(rank[f][1] for rank in per_rank)
-        ghosts = [rank[f][2] for rank in per_rank]
-        out[f"groups/{name}/cut_share"] = cut / members if members else 0.0
+    def share(part: float, whole: float) -> float:
+        return part / whole if whole else 0.0
+
+    # per field, each column summed over ranks
+    fields = [{c: sum(rank[f][i] for rank in per_rank) for i, c in enumerate(GROUP_COLUMNS)}
+              for f in range(len(names))]
+    every = {c: sum(f[c] for f in fields) for c in GROUP_COLUMNS}
+    out = {"groups/cut_share": share(every["cut_members"], every["members"]),
+           "groups/contact_cut_share": share(every["crossing_pairs"], every["pairs"])}
+    for f, (name, sums) in enumerate(zip(names, fields, strict=True)):
+        ghosts = [rank[f][GROUP_COLUMNS.index("cut_groups")] for rank in per_rank]
+        out[f"groups/{name}/contact_cut_share"] = share(sums["crossing_pairs"], sums["pairs"])
+        out[f"groups/{name}/cut_share"] = share(sums["cut_members"], sums["members"])
         out[f"groups/{name}/ghost_groups_max"] = float(max(ghosts))
         out[f"groups/{name}/ghost_groups_mean"] = sum(ghosts) / len(ghosts)
     return out
@@ -108,9 +109,7 @@ def group_figures(names: Sequence[str], per_rank: Sequence[Sequence[Sequence[int
 
 def summarize_groups(figures: Mapping[str, float]) -> str:
     """One line on the cut of each group field (:func:`group_figures`); empty without any."""
-    names = [k[len("groups/"):-len("/cut_share")] for k in figures
-             if k.startswith("groups/") and k.endswith("/cut_share") and not k.endswith("contact_cut_share")
-             and k != "groups/cut_share"]
+    names = [k[len("groups/"):-len("/ghost_groups_max")] for k in figures if k.endswith("/ghost_groups_max")]
     if not names:
         return ""
     parts = [f"{name} {figures[f'groups/{name}/cut_share']:.2%} "

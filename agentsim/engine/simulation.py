@@ -54,7 +54,7 @@ from agentsim.distributed.snapshot import NeighborSnapshots
 from agentsim.engine.contract import ContractChecks, checked_env, plain
 from agentsim.engine.locality import LocalityOrder
 from agentsim.engine.memory import check_memory
-from agentsim.engine.perf import group_figures, step_figures
+from agentsim.engine.perf import GROUP_COLUMNS, group_figures, step_figures
 from agentsim.engine.progress import progress_bar
 from agentsim.errors import ConfigError, FieldAccessError, OutputError, SimulationError
 from agentsim.io.locks import lock_on_rank0
@@ -378,7 +378,8 @@ class Simulation:
                          world_size=self.comm.world_size)
         with torch.set_grad_enabled(self.differentiable):
             state, space = self.model.build(ic)
-        shared = ic.shared and resume is None  # each rank built its share (a checkpoint holds every agent)
+        # each rank built its share (a checkpoint holds every agent; one process builds everything)
+        shared = ic.shared and resume is None and self.comm.world_size > 1
         state = state.to(self.device)
         self.model.validate_state(state)
         check_positions(state, space)
@@ -396,7 +397,6 @@ class Simulation:
             self.resume_manifest = saved.manifest
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
-        shared = shared and self.comm.world_size > 1
         if shared:
             self._agree_populations(state)
         # shared= only when it is so: a partitioner written to the protocol before it (5 arguments) still works
@@ -954,15 +954,14 @@ class Simulation:
         """
         mine = self.groups.figures
         names = list(mine)
-        keys = ("members", "cut_members", "cut_groups", "pairs", "crossing_pairs")
-        rows = [[mine[n][k] for k in keys] for n in names]
         if not names:
             return {}
+        rows = [[mine[n][c] for c in GROUP_COLUMNS] for n in names]
         if self.comm.world_size == 1:
             return group_figures(names, [rows])
-        flat = torch.tensor([v for row in rows for v in row], dtype=torch.int64).reshape(1, -1)
-        every = self.comm.all_gather_rows({"figures": flat})["figures"].reshape(self.comm.world_size, len(names), 5)
-        return group_figures(names, every.tolist())
+        flat = torch.tensor(rows, dtype=torch.int64).reshape(1, -1)
+        every = self.comm.all_gather_rows({"figures": flat})["figures"]
+        return group_figures(names, every.reshape(self.comm.world_size, len(names), len(GROUP_COLUMNS)).tolist())
 
 
 def _plain_state(state: State, effects: Effects) -> None:

@@ -150,13 +150,9 @@ class SyntheticPopulation:
             n_places = int(number[-1]) + 1 if n else 0
         else:
             has = ids >= 0
-            low = ids & 0xFFFFFFFF
-            group = torch.where(has, ids >> 32, 0)  # the locality
-            n_groups = self.localities.n_localities
-            if layer == "school":  # (locality, band): numbered within each
-                group = group * 256 + (low >> 24)
-                low = low & 0xFFFFFF
-                n_groups *= 256
+            group, low, per_locality = _group_and_number(layer, ids)
+            group = torch.where(has, group, 0)
+            n_groups = self.localities.n_localities * per_locality
             count = torch.zeros(n_groups, dtype=torch.int64).scatter_reduce_(
                 0, group[has], low[has] + 1, reduce="amax")
             base = torch.cumsum(count, 0) - count
@@ -177,10 +173,45 @@ class SyntheticPopulation:
         members = uid.index_select(0, order).to(torch.int32 if n == 0 or int(self.uid.max()) < 2**31 else torch.int64)
         return Memberships(number, torch.cat([size, size.new_zeros(1)]).to(torch.int32), start.to(torch.int64), members)
 
+    def compact(self, layer: str) -> Tensor:
+        """A layer's place ids as ``[n]`` int32 where they fit (int64 otherwise), -1 for none: a
+        household's id is its first member's uid; another place's ``(group, number)`` (its
+        locality, and for a school the band within it; its number there) becomes
+        ``group * K + number``, ``K`` the most people a locality has (no locality has more places
+        of a kind than people). Distinct places keep distinct ids, the same whatever localities
+        were built (``K`` comes from the whole grid).
+
+        Examples:
+            >>> pop = synthesize(2000, seed=1, people_per_locality=500)
+            >>> compact = pop.compact("work")
+            >>> compact.dtype, torch.unique(compact).numel() == torch.unique(pop.work).numel()
+            (torch.int32, True)
+        """
+        ids = self.layer(layer)
+        population = self.localities.population
+        people = int(population.max()) + 1 if population.numel() else 1
+        if layer == "household":
+            return ids.to(torch.int32) if int(population.sum()) < 2**31 else ids
+        group, number, per_locality = _group_and_number(layer, ids)
+        if population.shape[0] * per_locality * people >= 2**31:
+            return ids
+        return torch.where(ids >= 0, group * people + number, -1).to(torch.int32)
+
     def nbytes(self) -> int:
         """Bytes of the person columns (without the locality table)."""
         return sum(t.element_size() * t.numel() for t in (self.uid, self.age, self.locality, self.household,
                                                           self.school, self.work, self.community))
+
+
+def _group_and_number(layer: str, ids: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Place ids of a layer other than households taken apart: ``(group, number, groups per
+    locality)``: the group is the locality (a school's, ``locality * 256 + band``), the number
+    the place's within its group (meaningless where ``ids < 0``).
+    """
+    group, number = ids >> 32, ids & 0xFFFFFFFF
+    if layer == "school":  # (locality, band): numbered within each; bands < 256 (PopulationTables)
+        return group * 256 + (number >> 24), number & 0xFFFFFF, 256
+    return group, number, 1
 
 
 def locality_grid(n: int, seed: int = 0, people_per_locality: int = 10_000, spread: float = 0.8) -> Localities:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from agentsim._native import kernels as cpu_kernels
+from agentsim.core.ops import expand_ranges
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.space.base import SortKey
 
@@ -207,8 +208,7 @@ class Graph:
         total = int(count.sum()) if count.numel() else 0
         if total == 0:
             return torch.zeros(self.n_nodes, dtype=torch.int32, device=self.indptr.device)
-        first = torch.cumsum(count, 0) - count  # where each node's run starts in the output
-        pos = torch.arange(total, device=start.device) + torch.repeat_interleave(start - first, count)
+        pos, _ = expand_ranges(start, count)
         return torch.bincount(self.indices.index_select(0, pos), minlength=self.n_nodes).to(torch.int32)
 
     def neighbor_sum(self, values: Tensor) -> Tensor:
