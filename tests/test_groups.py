@@ -235,3 +235,46 @@ def build_uneven(comm):
 def test_shares_with_other_fields_stop_every_rank():
     for message in run_ranks(build_uneven, 2, timeout=30.0):
         assert "built other populations or fields than process 0" in message
+
+
+# Another model of my own, from the how-to (docs/howto/synthetic-population.md): colds in households
+# of a synthetic population, each process building only its localities (ic.share()).
+shared_colds = Model("shared_colds", default_agents=6000)
+
+
+@shared_colds.init
+def _colds(ic):
+    from agentsim import Grid
+    from agentsim.population import locality_grid, partition_localities, synthesize
+
+    rank, world_size = ic.share()
+    grid = locality_grid(ic.n_agents, ic.seed, people_per_locality=1000)
+    mine = torch.nonzero(partition_localities(grid, world_size) == rank).flatten()
+    pop = synthesize(ic.n_agents, seed=ic.seed, people_per_locality=1000, localities=mine)
+    ic.add("person", uid=pop.uid, household=pop.household, cell=pop.locality.long(),
+           sick=ic.rng.uniform(pop.uid, "sick") < 0.05)
+    return Grid(grid.shape, periodic=False)
+
+
+@shared_colds.substep(reads=["person.household", "person.sick"], writes=["person.sick"])
+def _catch(ctx):
+    people = ctx["person"]
+    ill = torch.nonzero(people["sick"]).flatten()
+    homes, sick_mates = ctx.group_totals("person.household", ill, torch.ones_like(ill))
+    index = ctx.group_index("person.household")
+    per_home = torch.zeros(index.ids.shape[0] + 1, dtype=torch.int64)
+    per_home[index.find(homes)] = sick_mates
+    exposure = per_home[index.of] - people["sick"].long()
+    u = ctx.rng.uniform(people["uid"], draws=2)
+    people["sick"] = torch.where(people["sick"], u[:, 1] >= 0.1, u[:, 0] < 1 - 0.8 ** exposure.double())
+
+
+shared_colds.metric(name="sick")(lambda state: state["person"]["sick"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("partition", ["data", "spatial"])
+def test_a_model_built_by_shares_gives_the_same_bits_on_one_to_four_processes(partition):
+    report = check_model(shared_colds, agents=6000, steps=5, world_sizes=(1, 2, 3, 4), partitions=(partition,))
+    assert report.identical, report.summary()
+    assert report.partitions == (partition,)
