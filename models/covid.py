@@ -324,10 +324,10 @@ def init(ic: InitContext) -> Grid:
     grid = locality_grid(n, ic.seed, people_per_locality, spread)
     mine = ops.flatnonzero(partition_localities(grid, world_size) == rank)
     pop = synthesize(n, seed=ic.seed, tables=tables, people_per_locality=people_per_locality, spread=spread,
-                     localities=mine)
+                     localities=mine, compact=True)  # place ids built compact: no int64 copy of them
     uid = pop.uid
     exposed = ic.rng.uniform(uid, "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
-    places = {layer: pop.compact(layer) for layer in LAYERS}  # int32 ids where they fit
+    places = {layer: pop.compact(layer) for layer in LAYERS}  # int32 ids where they fit (the columns themselves)
     ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=pop.locality.to(ic.device),
            state=torch.where(exposed, E, S).to(torch.int8).to(ic.device),
            isolated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),

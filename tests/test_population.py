@@ -41,9 +41,49 @@ def test_built_by_localities_equals_built_whole(pop, world_size):
     assert sum(len(p) for p in parts) == N
 
 
-def test_batches_give_the_same_people(pop, monkeypatch):
-    monkeypatch.setattr(synthetic, "_BATCH_PEOPLE", 15_000)
+@pytest.mark.parametrize("batch", [1, 15_000, 10**9])  # a locality at a time, a few, all at once
+def test_batches_give_the_same_people(pop, monkeypatch, batch):
+    monkeypatch.setattr(synthetic, "_BATCH_PEOPLE", batch)
+    monkeypatch.setattr(synthetic, "_MIN_BATCH_PEOPLE", batch)
     _same(synthesize(N, seed=SEED, people_per_locality=PER), pop)
+    owner = partition_localities(pop.localities, 3)
+    mine = torch.nonzero(owner == 1).flatten()
+    part = synthesize(N, seed=SEED, people_per_locality=PER, localities=mine)
+    rows = torch.nonzero(torch.isin(pop.locality.long(), mine)).flatten()
+    for f in synthetic._COLUMNS:
+        assert torch.equal(getattr(part, f), getattr(pop, f)[rows]), f
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_built_compact_the_same_places_without_their_int64_ids(pop, world_size):
+    owner = partition_localities(pop.localities, world_size)
+    for r in range(world_size):
+        mine = torch.nonzero(owner == r).flatten()
+        wide = synthesize(N, seed=SEED, people_per_locality=PER, localities=mine)
+        small = synthesize(N, seed=SEED, people_per_locality=PER, localities=mine, compact=True)
+        assert small.compacted and not wide.compacted
+        for f in ("uid", "age", "locality"):
+            assert torch.equal(getattr(small, f), getattr(wide, f)), f
+        for layer in synthetic.LAYERS:
+            assert small.compact(layer) is getattr(small, layer)  # the column itself: no copy
+            assert torch.equal(small.compact(layer), wide.compact(layer)), layer
+            assert torch.equal(small.layer(layer), wide.layer(layer)), layer  # the int64 ids back
+        assert small.nbytes() == 30 * len(small)
+    whole = synthesize(N, seed=SEED, people_per_locality=PER, compact=True)
+    m, want = whole.memberships("work"), pop.memberships("work")
+    assert torch.equal(m.place, want.place) and torch.equal(m.members, want.members)
+
+
+def test_localities_without_people():
+    """More localities than people: some have none, on any share."""
+    whole = synthesize(5, seed=1, people_per_locality=1)
+    assert whole.localities.n_localities == 9 and int((whole.localities.population == 0).sum()) == 4
+    owner = partition_localities(whole.localities, 3)
+    parts = [synthesize(5, seed=1, people_per_locality=1, localities=torch.nonzero(owner == r).flatten())
+             for r in range(3)]
+    order = torch.argsort(torch.cat([p.uid for p in parts]))
+    for f in synthetic._COLUMNS:
+        assert torch.equal(torch.cat([getattr(p, f) for p in parts])[order], getattr(whole, f)), f
 
 
 def test_seeds(pop):

@@ -4,7 +4,8 @@ venues, on a grid of localities of varying density.
 Contacts are **memberships in places** (a bipartite person-place structure, as Loimos, FRED and
 JUNE use), one column per layer: every person has a household, a community venue, and a school
 or a workplace or neither. Memory and work grow with memberships, not with the square of place
-sizes: about 46 bytes per person for the six columns.
+sizes: about 46 bytes per person for the six columns (30 to 34 built with ``compact=True``:
+the place ids a model keeps, int32 where they fit).
 
 Every draw is a counter-based random number keyed by (seed, a global id, a stream), and every
 id is global (a person's uid, a household's is its first member's uid, a place's encodes its
@@ -116,6 +117,9 @@ class SyntheticPopulation:
         work: ``[n]`` int64 workplace id, -1 for none.
         community: ``[n]`` int64 community venue id.
         localities: The locality grid (all localities).
+        compacted: The four place columns hold the ids :meth:`compact` gives (int32 where they
+            fit), not the int64 ids above (``synthesize(..., compact=True)``); :meth:`layer` still
+            gives the int64 ids.
     """
 
     uid: Tensor
@@ -126,12 +130,17 @@ class SyntheticPopulation:
     work: Tensor
     community: Tensor
     localities: Localities
+    compacted: bool = False
 
     def __len__(self) -> int:
         return int(self.uid.shape[0])
 
     def layer(self, name: str) -> Tensor:
         """A layer's column (``[n]`` int64 place id, -1 where the person has none)."""
+        column = self._column(name)
+        return _expand_ids(name, column, self.localities) if self.compacted else column
+
+    def _column(self, name: str) -> Tensor:
         if name not in LAYERS:
             raise ConfigError(f"unknown layer {name!r} (valid: {', '.join(LAYERS)})")
         column: Tensor = getattr(self, name)
@@ -187,20 +196,60 @@ class SyntheticPopulation:
             >>> compact.dtype, torch.unique(compact).numel() == torch.unique(pop.work).numel()
             (torch.int32, True)
         """
-        ids = self.layer(layer)
-        population = self.localities.population
-        people = int(population.max()) + 1 if population.numel() else 1
-        if layer == "household":
-            return ids.to(torch.int32) if int(population.sum()) < 2**31 else ids
-        group, number, per_locality = _group_and_number(layer, ids)
-        if population.shape[0] * per_locality * people >= 2**31:
-            return ids
-        return torch.where(ids >= 0, group * people + number, -1).to(torch.int32)
+        column = self._column(layer)
+        if self.compacted or _compact_dtype(layer, self.localities) == torch.int64:
+            return column
+        out = torch.empty(column.shape[0], dtype=torch.int32)
+        for a in range(0, column.shape[0], _BATCH_PEOPLE):  # by batches: no int64 temporaries of every person
+            out[a:a + _BATCH_PEOPLE] = _compact_ids(layer, column[a:a + _BATCH_PEOPLE], self.localities)
+        return out
 
     def nbytes(self) -> int:
         """Bytes of the person columns (without the locality table)."""
         return sum(t.element_size() * t.numel() for t in (self.uid, self.age, self.locality, self.household,
                                                           self.school, self.work, self.community))
+
+
+def _places_per_group(localities: Localities) -> int:
+    """``K`` of :meth:`SyntheticPopulation.compact`: the most people a locality has, plus one."""
+    population = localities.population
+    return int(population.max()) + 1 if population.numel() else 1
+
+
+def _compact_dtype(layer: str, localities: Localities) -> torch.dtype:
+    """The dtype of a layer's compact ids (:meth:`SyntheticPopulation.compact`): int32 where they fit."""
+    population = localities.population
+    if layer == "household":
+        return torch.int32 if int(population.sum()) < 2**31 else torch.int64
+    per_locality = 256 if layer == "school" else 1
+    fits = population.shape[0] * per_locality * _places_per_group(localities) < 2**31
+    return torch.int32 if fits else torch.int64
+
+
+def _compact_ids(layer: str, ids: Tensor, localities: Localities) -> Tensor:
+    """A layer's int64 place ids (any subset of the people) as :meth:`SyntheticPopulation.compact` gives them."""
+    if _compact_dtype(layer, localities) == torch.int64:
+        return ids
+    if layer == "household":
+        return ids.to(torch.int32)
+    group, number, _ = _group_and_number(layer, ids)
+    return torch.where(ids >= 0, group * _places_per_group(localities) + number, -1).to(torch.int32)
+
+
+def _expand_ids(layer: str, compact: Tensor, localities: Localities) -> Tensor:
+    """The int64 place ids back from :func:`_compact_ids`."""
+    if compact.dtype == torch.int64:  # kept whole (they did not fit int32)
+        return compact
+    wide = compact.to(torch.int64)
+    if layer == "household":
+        return wide
+    people = _places_per_group(localities)
+    group, number = wide // people, wide % people
+    if layer == "school":
+        ids = ((group >> 8) << 32) | ((group & 255) << 24) | number
+    else:
+        ids = (group << 32) | number
+    return torch.where(compact >= 0, ids, -1)
 
 
 def _group_and_number(layer: str, ids: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -298,31 +347,36 @@ def _age_table(tables: PopulationTables, adult: bool) -> tuple[Tensor, Tensor, T
 
 
 def _people(loc: Localities, localities: Tensor, tables: PopulationTables, rng: CounterRNG) -> dict[str, Tensor]:
-    """uid, locality, household, age and the work-related draws of the people of ``localities``."""
+    """uid, locality, household and age (``[n]`` int64) of the people of ``localities``."""
     pop = loc.population.index_select(0, localities)
     first = loc.first_uid.index_select(0, localities)
     total = int(pop.sum())
     at = torch.repeat_interleave(torch.arange(localities.shape[0]), pop, output_size=total)  # [total]
-    begin = torch.cumsum(pop, 0) - pop
-    within = torch.arange(total) - begin.index_select(0, at)  # index of the person in the locality
-    uid = first.index_select(0, at) + within
+    begin = (torch.cumsum(pop, 0) - pop).index_select(0, at)  # each person's locality's first row
+    uid = first.index_select(0, at).sub_(begin).add_(torch.arange(total))  # first + index in the locality
     # Households: one candidate size per person slot (sizes >= 1 house everyone), laid end to end.
     size = torch.as_tensor(tables.households.size).index_select(
         0, _inverse_cdf(tables.households.weight, rng.uniform(uid, step=0, stream="household_size",
                                                               dtype=torch.float64)))
-    csum = torch.cumsum(size, 0)
-    start = csum - size - (csum - size).index_select(0, begin).index_select(0, at)  # first slot, within
+    slot = torch.cumsum(size, 0).sub_(size)
+    start = slot - slot.index_select(0, begin)  # first slot, within the locality
+    del slot, begin
     lives = pop.index_select(0, at)
     kept = torch.nonzero(start < lives).flatten()
     start_k = start.index_select(0, kept)
     size_k = torch.minimum(size.index_select(0, kept), lives.index_select(0, kept) - start_k)
-    head = first.index_select(0, at.index_select(0, kept)) + start_k
+    del start, size, lives
+    head = first.index_select(0, at.index_select(0, kept)).add_(start_k)
+    del kept, start_k
     household = torch.repeat_interleave(head, size_k, output_size=total)
+    del head, size_k
     member = uid - household
     # Ages: adults and children from the two parts of the pyramid.
     u = rng.uniform(uid, step=0, stream="age", draws=3, dtype=torch.float64)  # [total, 3]
     p_child = torch.where(member == 0, 0.0, torch.where(member == 1, tables.child_share[0], tables.child_share[1]))
+    del member
     child = u[:, 0] < p_child
+    del p_child
     age = torch.empty(total, dtype=torch.int64)
     for is_child in (False, True):
         rows = torch.nonzero(child == is_child).flatten()
@@ -333,61 +387,86 @@ def _people(loc: Localities, localities: Tensor, tables: PopulationTables, rng: 
     return {"uid": uid, "locality": localities.index_select(0, at), "household": household, "age": age}
 
 
-def _work_locality(loc: Localities, people: dict[str, Tensor], tables: PopulationTables,
-                   rng: CounterRNG) -> Tensor:
-    """``[n]`` int64 the locality each person works in, -1 for those who do not work."""
+_HOME = 8  # a worker's code (_work_code) for working in the home locality; 0 .. 7: that neighbor; -1: no work
+
+
+def _work_code(loc: Localities, people: dict[str, Tensor], tables: PopulationTables, rng: CounterRNG) -> Tensor:
+    """``[n]`` int8 where each person works: -1 nowhere, ``_HOME`` in their locality, ``k`` in
+    their ``k``-th neighbor (a commuter).
+    """
     uid, age, home = people["uid"], people["age"], people["locality"]
     u = rng.uniform(uid, step=0, stream="work", draws=3, dtype=torch.float64)
     works = (age >= tables.adult_age) & (age < tables.retirement_age) & (u[:, 0] < tables.employment_rate)
     n_near = (loc.neighbors >= 0).sum(1).index_select(0, home)
-    pick = torch.floor(u[:, 2] * n_near).to(torch.int64).clamp(min=0, max=7)
-    away = loc.neighbors[home, pick]
+    pick = torch.floor(u[:, 2] * n_near).to(torch.int8).clamp(min=0, max=7)  # [0, 8): exact in int8
     commutes = (u[:, 1] < tables.commute) & (n_near > 0)
-    where = torch.where(commutes, away, home)
-    return torch.where(works, where, torch.full_like(where, -1))
+    del u, n_near
+    code = torch.where(commutes, pick, _HOME)
+    return code.masked_fill_(~works, -1)
 
 
-def _workplaces(loc: Localities, uid: Tensor, work_loc: Tensor, for_localities: Tensor,
-                tables: PopulationTables, rng: CounterRNG) -> Tensor:
-    """Workplace ids of the workers ``uid`` (with their work localities): each locality of
-    ``for_localities`` has all its workers among them. ``[n]`` int64, -1 for non-workers and for
-    workers of other localities.
+def _place_workers(loc: Localities, w_uid: Tensor, w_loc: Tensor, tables: PopulationTables,
+                   rng: CounterRNG) -> Tensor:
+    """Workplace ids (``[m]`` int64) of the workers ``w_uid`` (ascending) with their work
+    localities ``w_loc``: every worker of each of these localities is among them.
     """
-    out = torch.full_like(uid, -1)
-    mine = _member_of(work_loc, for_localities, loc.n_localities)
-    rows = torch.nonzero(mine).flatten()
-    if rows.numel() == 0:
-        return out
-    w_uid, w_loc = uid.index_select(0, rows), work_loc.index_select(0, rows)
     # a random order of each locality's workers: by (locality, random key, uid)
     # one sort of (locality in the high 31 bits, 32 random bits), ties in uid order (stable)
     key = rng.bits(w_uid, step=0, stream="work_order")
     order = torch.argsort((w_loc << 32) | ((key >> 32) & 0xFFFFFFFF), stable=True)
+    del key
     w_loc_sorted = w_loc.index_select(0, order)
     locs, counts = torch.unique_consecutive(w_loc_sorted, return_counts=True)
+    del w_loc_sorted
     begin = torch.cumsum(counts, 0) - counts
-    at = torch.repeat_interleave(torch.arange(locs.shape[0]), counts)
-    position = torch.arange(w_loc_sorted.shape[0]) - begin.index_select(0, at)  # place in the locality's line
+    at = torch.repeat_interleave(torch.arange(locs.shape[0]), counts, output_size=int(w_uid.shape[0]))
+    position = torch.arange(at.shape[0]) - begin.index_select(0, at)  # place in the locality's line
     # workplace sizes: one candidate per worker slot, keyed by (locality, slot)
     sizes = torch.arange(1, tables.workplace_max + 1, dtype=torch.float64)
     weights = sizes ** -tables.workplace_exponent
     slot_key = loc.first_uid.index_select(0, locs).index_select(0, at) + position
     size = _inverse_cdf(weights, rng.uniform(slot_key, step=0, stream="workplace_size", dtype=torch.float64)) + 1
+    del slot_key
     csum = torch.cumsum(size, 0)
     end_within = csum - (csum - size).index_select(0, begin).index_select(0, at)  # one past each place's last
+    del csum
     # worker p of a locality fills the first place whose end_within > p (places in slot order)
-    flat_end = end_within + at * (2 * int(size.sum()) + 2)  # sorted across localities
-    flat_p = position + at * (2 * int(size.sum()) + 2)
-    place = torch.searchsorted(flat_end, flat_p, right=True) - begin.index_select(0, at)
-    ids = (locs.index_select(0, at) << 32) | place
+    spacing = 2 * int(size.sum()) + 2
+    del size
+    flat_end = end_within.add_(at * spacing)  # sorted across localities
+    flat_p = position.add_(at * spacing)
+    place = torch.searchsorted(flat_end, flat_p, right=True).sub_(begin.index_select(0, at))
+    del flat_end, flat_p
+    ids = place.bitwise_or_(locs.index_select(0, at) << 32)
     placed = torch.empty_like(ids)
     placed[order] = ids
-    out[rows] = placed
-    return out
+    return placed
+
+
+def _schools_and_venues(loc: Localities, uid: Tensor, age: Tensor, home: Tensor, tables: PopulationTables,
+                        rng: CounterRNG) -> tuple[Tensor, Tensor]:
+    """School ids (-1 for none) and community venue ids (``[n]`` int64) of people of whole localities."""
+    # Schools: per (locality, band), pupils spread over the band's schools of the locality.
+    school = torch.full_like(uid, -1)
+    u_school = rng.uniform(uid, step=0, stream="school", dtype=torch.float64)
+    for b, (first_age, last_age) in enumerate(tables.school_bands):
+        rows = torch.nonzero((age >= first_age) & (age <= last_age)).flatten()
+        pupils = torch.bincount(home.index_select(0, rows), minlength=loc.n_localities)
+        n_schools = torch.clamp(torch.round(pupils.to(torch.float64) / tables.school_size), min=1).to(torch.int64)
+        k = n_schools.index_select(0, home.index_select(0, rows))
+        idx = torch.floor(u_school.index_select(0, rows) * k).to(torch.int64).clamp(max=k - 1)
+        school[rows] = (home.index_select(0, rows) << 32) | (b << 24) | idx  # bands < 256: PopulationTables
+    del u_school
+    # Community venues of the home locality.
+    n_venues = torch.clamp(torch.round(loc.population.to(torch.float64) / tables.community_size), min=1).to(
+        torch.int64).index_select(0, home)
+    venue = torch.floor(rng.uniform(uid, step=0, stream="community", dtype=torch.float64) * n_venues).to(
+        torch.int64).clamp(max=n_venues - 1)
+    return school, venue.bitwise_or_(home << 32)
 
 
 def synthesize(n: int, seed: int = 0, tables: PopulationTables | None = None, *, people_per_locality: int = 10_000,
-               spread: float = 0.8, localities: Tensor | None = None) -> SyntheticPopulation:
+               spread: float = 0.8, localities: Tensor | None = None, compact: bool = False) -> SyntheticPopulation:
     """Draw a synthetic population (see the module docstring).
 
     Args:
@@ -398,6 +477,9 @@ def synthesize(n: int, seed: int = 0, tables: PopulationTables | None = None, *,
         spread: Standard deviation of the log of the localities' weights.
         localities: Build only the people living in these localities (``[k]`` int ids, as a rank
             builds its own: the same rows the whole population has for them).
+        compact: Give the place columns as :meth:`SyntheticPopulation.compact` gives them (int32
+            where they fit; ``compacted``): 30 to 34 bytes per person instead of 46, and the int64
+            ids of every person are never held (what a model's init keeps, at scale).
 
     Returns:
         The people (of ``localities``, or everyone), sorted by uid.
@@ -419,65 +501,115 @@ def synthesize(n: int, seed: int = 0, tables: PopulationTables | None = None, *,
         if own.numel() and (int(own.min()) < 0 or int(own.max()) >= loc.n_localities):
             raise ConfigError(f"synthetic population: locality ids are 0 .. {loc.n_localities - 1} (got "
                               f"{int(own.min())} .. {int(own.max())})")
-    rng = CounterRNG(seed)
-    # In batches of localities (runs of ids: rows of the grid) of about _BATCH_PEOPLE people, so that
-    # the temporaries of a large population stay a fraction of its columns.
-    people_of = loc.population.index_select(0, own)
-    if own.numel() > 1 and int(people_of.sum()) > _BATCH_PEOPLE:
-        cuts = torch.searchsorted(torch.cumsum(people_of, 0),
-                                  torch.arange(_BATCH_PEOPLE, int(people_of.sum()), _BATCH_PEOPLE), right=True)
-        bounds = [0, *sorted({int(c) for c in cuts.tolist() if 0 < int(c) < own.numel()}), own.numel()]
-        columns: dict[str, Tensor] = {}
-        at = 0
-        for a, b in itertools.pairwise(bounds):  # each batch written into the columns (no second copy)
-            part = _synthesize_localities(loc, own[a:b], tables, rng)
-            for f in _COLUMNS:
-                got = getattr(part, f)
-                if f not in columns:
-                    columns[f] = got.new_empty(int(people_of.sum()))
-                columns[f][at:at + len(part)] = got
-            at += len(part)
-            del part
-        return SyntheticPopulation(**columns, localities=loc)
-    return _synthesize_localities(loc, own, tables, rng)
+    return _build(loc, own, tables, CounterRNG(seed), compact)
 
 
-_BATCH_PEOPLE = 2**22
+#: The most people drawn at once (whole localities: a locality may have more): the temporaries
+#: of a batch are a few hundred bytes per person drawn.
+_BATCH_PEOPLE = 2**20
+_MIN_BATCH_PEOPLE = 2**16  # a batch smaller than this costs more in per-batch work than it saves
+_BATCHES = 32  # batches of at least this many for a population of more than _MIN_BATCH_PEOPLE * _BATCHES
 _COLUMNS = ("uid", "age", "locality", "household", "school", "work", "community")
 
 
-def _synthesize_localities(loc: Localities, own: Tensor, tables: PopulationTables,
-                           rng: CounterRNG) -> SyntheticPopulation:
-    """The people of the localities ``own`` (sorted ids)."""
-    # The workers of a locality live in it or next to it; a resident of `own` may work one ring out,
-    # where workers come from two rings out: draw those people too (the whole grid when it is small).
+def _batches(population: Tensor, batch: int) -> list[tuple[int, int]]:
+    """Runs ``[a, b)`` of consecutive localities (of ``population`` people each) of about ``batch`` people."""
+    total = int(population.sum())
+    if population.numel() <= 1 or total <= batch:
+        return [(0, population.numel())] if population.numel() else []
+    cuts = torch.searchsorted(torch.cumsum(population, 0), torch.arange(batch, total, batch), right=True)
+    bounds = [0, *sorted({int(c) for c in cuts.tolist() if 0 < int(c) < population.numel()}), population.numel()]
+    return list(itertools.pairwise(bounds))
+
+
+def _build(loc: Localities, own: Tensor, tables: PopulationTables, rng: CounterRNG,
+           compact: bool) -> SyntheticPopulation:
+    """The people of the localities ``own`` (sorted ids), batch by batch into their final columns.
+
+    The workers of a locality live in it or next to it; a resident of ``own`` may work one ring
+    out, where workers come from two rings out: the people of those rings are drawn too, each
+    locality once. First pass, batches of these localities: every person's work locality (one
+    byte: -1, home or which neighbor) and, for residents of ``own``, every column but ``work``.
+    Second pass, batches of the work localities one ring out: their workers (from the byte
+    column, a range of localities) get workplaces; residents of ``own`` keep theirs.
+    """
+    n_loc = loc.n_localities
     ring1 = _ring(loc, own)
     ring2 = _ring(loc, ring1)
-    drawn = _people(loc, ring2, tables, rng)
-    work_loc = _work_locality(loc, drawn, tables, rng)
-    work = _workplaces(loc, drawn["uid"], work_loc, ring1, tables, rng)
-    keep = torch.nonzero(_member_of(drawn["locality"], own, loc.n_localities)).flatten()
-    people = {k: v.index_select(0, keep) for k, v in drawn.items()}
-    work = work.index_select(0, keep)
-    uid, age, home = people["uid"], people["age"], people["locality"]
-    # Schools: per (locality, band), pupils spread over the band's schools of the locality.
-    school = torch.full_like(uid, -1)
-    u_school = rng.uniform(uid, step=0, stream="school", dtype=torch.float64)
-    for b, (first_age, last_age) in enumerate(tables.school_bands):
-        rows = torch.nonzero((age >= first_age) & (age <= last_age)).flatten()
-        pupils = torch.bincount(home.index_select(0, rows), minlength=loc.n_localities)
-        n_schools = torch.clamp(torch.round(pupils.to(torch.float64) / tables.school_size), min=1).to(torch.int64)
-        k = n_schools.index_select(0, home.index_select(0, rows))
-        idx = torch.floor(u_school.index_select(0, rows) * k).to(torch.int64).clamp(max=k - 1)
-        school[rows] = (home.index_select(0, rows) << 32) | (b << 24) | idx  # bands < 256: PopulationTables
-    # Community venues of the home locality.
-    n_venues = torch.clamp(torch.round(loc.population.to(torch.float64) / tables.community_size), min=1).to(
-        torch.int64).index_select(0, home)
-    venue = torch.floor(rng.uniform(uid, step=0, stream="community", dtype=torch.float64) * n_venues).to(
-        torch.int64).clamp(max=n_venues - 1)
-    return SyntheticPopulation(uid=uid, age=age.to(torch.int16), locality=home.to(torch.int32),
-                               household=people["household"], school=school, work=work,
-                               community=(home << 32) | venue, localities=loc)
+    pop2 = loc.population.index_select(0, ring2)
+    start2 = torch.cumsum(pop2, 0) - pop2  # each locality's first person among those drawn
+    pop_own = loc.population.index_select(0, own)
+    n_own = int(pop_own.sum())
+    # a person of locality l is row uid - shift[l] of the drawn (shift2) and of the built (shift_own)
+    shift2 = torch.zeros(n_loc, dtype=torch.int64)
+    shift2[ring2] = loc.first_uid.index_select(0, ring2) - start2
+    shift_own = torch.zeros(n_loc, dtype=torch.int64)
+    shift_own[own] = loc.first_uid.index_select(0, own) - (torch.cumsum(pop_own, 0) - pop_own)
+    is_own = torch.zeros(n_loc + 1, dtype=torch.bool)  # + 1: "none" (-1) is not
+    is_own[own] = True
+
+    def place_dtype(layer: str) -> torch.dtype:
+        return _compact_dtype(layer, loc) if compact else torch.int64
+
+    def encode(layer: str, ids: Tensor) -> Tensor:
+        return _compact_ids(layer, ids, loc) if compact else ids
+
+    columns = {"uid": torch.empty(n_own, dtype=torch.int64), "age": torch.empty(n_own, dtype=torch.int16),
+               "locality": torch.empty(n_own, dtype=torch.int32),
+               **{layer: torch.empty(n_own, dtype=place_dtype(layer)) for layer in ("household", "school",
+                                                                                   "community")},
+               "work": torch.full((n_own,), -1, dtype=place_dtype("work"))}
+    code = torch.empty(int(pop2.sum()), dtype=torch.int8)
+    batch = min(_BATCH_PEOPLE, max(_MIN_BATCH_PEOPLE, int(pop2.sum()) // _BATCHES))
+    for a, b in _batches(pop2, batch):  # every person drawn: where they work; residents: their columns
+        drawn = _people(loc, ring2[a:b], tables, rng)
+        first = int(start2[a])
+        code[first:first + drawn["uid"].shape[0]] = _work_code(loc, drawn, tables, rng)
+        mine = is_own.index_select(0, ring2[a:b])
+        if not bool(mine.any()):
+            continue
+        if not bool(mine.all()):
+            keep = torch.nonzero(is_own.index_select(0, drawn["locality"])).flatten()
+            drawn = {k: v.index_select(0, keep) for k, v in drawn.items()}
+            del keep
+        uid, age, home = drawn["uid"], drawn["age"], drawn["locality"]
+        first_own = int(ring2[a:b][mine][0])
+        at = int(loc.first_uid[first_own] - shift_own[first_own])
+        span = slice(at, at + uid.shape[0])
+        school, community = _schools_and_venues(loc, uid, age, home, tables, rng)
+        columns["uid"][span] = uid
+        columns["age"][span] = age
+        columns["locality"][span] = home
+        columns["household"][span] = encode("household", drawn["household"])
+        columns["school"][span] = encode("school", school)
+        columns["community"][span] = encode("community", community)
+        del drawn, uid, age, home, school, community
+    pop1 = loc.population.index_select(0, ring1)
+    work = columns["work"]
+    for a, b in _batches(pop1, batch):  # the workers of these localities, from those drawn around them
+        here = ring1[a:b]
+        near = _ring(loc, here)
+        lo = int(torch.searchsorted(ring2, near[0]))
+        hi = int(torch.searchsorted(ring2, near[-1], right=True))
+        first = int(start2[lo])
+        last = int(start2[hi]) if hi < ring2.shape[0] else code.shape[0]
+        rows = torch.nonzero(code[first:last] >= 0).flatten().add_(first)  # the workers among those drawn
+        home = ring2.index_select(0, torch.searchsorted(start2, rows, right=True).sub_(1))
+        c = code.index_select(0, rows).to(torch.int64)
+        at_home = c == _HOME
+        where = torch.where(at_home, home, loc.neighbors[home, c.clamp_(max=7)])
+        del c, at_home
+        keep = torch.nonzero(_member_of(where, here, n_loc)).flatten()
+        rows, home, where = rows.index_select(0, keep), home.index_select(0, keep), where.index_select(0, keep)
+        del keep
+        w_uid = rows.add_(shift2.index_select(0, home))
+        ids = _place_workers(loc, w_uid, where, tables, rng)
+        del where
+        resident = torch.nonzero(is_own.index_select(0, home)).flatten()
+        target = w_uid.index_select(0, resident).sub_(shift_own.index_select(0, home.index_select(0, resident)))
+        work[target] = encode("work", ids.index_select(0, resident))
+        del w_uid, home, ids, resident, target
+    return SyntheticPopulation(**columns, localities=loc, compacted=compact)
 
 
 def partition_localities(loc: Localities, world_size: int) -> Tensor:
