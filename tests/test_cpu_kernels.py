@@ -464,3 +464,61 @@ def test_a_metric_may_return_an_exact_sum():
         assert rows[0] == rows[1] and rows[0]["sq"] == pytest.approx(14.3125 / (3 if reduce == "mean" else 1))
     with pytest.raises(ConfigError, match="per-agent values or an ExactSum"):
         local_sums([Metric(lambda s: 3.0, name="bad")], mc)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_gives_the_bits_of_the_torch_ops(built, torch_ops, dtype):
+    from agentsim.core import portable
+
+    g = torch.Generator().manual_seed(11)
+    edges = [0.0, -0.0, 1e-30, -1e-30, -700.0, 700.0, -701.0, 701.0, -87.0, 88.0, -88.0, 89.0, 0.34657359,
+             -0.34657359, math.inf, -math.inf, math.nan]
+    x = torch.cat([torch.randn(200_000, generator=g, dtype=torch.float64) * 40,
+                   torch.tensor(edges, dtype=torch.float64),
+                   (torch.rand(100_000, generator=g, dtype=torch.float64) - 0.5) * 1500]).to(dtype)
+    got = portable.exp(x)
+    eager = torch_ops(lambda: portable.exp(x))
+    bits = torch.int64 if dtype == torch.float64 else torch.int32
+    same = (got.view(bits) == eager.view(bits)) | (got.isnan() & eager.isnan())
+    assert bool(same.all()), x[~same][:5].tolist()
+    assert got.isnan().tolist() == x.isnan().tolist()
+    mid = x[(x.abs() < 80) & ~x.isnan()].to(torch.float64)
+    close = torch.exp(mid)  # within a few units in the last place of the true value
+    ulp = 2.0**-52 if dtype == torch.float64 else 2.0**-23
+    assert float(((portable.exp(mid.to(dtype)).to(torch.float64) - close).abs() / close).max()) < 4 * ulp
+    block = x[:30].reshape(10, 3).t()  # not contiguous: the same values
+    assert torch.equal(portable.exp(block), portable.exp(x[:30]).reshape(10, 3).t())
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gather_sum_gives_the_bits_of_adding_the_gathers(built, torch_ops, index_dtype, threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # the kernel's split over threads
+    g = torch.Generator().manual_seed(3)
+    n, sizes = 300_000, [90_001, 3, 701, 1]
+    tables = [torch.randn(s, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-9, 9, (s,), generator=g)
+              for s in sizes]
+    numbers = [torch.randint(0, s, (n,), generator=g).to(index_dtype) for s in sizes]
+    rows = torch.randperm(n, generator=g)[:200_000]
+    for at in (rows, None):
+        got = ops.gather_sum(tables, numbers, at)
+        eager = torch_ops(lambda at=at: ops.gather_sum(tables, numbers, at))
+        brute = torch.zeros(n if at is None else at.shape[0], dtype=torch.float64)
+        for table, number in zip(tables, numbers, strict=True):
+            brute = brute + table[number if at is None else number[at]]
+        assert torch.equal(got.view(torch.int64), eager.view(torch.int64))
+        assert torch.equal(got.view(torch.int64), brute.view(torch.int64))
+
+
+def test_gather_sum_refuses_bad_input(built):
+    tables, numbers = [torch.zeros(3, dtype=torch.float64)], [torch.tensor([0, 2, 1])]
+    with pytest.raises(IndexError, match="row 1 has a group number outside its table"):
+        ops.gather_sum(tables, [torch.tensor([0, 3, 1])])
+    with pytest.raises(ValueError, match="one number column per table"):
+        ops.gather_sum(tables, numbers * 2)
+    with pytest.raises(ValueError, match="float64 tables"):
+        ops.gather_sum([torch.zeros(3)], numbers)
+    with pytest.raises(ValueError, match="one int32 or int64 dtype"):
+        ops.gather_sum(tables * 2, [numbers[0], numbers[0].to(torch.int32)])
+    with pytest.raises(ValueError, match="rows"):
+        ops.gather_sum(tables, numbers, torch.tensor([0.0]))

@@ -83,6 +83,10 @@ FUNCTIONS: dict[str, Signature] = {
     "agentsim_is_iota": _sig("ops.c", I64, ("x", PTR), ("n", I64)),
     **{f"agentsim_add_columns{f}_i{i}": _sig("ops.c", I64, ("k", I64), ("outs", PTR), ("n_out", I64), ("index", PTR),
                                              ("srcs", PTR), ("m", I64)) for f in _FLOATS for i in _INDICES},
+    **{f"agentsim_exp{f}": _sig("ops.c", None, ("x", PTR), ("n", I64), ("consts", PTR), ("top", I64), ("out", PTR))
+       for f in _FLOATS},
+    **{f"agentsim_gather_sum_i{i}": _sig("ops.c", I64, ("k", I64), ("tables", PTR), ("sizes", PTR), ("numbers", PTR),
+                                         ("rows", PTR), ("first", I64), ("m", I64), ("out", PTR)) for i in _INDICES},
     # metrics.c
     **{f"agentsim_fixed_sum{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("scale", F64)) for f in _FLOATS},
     **{f"agentsim_sq_norm_fixed_sum{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("k", I64), ("scale", F64))

@@ -27,6 +27,10 @@ Each function returns None (or False) where it does not apply, and its caller us
 - :func:`periodic_grid_sum`: integer neighborhood sums on a torus (``Grid.neighbor_sum``).
 - :func:`is_iota`: whether an index column is ``0 .. n - 1`` (a gather that can be skipped).
 - :func:`add_columns`: several ``index_add_`` of 1-D columns sharing one index, in one pass.
+- :func:`exp`: :func:`agentsim.core.portable.exp`'s operations in one pass instead of about
+  twenty (7 ms for 0.5M float64 values in torch ops here, a tenth of that in the loop).
+- :func:`gather_sum`: a sum over several group columns of a per-group value, per row
+  (:func:`agentsim.core.ops.gather_sum`), in one pass instead of three per column.
 - :func:`cell_sort`: a radius search's sources sorted by (cell, uid), and its cell table.
 - :func:`radius_expand`: a radius search's candidates filtered by distance, with their
   displacements (one pass instead of about twenty over the candidates).
@@ -44,8 +48,8 @@ from agentsim._native import build as native
 from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
-__all__ = ["add_columns", "add_wrap", "cell_sort", "csr_from_pair_chunks", "fixed_sum", "is_iota", "periodic_grid_sum",
-           "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
+__all__ = ["add_columns", "add_wrap", "cell_sort", "csr_from_pair_chunks", "exp", "fixed_sum", "gather_sum", "is_iota",
+           "periodic_grid_sum", "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -67,6 +71,8 @@ class _Kernels:
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
         self.expand = _by_dtypes(lib, "agentsim_expand")
         self.add_columns = _by_dtypes(lib, "agentsim_add_columns")
+        self.exp = _by_dtype(lib, "agentsim_exp")
+        self.gather_sum = {idt: lib[f"agentsim_gather_sum_i{ib}"] for idt, ib in _INDEX_BITS}
         self.cell_sort = {idt: lib[f"agentsim_cell_sort_i{ib}"] for idt, ib in _INDEX_BITS}
         self.move_bytes = lib["agentsim_move_bytes"]
 
@@ -206,6 +212,68 @@ def add_columns(outs: list[Tensor], index: Tensor, srcs: list[Tensor]) -> bool:
         raise IndexError(f"scatter_sum_columns: index {int(index[bad - 1])} is out of range for {n} targets")
     return True
 
+
+
+def exp(x: Tensor, consts: Tensor, top: int) -> Tensor | None:
+    """:func:`agentsim.core.portable.exp` of ``x`` in one pass on torch's threads, the same bits;
+    ``consts`` (``x``'s dtype): ``[lo, hi, log2(e), ln2_hi, ln2_lo, 1 / 0!, ..., 1 / top!]``. None
+    where the kernel does not apply (not a contiguous CPU float32/float64 tensor, grad, no kernel).
+    """
+    if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not x.is_contiguous()
+            or x.requires_grad or consts.dtype != x.dtype or consts.shape != (top + 6,)):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    out = torch.empty_like(x)
+    fn, size, table = k.exp[x.dtype], x.element_size(), consts.contiguous()
+    native.parallel_for(x.numel(), _PARALLEL_MIN, lambda a, b: fn(
+        x.data_ptr() + size * a, b - a, table.data_ptr(), top, out.data_ptr() + size * a))
+    return out
+
+
+def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None) -> Tensor | None:
+    """``[m]`` float64 ``sum_c tables[c][numbers[c][rows]]``, the columns added in order from 0 (see
+    :func:`agentsim.core.ops.gather_sum`), in one pass on torch's threads. None where the kernel
+    does not apply (not 1 to :data:`MAX_COLUMNS` contiguous 1-D CPU float64 ``tables``, ``numbers``
+    of one int32/int64 dtype and one length, an int64 ``rows`` or None, grad, or no kernel).
+
+    Raises:
+        IndexError: A group number outside its table (naming the row; ``out`` is discarded).
+    """
+    if not 1 <= len(tables) <= MAX_COLUMNS or len(numbers) != len(tables):
+        return None
+    idt, n = numbers[0].dtype, numbers[0].shape[0]
+    if (idt not in (torch.int32, torch.int64)
+            or any(t.dtype != torch.float64 or t.dim() != 1 or t.device.type != "cpu" or not t.is_contiguous()
+                   or t.requires_grad for t in tables)
+            or any(g.dtype != idt or g.dim() != 1 or g.shape[0] != n or g.device.type != "cpu"
+                   or not g.is_contiguous() for g in numbers)
+            or (rows is not None and (rows.dtype != torch.int64 or rows.dim() != 1 or rows.device.type != "cpu"
+                                      or not rows.is_contiguous()))):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    m = n if rows is None else rows.shape[0]
+    out = torch.empty(m, dtype=torch.float64)
+    table_ptrs = (ctypes.c_void_p * len(tables))(*[t.data_ptr() for t in tables])
+    sizes = (ctypes.c_int64 * len(tables))(*[t.shape[0] for t in tables])
+    number_ptrs = (ctypes.c_void_p * len(numbers))(*[g.data_ptr() for g in numbers])
+    fn, bad = k.gather_sum[idt], [0]
+
+    def piece(a: int, b: int) -> None:
+        at = None if rows is None else rows.data_ptr() + 8 * a
+        found = fn(len(tables), table_ptrs, sizes, number_ptrs, at, a, b - a, out.data_ptr() + 8 * a)
+        if found:
+            bad[0] = a + found
+
+    native.parallel_for(m, _PARALLEL_MIN, piece)
+    if bad[0]:
+        r = bad[0] - 1 if rows is None else int(rows[bad[0] - 1])
+        raise IndexError(f"gather_sum: row {r} has a group number outside its table (sizes "
+                         f"{[t.shape[0] for t in tables]}, numbers {[int(g[r]) for g in numbers]})")
+    return out
 
 def cell_sort(cell: Tensor, uid: Tensor | None, n_cells: int) -> tuple[Tensor, Tensor] | None:
     """Entries sorted by ``(cell, uid)``, ties in entry order (without ``uid``: by cell, stably),

@@ -514,6 +514,8 @@ _INT_CHUNK = 1 << 20  # elements converted to int64 at a time (torch's integer s
 def _integer_sum(values: Tensor) -> Tensor:
     """The int64 sum of integer or bool values, on the CPU, without an int64 copy of them all."""
     if values.dtype == torch.bool:
+        if values.device.type == "cpu" and not values.requires_grad:  # NumPy's count: ~6x torch's here
+            return torch.tensor(int(np.count_nonzero(values.numpy())), dtype=torch.int64)
         return torch.count_nonzero(values).cpu()
     if values.dtype == torch.int64 or values.numel() <= _INT_CHUNK:
         return values.sum(dtype=torch.int64).cpu()

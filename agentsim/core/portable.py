@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from agentsim._native import kernels as cpu_kernels
+
 __all__ = ["cos", "exp", "sin", "sqrt"]
 
 # pi / 2 in three pieces (float32 Cody-Waite): n * _PIO2_HI is exact for |n| < 2**16.
@@ -121,6 +123,7 @@ def cos(x: Tensor) -> Tensor:
 
 
 _LN2_HI, _LN2_LO = 0.693147180369123816490, 1.90821492927058770002e-10  # ln 2 in two pieces (fdlibm)
+_LOG2_E = 1.4426950408889634
 
 
 def exp(x: Tensor) -> Tensor:
@@ -137,14 +140,20 @@ def exp(x: Tensor) -> Tensor:
     wide = x.dtype == torch.float64
     lo = -700.0 if wide else -87.0
     hi = 700.0 if wide else 88.0
-    c = torch.clamp(x, lo, hi)
-    k = torch.floor(c * 1.4426950408889634 + 0.5)
     hi_part, lo_part = (_LN2_HI, _LN2_LO) if wide else (0.693145751953125, 1.428606765330187e-06)
+    top = 13 if wide else 8
+    if isinstance(x, Tensor) and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled()):
+        consts = torch.tensor([lo, hi, _LOG2_E, hi_part, lo_part, *(1.0 / math.factorial(j) for j in range(top + 1))],
+                              dtype=x.dtype)
+        fused = cpu_kernels.exp(x.contiguous(), consts, top)  # the same operations in one pass
+        if fused is not None:
+            return fused.reshape(x.shape)
+    c = torch.clamp(x, lo, hi)
+    k = torch.floor(c * _LOG2_E + 0.5)
     r = c - k * hi_part  # exact: k * hi_part has few significant bits
     r = r - k * lo_part
     # Taylor series to r**13 / 13! in float64, r**8 / 8! in float32 (|r| <= 0.35), by Horner's rule
     # with the coefficients 1 / j! (each a correctly rounded constant), in place
-    top = 13 if wide else 8
     p = torch.full_like(r, 1.0 / math.factorial(top))
     for j in range(top - 1, -1, -1):
         p.mul_(r).add_(1.0 / math.factorial(j))

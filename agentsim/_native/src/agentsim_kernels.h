@@ -109,6 +109,17 @@ int64_t agentsim_add_columns64_i32(int64_t k, double *const *outs, int64_t n_out
                                    const double *const *srcs, int64_t m);
 int64_t agentsim_add_columns64_i64(int64_t k, double *const *outs, int64_t n_out, const int64_t *index,
                                    const double *const *srcs, int64_t m);
+/* exp of x [n] as agentsim.core.portable.exp, consts = [lo, hi, log2(e), ln2_hi, ln2_lo, 1 / j! for j <= top] */
+void agentsim_exp32(const float *x, int64_t n, const float *consts, int64_t top, float *out);
+void agentsim_exp64(const double *x, int64_t n, const double *consts, int64_t top, double *out);
+/* out[i] = sum over c < k, in order, of tables[c][numbers[c][rows[i]]] (rows NULL: first + i), sizes[c]
+   the entries of tables[c] */
+int64_t agentsim_gather_sum_i32(int64_t k, const double *const *tables, const int64_t *sizes,
+                                const int32_t *const *numbers, const int64_t *rows, int64_t first, int64_t m,
+                                double *out);
+int64_t agentsim_gather_sum_i64(int64_t k, const double *const *tables, const int64_t *sizes,
+                                const int64_t *const *numbers, const int64_t *rows, int64_t first, int64_t m,
+                                double *out);
 
 /* ---------------------------------------------------------------- exact metric sums (metrics.c) */
 /* the wrapping int64 sum of nearbyint(x[i] * scale), scale a power of two */

@@ -1,5 +1,8 @@
 /* Tensor-op kernels (agentsim/_native/kernels.py: squared_norm, is_iota, add_columns; used by
    agentsim.core.ops): the same correctly rounded operations as torch's, in the same order. */
+#include <math.h>
+#include <string.h>
+
 #include "agentsim_kernels.h"
 
 /* out[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double, each square and each sum rounded, left to right */
@@ -72,3 +75,55 @@ ADD_COLUMNS(agentsim_add_columns32_i64, float, int64_t)
 ADD_COLUMNS(agentsim_add_columns64_i32, double, int32_t)
 ADD_COLUMNS(agentsim_add_columns64_i64, double, int64_t)
 
+
+/* exp(x) as agentsim.core.portable.exp computes it, operation by operation (each correctly
+   rounded, no fused multiply-adds): consts = [lo, hi, log2(e), ln2_hi, ln2_lo, 1 / 0!, ..., 1 / top!]
+   in F (as torch converts those Python floats); x clamped to [lo, hi], k = floor(c * log2(e) + 0.5),
+   r = (c - k * ln2_hi) - k * ln2_lo, the Taylor polynomial to r**top / top! by Horner's rule, times
+   2**k made from its bits; 0 below lo, inf above hi, NaN for NaN. */
+#define EXP(NAME, F, BITS_T, BIAS, MANTISSA, FLOOR, TOP)                                             \
+void NAME(const F *x, int64_t n, const F *consts, int64_t top, F *out) {                             \
+    if (top != TOP) return; /* the wrapper passes TOP; the loop is unrolled for it */                \
+    const F lo = consts[0], hi = consts[1], log2e = consts[2], ln2_hi = consts[3], ln2_lo = consts[4]; \
+    F coef[TOP + 1];                                                                                 \
+    for (int j = 0; j <= TOP; j++) coef[j] = consts[5 + j];                                          \
+    for (int64_t i = 0; i < n; i++) { /* no branches: the compiler vectorizes it */                 \
+        const F v = x[i];                                                                            \
+        const F c = v < lo ? lo : (v > hi ? hi : v);  /* NaN stays NaN */                            \
+        const F k = FLOOR(c * log2e + (F)0.5);                                                       \
+        F r = c - k * ln2_hi;                                                                        \
+        r = r - k * ln2_lo;                                                                          \
+        F p = coef[TOP];                                                                             \
+        for (int j = TOP - 1; j >= 0; j--) { p = p * r; p = p + coef[j]; }                           \
+        const BITS_T kb = (BITS_T)(c == c ? k : (F)0); /* (int)NaN is undefined */                   \
+        BITS_T bits = (BITS_T)((kb + BIAS) << MANTISSA);                                             \
+        F scale;                                                                                     \
+        memcpy(&scale, &bits, sizeof scale);                                                         \
+        const F e = p * scale;                                                                       \
+        out[i] = v < lo ? (F)0 : (v > hi ? (F)INFINITY : e);                                         \
+    }                                                                                                \
+}
+EXP(agentsim_exp64, double, int64_t, 1023, 52, floor, 13)
+EXP(agentsim_exp32, float, int32_t, 127, 23, floorf, 8)
+
+/* out[i] = ((0 + t_0[g_0[r]]) + t_1[g_1[r]]) + ... over the k columns in order, r = rows[i] (or
+   first + i when rows is NULL): a sum over an agent's groups of a per-group value, the bits of adding the
+   columns' gathers one after another in float64. 0, or 1 + the first i at which a group number is
+   outside its table (out is then partly written). */
+#define GATHER_SUM(NAME, I)                                                                           \
+int64_t NAME(int64_t k, const double *const *tables, const int64_t *sizes, const I *const *numbers,   \
+             const int64_t *rows, int64_t first, int64_t m, double *out) {                            \
+    for (int64_t i = 0; i < m; i++) {                                                                 \
+        const int64_t r = rows ? rows[i] : first + i;                                                 \
+        double s = 0.0;                                                                               \
+        for (int64_t c = 0; c < k; c++) {                                                             \
+            const int64_t g = (int64_t)numbers[c][r];                                                 \
+            if ((uint64_t)g >= (uint64_t)sizes[c]) return i + 1;                                      \
+            s = s + tables[c][g];                                                                     \
+        }                                                                                             \
+        out[i] = s;                                                                                   \
+    }                                                                                                 \
+    return 0;                                                                                         \
+}
+GATHER_SUM(agentsim_gather_sum_i32, int32_t)
+GATHER_SUM(agentsim_gather_sum_i64, int64_t)
