@@ -54,6 +54,16 @@ def sums_on_a_rank(comm, seed: int) -> list[tuple[dict[int, list[int]], dict[int
     field.add_(0)  # an in-place write: the cut is found again
     groups, totals = sums.totals("a.group", field, local_row.index_select(0, rows[here]), values[here])
     out.append((dict(zip(groups.tolist(), totals.tolist(), strict=True)), brute_force(group, rows, values, mine)))
+    # the same sums as a table of every group held here, in the index's numbering (0: no contribution)
+    ids = sums.index("a.group", field).ids
+    want = brute_force(group, rows, values, mine)
+    every = {g: want.get(g, [0, 0]) for g in ids.tolist()}
+    for _ in range(2):
+        table = sums.table("a.group", field, local_row.index_select(0, rows[here]), values[here])
+        assert table.shape == (ids.shape[0] + 1, 2) and table[-1].tolist() == [0, 0]
+        out.append((dict(zip(ids.tolist(), table[:-1].tolist(), strict=True)), every))
+    column = sums.table("a.group", field, local_row.index_select(0, rows[here]), values[here][:, 1])
+    out.append((dict(zip(ids.tolist(), column[:-1].tolist(), strict=True)), {g: v[1] for g, v in every.items()}))
     return out
 
 
@@ -260,11 +270,8 @@ def _colds(ic):
 def _catch(ctx):
     people = ctx["person"]
     ill = torch.nonzero(people["sick"]).flatten()
-    homes, sick_mates = ctx.group_totals("person.household", ill, torch.ones_like(ill))
-    index = ctx.group_index("person.household")
-    per_home = torch.zeros(index.ids.shape[0] + 1, dtype=torch.int64)
-    per_home[index.find(homes)] = sick_mates
-    exposure = per_home[index.of] - people["sick"].long()
+    sick_mates = ctx.group_table("person.household", ill, torch.ones_like(ill))  # per household, over processes
+    exposure = sick_mates[ctx.group_index("person.household").of] - people["sick"].long()
     u = ctx.rng.uniform(people["uid"], draws=2)
     people["sick"] = torch.where(people["sick"], u[:, 1] >= 0.1, u[:, 0] < 1 - 0.8 ** exposure.double())
 
@@ -278,3 +285,4 @@ def test_a_model_built_by_shares_gives_the_same_bits_on_one_to_four_processes(pa
     report = check_model(shared_colds, agents=6000, steps=5, world_sizes=(1, 2, 3, 4), partitions=(partition,))
     assert report.identical, report.summary()
     assert report.partitions == (partition,)
+    Simulation(shared_colds, agents=3000, seed=1, check=True).run(2)  # the check mode emulates group_table too

@@ -305,6 +305,41 @@ class Context:
         """
         return self._groups.totals(field, self._group_field("group_totals", field), rows, values)
 
+    def group_table(self, field: str, rows: Tensor, values: Tensor) -> Tensor:
+        """The integer sums of :meth:`group_totals` for every group of this rank's agents, as a
+        table in the numbering of :meth:`group_index` (row ``g``: group ``ctx.group_index(field).ids[g]``;
+        0 where nothing was added; the last row, 0, for agents in no group), so that
+        ``table[index.of]`` is each agent's group total. Faster than :meth:`group_totals` where many
+        groups get a contribution (no sort); several fields' tables are read at once with
+        :func:`agentsim.core.ops.gather_sum`. A collective step like :meth:`group_totals`.
+
+        Args:
+            field: The group field, e.g. ``"person.household"`` (declared in ``reads``).
+            rows: ``[m]`` int64 contributing rows of the population (this rank's).
+            values: ``[m]`` or ``[m, k]`` integer contributions.
+
+        Returns:
+            ``[G + 1]`` or ``[G + 1, k]`` int64 totals over every rank, ``G`` the groups of this rank's
+            agents.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.params import Params
+            >>> from agentsim.core.random import CounterRNG
+            >>> from agentsim.core.state import FieldSpec, Population, State
+            >>> from agentsim.core.substep import Substep
+            >>> pop = Population("person", {"uid": FieldSpec(torch.int64), "home": FieldSpec(torch.int64)},
+            ...                  {"uid": torch.arange(3), "home": torch.tensor([4, 4, 1])})
+            >>> step = Substep(lambda ctx: None, name="mix", reads=["person.home"])
+            >>> ctx = Context(step, State({"person": pop}, {}), step=1, params=Params({}),
+            ...               rng=CounterRNG(0).at(1, "mix"), space=None, device=torch.device("cpu"), neighbors=None)
+            >>> sick = torch.tensor([0, 1])  # rows 0 and 1, both of home 4
+            >>> per_home = ctx.group_table("person.home", sick, torch.ones(2, dtype=torch.int64))
+            >>> per_home.tolist(), per_home[ctx.group_index("person.home").of].tolist()
+            ([0, 2, 0], [2, 2, 0])
+        """
+        return self._groups.table(field, self._group_field("group_table", field), rows, values)
+
     def group_index(self, field: str) -> GroupIndex:
         """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
         each agent's group number, each group's size over every rank, and its members here

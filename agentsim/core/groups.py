@@ -69,6 +69,8 @@ class _Cut:
         peer_counts: ``[W]`` how many of ``peer_pos`` go to each rank.
         cut_members: This rank's agents whose group is cut.
         members: This rank's agents that have a group.
+        peer_numbers: ``[s]`` int64 the numbers in the group index of the groups of ``peer_pos``
+            (once the index is built: what :meth:`GroupSums.table` sends and adds).
         pairs, crossing_pairs: Over the groups this rank owns, the pairs of members (contacts
             within a group: ``m (m - 1) / 2``) and those whose members are on two ranks.
     """
@@ -83,13 +85,13 @@ class _Cut:
     members: int
     pairs: int = 0
     crossing_pairs: int = 0
+    peer_numbers: Tensor | None = None
 
     def describes(self, field: Tensor) -> bool:
         """Whether it was built from ``field`` as it is now (the same tensor, not modified since)."""
         return self.field() is field and self.version == tensor_version(field)
 
 
-@dataclass
 class GroupIndex:
     """This rank's groups of one field, numbered ``0 .. G - 1``, with their sizes over every rank and
     their members here (from :meth:`GroupSums.index`, ``ctx.group_index``). The numbers are this
@@ -101,16 +103,43 @@ class GroupIndex:
             agent in no group, so that a per-group table of ``G + 1`` entries (the last for "none")
             can be read at ``of`` directly.
         size: ``[G]`` int64 members of each group over every rank.
-        start: ``[G + 1]`` int64: the rows of group ``k``'s members here are ``order[start[k]:start[k + 1]]``.
+        start: ``[G + 1]`` int64: the rows of group ``k``'s members here are ``order[start[k]:start[k + 1]]``
+            (made at the first use of ``start``, ``order`` or :meth:`members`).
         order: ``[m]`` int32 (int64 beyond 2**31 agents) rows of this rank's members, group by group
             (row order within a group).
     """
 
-    ids: Tensor
-    of: Tensor
-    size: Tensor
-    start: Tensor
-    order: Tensor
+    def __init__(self, ids: Tensor, of: Tensor, size: Tensor, start: Tensor | None = None,
+                 order: Tensor | None = None) -> None:
+        self.ids, self.of, self.size = ids, of, size
+        self._start, self._order = start, order
+
+    @property
+    def start(self) -> Tensor:
+        """``[G + 1]`` int64 where each group's members begin in :attr:`order`."""
+        if self._start is None:
+            self._list_members()
+        assert self._start is not None
+        return self._start
+
+    @property
+    def order(self) -> Tensor:
+        """``[m]`` rows of this rank's members, group by group."""
+        if self._order is None:
+            self._list_members()
+        assert self._order is not None
+        return self._order
+
+    def _list_members(self) -> None:
+        """``start`` and ``order``: this rank's members group by group (a stable sort by number)."""
+        groups, of = self.ids.shape[0], self.of
+        counts = torch.bincount(of, minlength=groups + 1)[:groups]
+        start = torch.zeros(groups + 1, dtype=torch.int64, device=of.device)
+        torch.cumsum(counts, 0, out=start[1:])
+        rows_dtype = torch.int32 if of.shape[0] < 2**31 else torch.int64
+        has = torch.nonzero(of < groups).reshape(-1)
+        self._order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
+        self._start = start
 
     def find(self, groups: Tensor) -> Tensor:
         """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
@@ -184,17 +213,7 @@ class GroupSums:
         Raises:
             ConfigError: float or bool ``values``, or shapes that do not fit.
         """
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise ConfigError(f"group_totals({name!r}): values must be integers (got {values.dtype}): a float "
-                              "sum depends on how the agents are split over processes; count in integer units")
-        self._check_field(name, field)
-        if rows.dim() != 1 or values.shape[:1] != rows.shape:
-            raise ConfigError(f"group_totals({name!r}): expected rows [m] and values [m] or [m, k] "
-                              f"(got rows {list(rows.shape)}, values {list(values.shape)})")
-        width = 1
-        for extent in values.shape[1:]:
-            width *= int(extent)
-        flat = values.reshape(rows.shape[0], width).to(torch.int64)
+        flat = self._check_values("group_totals", name, field, rows, values)
         of = field.index_select(0, rows).to(torch.int64)
         if of.numel() and int(of.min()) < 0:  # agents in no group contribute nothing
             some = torch.nonzero(of >= 0).reshape(-1)
@@ -207,6 +226,70 @@ class GroupSums:
         else:
             self._local(name, field)  # known (its figures: nothing cut)
         return groups, partial.reshape((groups.shape[0], *values.shape[1:]))
+
+    def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+        """Sums of ``values`` per group over every rank, for every group of this rank's agents, in
+        the numbering of :meth:`index` (row ``g``: the group ``index.ids[g]``; 0 where nothing was
+        added), and a last row of zeros for "no group", so that ``table[index.of]`` reads every
+        agent's group. No sort: the contributions are added at their group's number; the cut
+        groups' rows travel as in :meth:`totals`.
+
+        Args:
+            name, field, rows, values: As for :meth:`totals`.
+
+        Returns:
+            ``[G + 1]`` or ``[G + 1, k]`` int64 (``values``' trailing shape), ``G`` this rank's groups.
+
+        Raises:
+            ConfigError: float or bool ``values``, or shapes that do not fit.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.comm import LocalComm
+            >>> sums = GroupSums(LocalComm())
+            >>> household = torch.tensor([7, 7, 3, 9])
+            >>> sums.table("person.household", household, torch.tensor([0, 1, 3]), torch.tensor([1, 1, 5])).tolist()
+            [0, 2, 5, 0]
+        """
+        flat = self._check_values("group_table", name, field, rows, values)
+        width = flat.shape[1]
+        cut = self._cut(name, field, width=width) if self.comm.world_size > 1 else self._local(name, field)
+        if cut.index is None:
+            cut.index = self._build_index(cut, field)
+        index = cut.index
+        groups = index.ids.shape[0]
+        number = index.of.index_select(0, rows)  # G: in no group, added to a row dropped below
+        sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
+        if width == 1:
+            sums.view(-1).index_add_(0, number, flat.view(-1))
+        else:
+            sums.index_add_(0, number, flat)
+        sums[groups] = 0  # what agents in no group added
+        if self.comm.world_size > 1:
+            if cut.peer_numbers is None:
+                cut.peer_numbers = index.find(cut.cut).index_select(0, cut.peer_pos)
+            send = sums.index_select(0, cut.peer_numbers)
+            row = width * 8
+            splits = [int(c) * row for c in cut.peer_counts]
+            got, work = self.comm.post_all_to_all(send.reshape(-1).view(torch.uint8), splits, splits)
+            self.comm.wait(work)
+            sums.index_add_(0, cut.peer_numbers, got.view(torch.int64).reshape(-1, width).to(sums.device))
+        return sums.reshape((groups + 1, *values.shape[1:]))
+
+    def _check_values(self, what: str, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+        """``values`` as ``[m, k]`` int64, after checking the field, ``rows`` and ``values``."""
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise ConfigError(f"{what}({name!r}): values must be integers (got {values.dtype}): a float "
+                              "sum depends on how the agents are split over processes; count in integer units "
+                              "(ops.to_fixed)")
+        self._check_field(name, field)
+        if rows.dim() != 1 or values.shape[:1] != rows.shape:
+            raise ConfigError(f"{what}({name!r}): expected rows [m] and values [m] or [m, k] "
+                              f"(got rows {list(rows.shape)}, values {list(values.shape)})")
+        width = 1
+        for extent in values.shape[1:]:
+            width *= int(extent)
+        return values.reshape(rows.shape[0], width).to(torch.int64)
 
     def _across(self, cut: _Cut, groups: Tensor, partial: Tensor) -> tuple[Tensor, Tensor]:
         """Add the other ranks' partial sums of this rank's cut groups (one all-to-all, no counts to
@@ -254,19 +337,22 @@ class GroupSums:
         return cut.index
 
     def _build_index(self, cut: _Cut, field: Tensor) -> GroupIndex:
-        """Number the groups of ``field`` here, list their members, and count them over every rank."""
+        """Number the groups of ``field`` here and count their members over every rank (the member
+        lists are made when first asked for). Ids below ``4 n`` are numbered by counting (no sort).
+        """
         n = field.shape[0]
-        rows_dtype = torch.int32 if n < 2**31 else torch.int64
-        if n > 1 and bool((field[1:] >= field[:-1]).all()):  # in group order already (households built by uid)
-            ids, counts = torch.unique_consecutive(field, return_counts=True)
-            ids = ids.to(torch.int64)
-            negative = int((ids < 0).sum())
-            first = int(counts[:negative].sum())  # the agents in no group come first: number G
-            ids, counts = ids[negative:], counts[negative:]
-            of = torch.cat([torch.full((first,), ids.shape[0], dtype=torch.int32, device=field.device),
-                            torch.repeat_interleave(torch.arange(ids.shape[0], dtype=torch.int32,
-                                                                 device=field.device), counts)])
-            order = torch.arange(first, n, dtype=rows_dtype, device=field.device)
+        top = int(field.max()) if n else -1
+        if 0 <= top < 4 * n + 64:  # dense ids (place numbers): count each id's members
+            grouped = field >= 0
+            every = bool(grouped.all())
+            counts = torch.bincount(field if every else field[grouped], minlength=top + 1)
+            held = counts > 0
+            ids = torch.nonzero(held).reshape(-1)
+            number = torch.cumsum(held, 0, dtype=torch.int32) - 1  # [top + 1] each id's number
+            at = field if field.dtype in (torch.int32, torch.int64) else field.to(torch.int64)
+            of = number.index_select(0, at) if every else \
+                torch.where(grouped, number.index_select(0, at.clamp(min=0)), ids.shape[0]).to(torch.int32)
+            size = counts.index_select(0, ids)
         else:
             ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
             negative = int((ids < 0).sum())
@@ -275,16 +361,12 @@ class GroupSums:
                 number = torch.where(number < negative, ids.shape[0] + negative, number) - negative
             of = number.to(torch.int32)
             del number
-            has = torch.nonzero(of < ids.shape[0]).reshape(-1)
-            counts = torch.bincount(of.index_select(0, has), minlength=ids.shape[0])
-            order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
-        start = torch.zeros(ids.shape[0] + 1, dtype=torch.int64, device=field.device)
-        torch.cumsum(counts, 0, out=start[1:])
-        size = counts.to(torch.int64)
+            size = torch.bincount(of, minlength=ids.shape[0] + 1)[:ids.shape[0]]
+        size = size.to(torch.int64)
         if self.comm.world_size > 1:
             _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
             size = summed.reshape(-1)
-        return GroupIndex(ids, of, size, start, order)
+        return GroupIndex(ids, of, size)
 
     def _local(self, name: str, field: Tensor) -> _Cut:
         """One process: nothing is cut; the entry keeps the index while ``field`` stays the same."""
@@ -311,7 +393,7 @@ class GroupSums:
         stale, widths, width_squares = (int(v) for v in self.comm.sum_int64(torch.tensor(
             [0 if fresh else 1, width, width * width], dtype=torch.int64, device=field.device)).tolist())
         if widths * widths != world * width_squares:  # not every rank has the same width (Cauchy-Schwarz)
-            raise ConfigError(f"group_totals({name!r}): the values have {width} column(s) here but not on every "
+            raise ConfigError(f"group sums of {name!r}: the values have {width} column(s) here but not on every "
                               "process; pass values of the same shape [m, k] on every process (also with m = 0)")
         if known is not None and stale == 0:
             return known

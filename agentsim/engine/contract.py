@@ -356,6 +356,14 @@ class _PartGroups:
         size = counts.index_select(0, torch.searchsorted(every, index.ids)).to(index.size.device)
         return GroupIndex(index.ids, index.of, size, index.start, index.order)
 
+    def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+        """The part's totals (with the other part's contributions) as a table of its own groups."""
+        groups, sums = self.totals(name, field, rows, values)
+        index = self.index(name, field)
+        out = torch.zeros((index.ids.shape[0] + 1, *sums.shape[1:]), dtype=torch.int64, device=sums.device)
+        out.index_copy_(0, index.find(groups), sums)
+        return out
+
     def totals(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
         mine, partial = GroupSums(LocalComm()).totals(name, field, rows, values)
         calls = self.split.now[self.part]
