@@ -44,9 +44,11 @@ from ``test_day`` a symptomatic person is tested each day with probability ``tes
 isolates until no longer infectious; from ``vaccine_day`` each susceptible person aged
 ``vaccine_min_age`` or more is vaccinated each day with probability ``vaccine_rate``.
 
-People read their place-mates only through sums per place (``ctx.group_totals``: integer counts
-of the infectious by kind, whatever process each member is on) and the places' sizes and members
-(``ctx.group_index``); every draw is keyed by uid. Each process builds the people of its own
+People read their place-mates only through sums per place (``ctx.group_table``: the
+infectiousness of each place's infectious members, whatever process each member is on, counted
+in integer units of ``2**-24`` so that the sums are exact) and the places' sizes
+(``ctx.group_index``); each person's places are read at once (``ops.gather_sum``); every draw is
+keyed by uid. Each process builds the people of its own
 localities (``ic.share()``; whole localities by recursive bisection of the map by population), so
 that no process holds the whole population and only places that span processes (commuters'
 workplaces) exchange their counts: the same days on any number of processes. ``exp`` is
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -130,8 +133,15 @@ def decade(age: torch.Tensor) -> torch.Tensor:
 
 
 def per_age(table: tuple[float, ...], age: torch.Tensor) -> torch.Tensor:
-    """``table[decade(age)]`` as float64, one per person."""
-    return torch.tensor(table, dtype=torch.float64, device=age.device).index_select(0, decade(age))
+    """``table[decade(age)]`` as float64, one per person (``age`` integer years, >= 0)."""
+    return _by_year(table, age.device).index_select(0, torch.clamp(age, max=127).to(torch.int32))
+
+
+@functools.lru_cache(maxsize=32)
+def _by_year(table: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """``[128]`` float64: ``table[decade(a)]`` for ``a = 0 .. 127`` (127: every older age)."""
+    years = torch.arange(128, device=device)
+    return torch.tensor(table, dtype=torch.float64, device=device).index_select(0, decade(years))
 
 
 def active(day: int, start: int, stop: int = -1) -> bool:
@@ -139,31 +149,63 @@ def active(day: int, start: int, stop: int = -1) -> bool:
     return start >= 0 and day >= start and (stop < 0 or day < stop)
 
 
+GUIDE_STEPS = 2  # steps from the guide to a duration; the rare intervals holding more days are searched
+
+
+class Durations(NamedTuple):
+    """A whole-day duration's distribution (:func:`duration_table`) and a guide to sample it fast.
+
+    Attributes:
+        cdf: ``[K]`` float64 probabilities of a duration of ``1 .. k`` days (``cdf[K - 1] = 1``).
+        guide: ``[M]`` int64, ``M`` a power of two: the entries of ``cdf`` at most ``b / M``.
+        crowded: ``[M]`` bool: the intervals ``[b / M, (b + 1) / M)`` holding more than
+            :data:`GUIDE_STEPS` entries of ``cdf`` (the far tail).
+    """
+
+    cdf: torch.Tensor
+    guide: torch.Tensor
+    crowded: torch.Tensor
+
+
 @functools.lru_cache(maxsize=64)
-def duration_table(mean: float, sd: float) -> torch.Tensor:
-    """``[K]`` float64 cumulative probabilities of a duration of ``1 .. K`` days: a lognormal of this
-    mean and standard deviation (days), rounded to whole days as Covasim's ``lognormal_int`` (0 and 1
-    both give 1 day), its tail beyond ``K = ceil(mean + 8 sd)`` folded into ``K``. ``sd = 0``: always
+def duration_table(mean: float, sd: float) -> Durations:
+    """The cumulative probabilities of a duration of ``1 .. K`` days: a lognormal of this mean and
+    standard deviation (days), rounded to whole days as Covasim's ``lognormal_int`` (0 and 1 both
+    give 1 day), its tail beyond ``K = ceil(mean + 8 sd)`` folded into ``K``. ``sd = 0``: always
     ``round(mean)`` days. Computed on the CPU in Python floats: every device samples the same days.
     """
     if sd == 0:
         k = max(1, round(mean))
-        return torch.tensor([0.0] * (k - 1) + [1.0], dtype=torch.float64)
-    sigma2 = math.log(1 + (sd / mean) ** 2)
-    mu, sigma = math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
+        cdf = [0.0] * (k - 1) + [1.0]
+    else:
+        sigma2 = math.log(1 + (sd / mean) ** 2)
+        mu, sigma = math.log(mean) - sigma2 / 2, math.sqrt(sigma2)
 
-    def below(x: float) -> float:  # P(X < x)
-        return 0.0 if x <= 0 else 0.5 * (1 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2))))
+        def below(x: float) -> float:  # P(X < x)
+            return 0.0 if x <= 0 else 0.5 * (1 + math.erf((math.log(x) - mu) / (sigma * math.sqrt(2))))
 
-    k = max(1, math.ceil(mean + 8 * sd))
-    cdf = [below(d + 0.5) for d in range(1, k)] + [1.0]
-    return torch.tensor(cdf, dtype=torch.float64)
+        k = max(1, math.ceil(mean + 8 * sd))
+        cdf = [below(d + 0.5) for d in range(1, k)] + [1.0]
+    table = torch.tensor(cdf, dtype=torch.float64)
+    buckets = 1 << max(6, (8 * k - 1).bit_length())  # about 8 intervals per day
+    edges = torch.arange(buckets + 1, dtype=torch.float64) / buckets  # exact: a power of two
+    below_edge = torch.searchsorted(table, edges, right=True)
+    return Durations(table, below_edge[:-1], below_edge[1:] - below_edge[:-1] > GUIDE_STEPS)
 
 
-def draw_days(table: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Days (``[m]`` int16, >= 1) drawn from a :func:`duration_table` with uniforms ``u`` (``[m]`` float64)."""
-    days = torch.searchsorted(table.to(u.device), u.contiguous(), right=True) + 1
-    return days.clamp_(max=table.shape[0]).to(torch.int16)
+def draw_days(durations: Durations, u: torch.Tensor) -> torch.Tensor:
+    """Days (``[m]`` int16, >= 1) drawn from a :func:`duration_table` with uniforms ``u`` (``[m]``
+    float64 in ``[0, 1)``): ``1 + #{cdf <= u}``, the result of ``searchsorted``, found from ``u``'s
+    interval in the guide in :data:`GUIDE_STEPS` steps (several times faster for tens of days).
+    """
+    cdf, guide = durations.cdf.to(u.device), durations.guide.to(u.device)
+    bucket = (u * guide.shape[0]).to(torch.int64)  # u * 2**b is exact: u's interval
+    at = guide.index_select(0, bucket)
+    for _ in range(GUIDE_STEPS):
+        at += cdf.index_select(0, at) <= u
+    far = ops.flatnonzero(durations.crowded.to(u.device).index_select(0, bucket))
+    at.index_copy_(0, far, torch.searchsorted(cdf, u.index_select(0, far), right=True))
+    return (at + 1).to(torch.int16)
 
 
 RECOVERS, SEVERE_NEXT, DIES = 0, 1, 2  # person.outcome: where the current state leads
@@ -181,41 +223,41 @@ def progress(ctx: Context) -> None:
     yesterday (no days drawn yet) starts the latent period today.
     """
     p, people = ctx.params, ctx["person"]
-    state, left, outcome = people["state"], people["days_left"], people["outcome"]
-    sick = ops.flatnonzero((state >= E) & (state <= H))  # draws keyed by uid: drawing for these alone is the same
-    now, age = state.index_select(0, sick), people["age"].index_select(0, sick)
-    # draws: 0 the latent days (when E begins), 1 the severe or fatal branch, 2 symptomatic or not,
-    # 3 the presymptomatic days, 4 the days of the state that begins
-    u = ctx.rng.uniform(people["uid"].index_select(0, sick), draws=5, dtype=torch.float64)
-    days = left.index_select(0, sick)
-    days = torch.where(days == 0, draw_days(duration_table(p["latent_days"], p["latent_sd"]), u[:, 0]), days) - 1
-    ends = ops.flatnonzero(days == 0)
-    rows, was, a, v = sick.index_select(0, ends), now.index_select(0, ends), age.index_select(0, ends), u[ends]
+    state, left, outcome, uid = people["state"], people["days_left"], people["outcome"], people["uid"]
+    # draws, keyed by uid (drawing for some people gives them the numbers of drawing for all): 0 the
+    # latent days (when E begins), 1 the severe or fatal branch, 2 symptomatic or not, 3 the
+    # presymptomatic days, 4 the days of the state that begins
+    exposed = ops.flatnonzero(ops.equal(state, E) & ops.equal(left, 0))  # exposed yesterday: the latent days begin
+    latent = ctx.rng.uniform(uid.index_select(0, exposed), draw=0, dtype=torch.float64)
+    left.index_copy_(0, exposed, draw_days(duration_table(p["latent_days"], p["latent_sd"]), latent))
+    rows = ops.flatnonzero(ops.equal(left, 1))  # the states that end today (only E, A, I, H have days left)
+    left.sub_(1).clamp_(min=0)  # in place (declared writes)
+    early_days = people["early_days"]
+    early_days.sub_(1).clamp_(min=0)
+    was, a = state.index_select(0, rows), people["age"].index_select(0, rows)
+    v = ctx.rng.uniform(uid.index_select(0, rows), draw=1, draws=4, dtype=torch.float64)
+    branch, symptomatic, presymptomatic_u, days_u = v[:, 0], v[:, 1], v[:, 2], v[:, 3]
     symp, severe, death = per_age(SYMPTOMATIC, a), per_age(SEVERE, a), per_age(DEATH, a)
     fate = outcome.index_select(0, rows)
-    becomes_severe = v[:, 1] < severe / symp  # the branch of a case that becomes symptomatic now
-    dies = v[:, 1] < death / severe  # the branch of a severe case now in hospital
-    after = torch.where(was == E, torch.where(v[:, 2] < symp, I, A),
+    becomes_severe = branch < severe / symp  # the branch of a case that becomes symptomatic now
+    dies = branch < death / severe  # the branch of a severe case now in hospital
+    after = torch.where(was == E, torch.where(symptomatic < symp, I, A),
                         torch.where(was == A, R,
                                     torch.where(was == I, torch.where(fate == SEVERE_NEXT, H, R),
                                                 torch.where(fate == DIES, D, R))))
     new_fate = torch.where((after == I) & becomes_severe, SEVERE_NEXT, torch.where((after == H) & dies, DIES, RECOVERS))
-    presymptomatic = draw_days(duration_table(p["presymptomatic_days"], p["presymptomatic_sd"]), v[:, 3])
-    w = v[:, 4]
-    infectious = draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), w)  # A, and mild I
+    presymptomatic = draw_days(duration_table(p["presymptomatic_days"], p["presymptomatic_sd"]), presymptomatic_u)
+    infectious = draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), days_u)  # A, and mild I
     next_days = torch.where(
         after == A, infectious,
         torch.where(after == I, presymptomatic + torch.where(
-            new_fate == SEVERE_NEXT, draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]), w),
-            infectious),
-            torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), w),
-                        draw_days(duration_table(p["severe_days"], p["severe_sd"]), w))))
+            new_fate == SEVERE_NEXT,
+            draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]), days_u), infectious),
+            torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), days_u),
+                        draw_days(duration_table(p["severe_days"], p["severe_sd"]), days_u))))
     next_days = torch.where((after == R) | (after == D), 0, next_days)
-    days.index_copy_(0, ends, next_days.to(days.dtype))
-    left.index_copy_(0, sick, days)  # in place (declared writes)
+    left.index_copy_(0, rows, next_days.to(left.dtype))
     # early days of an infectious period of D days: ceil(min(early_share * D, early_max_days))
-    early_days = people["early_days"]
-    early_days.index_copy_(0, sick, (early_days.index_select(0, sick) - 1).clamp_(min=0))
     span = torch.clamp(p["early_share"] * next_days.to(torch.float64) - 1e-9, max=float(p["early_max_days"]))
     starts = (after == A) | ((after == I) & (was == E))
     early_days.index_copy_(0, rows, torch.where(starts, torch.ceil(span), 0.0).to(early_days.dtype))
@@ -225,11 +267,8 @@ def progress(ctx: Context) -> None:
     isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (after <= I))  # isolation ends with I
 
 
-# In a layer where the places holding an infectious person have few members (households, and
-# most layers at the start and the end of an epidemic), those members are found through the
-# places' member lists (ctx.group_index) instead of reading every susceptible person's place:
-# the same hazards, added in the same layer order.
-SPARSE_SHARE = 0.125  # a layer uses its lists while the members reached are below this share of the people
+LOAD_BITS = 24  # infectiousness is counted per place in integer units of 2**-24: exact on any number of processes
+BLOCK = 1 << 21  # people whose exposure is drawn together (each person's draw is keyed by uid: any block gives it)
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated", "person.early_days",
@@ -239,53 +278,49 @@ def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
     state = people["state"]
-    # the infectious, by kind: 0 symptomatic, 1 asymptomatic, + 2 when isolated, + 4 early; counted per place
-    sick = ops.flatnonzero((state == I) | (state == A))
-    kind = ((state.index_select(0, sick) == A).to(torch.int64) + 2 * people["isolated"].index_select(0, sick)
-            + 4 * (people["early_days"].index_select(0, sick) > 0))
-    one_hot = torch.nn.functional.one_hot(kind, 8)
-    # infectiousness early and later in an infection, their mean over an infection 1 (Covasim's viral load)
+    # each infectious person's infectiousness: early or later in the infection (their mean over an
+    # infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, outside the household
+    # isolation_factor if isolated
+    sick = ops.flatnonzero(ops.equal(state, I, A))
     mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
     late, early = 1.0 / mean_load, p["early_ratio"] / mean_load
+    load = (torch.where(people["early_days"].index_select(0, sick) > 0, early, late)
+            * torch.where(ops.equal(state.index_select(0, sick), A), p["asymptomatic_factor"], 1.0))
+    at_home = away = ops.to_fixed(load, LOAD_BITS)
+    if active(day, p["test_day"]):  # (no one is isolated before testing begins)
+        isolated = people["isolated"].index_select(0, sick)
+        away = ops.to_fixed(torch.where(isolated, load * p["isolation_factor"], load), LOAD_BITS)
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
         betas["school"] = 0.0
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
-    susceptible = ops.flatnonzero(state == S)  # ascending rows
-    hazard = torch.zeros(susceptible.shape[0], dtype=torch.float64, device=state.device)  # per susceptible person
+    forces, numbers = [], []  # per layer: the force of each place (and 0 for no place); each person's place
     for layer in LAYERS:  # in layer order: each person's sum in that order
         if betas[layer] == 0.0:
             continue
-        # the places with an infectious member (on any process): infectious members by kind, all members
-        places, c = ctx.group_totals(f"person.{layer}", sick, one_hot)
-        index = ctx.group_index(f"person.{layer}")
-        numbers = index.find(places)
-        c = c.to(torch.float64)
-        iso = 1.0 if layer == "household" else p["isolation_factor"]
-        by_kind = c[:, :4] * late + c[:, 4:] * early  # [g, 4] symptomatic, asymptomatic, both isolated
-        infectious = by_kind[:, 0] + p["asymptomatic_factor"] * by_kind[:, 1] + iso * (
-            by_kind[:, 2] + p["asymptomatic_factor"] * by_kind[:, 3])
-        force = betas[layer] * infectious
-        if layer != "household":
-            force = force / torch.clamp(index.size.index_select(0, numbers) - 1, min=1).to(torch.float64)
-        if index.local_members(numbers) < SPARSE_SHARE * state.shape[0]:  # the members of these places
-            rows, which = index.members(numbers)
-            take = ops.flatnonzero(state.index_select(0, rows) == S)
-            at = torch.searchsorted(susceptible, rows.index_select(0, take))
-            hazard.index_add_(0, at, force.index_select(0, which.index_select(0, take)))
-        else:  # every susceptible person's place
-            per_place = torch.zeros(index.ids.shape[0] + 1, dtype=torch.float64, device=state.device)
-            per_place.index_copy_(0, numbers, force)  # the last entry: no place, 0
-            hazard += per_place.index_select(0, index.of.index_select(0, susceptible))
-    exposed = ops.flatnonzero(hazard > 0)
-    who = susceptible.index_select(0, exposed)
-    vaccinated = people["vaccinated"].index_select(0, who)
-    protection = torch.where(vaccinated, 1.0 - p["vaccine_efficacy"], 1.0)
-    h = hazard.index_select(0, exposed) * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who)) * protection
-    u = ctx.rng.uniform(people["uid"].index_select(0, who), dtype=torch.float64)
-    state.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
+        field = f"person.{layer}"
+        index = ctx.group_index(field)
+        units = ctx.group_table(field, sick, at_home if layer == "household" else away)  # over every process
+        force = units.to(torch.float64) * (betas[layer] * 2.0**-LOAD_BITS)  # [G + 1], the last (no place) 0
+        if layer != "household":  # frequency dependent: per place-mate
+            force[:-1].div_(torch.clamp(index.size - 1, min=1))
+        forces.append(force)
+        numbers.append(index.of)
+    if not forces:
+        return
+    for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
+        who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
+        hazard = ops.gather_sum(forces, numbers, who)
+        exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
+        if exposed.shape[0] < who.shape[0]:
+            who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)
+        h = hazard * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who))
+        if active(day, p["vaccine_day"]):  # (no one is vaccinated before the campaign begins)
+            h *= torch.where(people["vaccinated"].index_select(0, who), 1.0 - p["vaccine_efficacy"], 1.0)
+        u = ctx.rng.uniform(people["uid"].index_select(0, who), dtype=torch.float64)
+        state.index_fill_(0, who.index_select(0, ops.flatnonzero(u < 1.0 - portable.exp(-h))), E)  # in place
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated"],
@@ -295,11 +330,12 @@ def interventions(ctx: Context) -> None:
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]
     state, uid = people["state"], people["uid"]
     if active(day, p["test_day"]):
-        ill = ops.flatnonzero((state == I) & ~people["isolated"])
+        ill = ops.flatnonzero(ops.equal(state, I) & ~people["isolated"])
         tested = ctx.rng.uniform(uid.index_select(0, ill), "test", dtype=torch.float64) < p["test_rate"]
         people["isolated"].index_fill_(0, ill.index_select(0, ops.flatnonzero(tested)), True)
     if active(day, p["vaccine_day"]):
-        eligible = ops.flatnonzero((state == S) & ~people["vaccinated"] & (people["age"] >= p["vaccine_min_age"]))
+        old_enough = people["age"] >= p["vaccine_min_age"]
+        eligible = ops.flatnonzero(ops.equal(state, S) & ~people["vaccinated"] & old_enough)
         shot = ctx.rng.uniform(uid.index_select(0, eligible), "vaccine", dtype=torch.float64) < p["vaccine_rate"]
         people["vaccinated"].index_fill_(0, eligible.index_select(0, ops.flatnonzero(shot)), True)
 
@@ -344,7 +380,7 @@ def _compartment(code: int, label: str, color: str) -> None:
     @model.metric(name=STATES[code], label=label, color=color, panel="compartments", share_of=list(STATES),
                   unit="fraction of the population")
     def count(state: MetricsContext) -> torch.Tensor:
-        return state["person"]["state"] == code
+        return ops.equal(state["person"]["state"], code)
     count.__doc__ = f"People {label}."
 
 

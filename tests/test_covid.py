@@ -74,19 +74,30 @@ def test_same_days_on_one_to_four_processes():
     assert report.identical, report.summary()
 
 
-def test_membership_lists_and_dense_reads_give_the_same_days(monkeypatch):
-    """Transmission through the places' membership lists (few places reached) or by reading every
-    susceptible person's places (many): the same hazards, the same bits."""
+def test_exposure_drawn_block_by_block_gives_the_same_days(baseline, monkeypatch):
+    """transmit draws the exposure of a block of people at a time: any block size, the same bits."""
     import agentsim.models.covid as covid
 
-    runs = {}
-    for share in (0.0, float("inf")):  # always dense, always the lists
-        monkeypatch.setattr(covid, "SPARSE_SHARE", share)
-        sim = run(test_day=5, vaccine_day=3, vaccine_min_age=50)
-        runs[share] = (sim.run(40).metrics, sim.state["person"]["state"].clone())
-    (a, sa), (b, sb) = runs.values()
-    assert all(np.array_equal(a[k], b[k]) for k in a) and torch.equal(sa, sb)
-    assert final_size(a) > 100
+    monkeypatch.setattr(covid, "BLOCK", 777)
+    sim = run()
+    metrics = sim.run(DAYS).metrics
+    assert all(np.array_equal(metrics[k], baseline[1][k]) for k in metrics)
+    assert final_size(metrics) > 100
+
+
+def test_guide_draws_the_days_of_searchsorted():
+    from agentsim.models.covid import draw_days, duration_table
+
+    g = torch.Generator().manual_seed(4)
+    for mean, sd in [(4.5, 1.5), (1.1, 0.9), (18.1, 6.3), (12.2, 5.2), (3.0, 0.0), (0.3, 0.1), (1000.0, 1000.0)]:
+        table = duration_table(mean, sd)
+        edges = table.cdf[:-1]
+        u = torch.cat([torch.rand(50_000, generator=g, dtype=torch.float64), edges,  # on a boundary, just below,
+                       torch.nextafter(edges, torch.zeros(1, dtype=torch.float64)),  # and in the far tail
+                       1.0 - torch.rand(5_000, generator=g, dtype=torch.float64) * 1e-7,
+                       torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64)])
+        want = (torch.searchsorted(table.cdf, u, right=True) + 1).to(torch.int16)
+        assert torch.equal(draw_days(table, u), want), (mean, sd)
 
 
 def test_durations_follow_covasims_lognormals():

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from agentsim.core.comm import Comm
+from agentsim.core import ops
 from agentsim.core.ops import expand_ranges, tensor_version
 from agentsim.errors import ConfigError
 
@@ -353,15 +354,21 @@ class GroupSums:
             of = number.index_select(0, at) if every else \
                 torch.where(grouped, number.index_select(0, at.clamp(min=0)), ids.shape[0]).to(torch.int32)
             size = counts.index_select(0, ids)
-        else:
-            ids, number = torch.unique(field.to(torch.int64), return_inverse=True)
-            negative = int((ids < 0).sum())
-            if negative:  # the agents in no group (negative ids): number G
-                ids = ids[negative:]
-                number = torch.where(number < negative, ids.shape[0] + negative, number) - negative
-            of = number.to(torch.int32)
+        else:  # sparse ids: sorted (the members' only, in their own width)
+            grouped = field >= 0
+            members = None if bool(grouped.all()) else ops.flatnonzero(grouped)
+            values = field if members is None else field.index_select(0, members)
+            if values.dtype not in (torch.int32, torch.int64):
+                values = values.to(torch.int64)
+            ids, number = torch.unique(values, return_inverse=True)
+            ids = ids.to(torch.int64)
+            size = torch.bincount(number, minlength=ids.shape[0])
+            if members is None:
+                of = number.to(torch.int32)
+            else:  # the agents in no group: number G
+                of = torch.full((n,), ids.shape[0], dtype=torch.int32, device=field.device)
+                of.index_copy_(0, members, number.to(torch.int32))
             del number
-            size = torch.bincount(of, minlength=ids.shape[0] + 1)[:ids.shape[0]]
         size = size.to(torch.int64)
         if self.comm.world_size > 1:
             _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
