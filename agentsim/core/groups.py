@@ -48,8 +48,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentsim.core.comm import Comm
 from agentsim.core import ops
+from agentsim.core.comm import Comm
 from agentsim.core.ops import expand_ranges, tensor_version
 from agentsim.errors import ConfigError
 
