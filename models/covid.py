@@ -302,8 +302,9 @@ def transmit(ctx: Context) -> None:
             continue
         field = f"person.{layer}"
         index = ctx.group_index(field)
-        units = ctx.group_table(field, sick, at_home if layer == "household" else away)  # over every process
-        force = units.to(torch.float64) * (betas[layer] * 2.0**-LOAD_BITS)  # [G + 1], the last (no place) 0
+        units = at_home if layer == "household" else away
+        force = ctx.group_table(field, sick, units).to(torch.float64)  # [G + 1] over every process; last: no place
+        force *= betas[layer] * 2.0**-LOAD_BITS
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))
         forces.append(force)
@@ -364,7 +365,8 @@ def init(ic: InitContext) -> Grid:
     uid = pop.uid
     exposed = ic.rng.uniform(uid, "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
     places = {layer: pop.compact(layer) for layer in LAYERS}  # int32 ids where they fit (the columns themselves)
-    ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=pop.locality.to(ic.device),
+    cell = pop.locality.to(torch.int16 if grid.n_localities <= 2**15 else torch.int32)  # narrow where it fits
+    ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=cell.to(ic.device),
            state=torch.where(exposed, E, S).to(torch.int8).to(ic.device),
            isolated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),
            vaccinated=torch.zeros(len(pop), dtype=torch.bool, device=ic.device),

@@ -4,10 +4,13 @@ through them, the same bits on 1-4 processes with both partitioners and accepted
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from agentsim import Box, ConfigError, ContractError, Model, Simulation
+from agentsim._native import kernels as cpu_kernels
 from agentsim.core.comm import LocalComm
 from agentsim.core.groups import GroupSums
 from agentsim.runner.invariance import check_model
@@ -286,3 +289,25 @@ def test_a_model_built_by_shares_gives_the_same_bits_on_one_to_four_processes(pa
     assert report.identical, report.summary()
     assert report.partitions == (partition,)
     Simulation(shared_colds, agents=3000, seed=1, check=True).run(2)  # the check mode emulates group_table too
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize(("n", "top", "none"), [(1000, 900, False), (1000, 100_000, True), (200_000, 3_000_000, True),
+                                                (200_000, 150_000, False), (70_000, 1_000_000, False)])
+def test_numbering_by_counting_windows_is_the_numbering_by_sorting(dtype, n, top, none):
+    from agentsim.core import groups
+
+    g = torch.Generator().manual_seed(n + top)
+    field = torch.randint(0, top + 1, (n,), generator=g)
+    if none:
+        field[torch.rand(n, generator=g) < 0.3] = -1
+    field = field.to(dtype)
+    want_ids, want_of = groups._number_by_sorting(field)
+    assert torch.equal(want_ids, torch.unique(field[field >= 0].long()))
+    ids, of = groups._number_by_counting(field, int(field.max()))  # windows of torch ops
+    assert torch.equal(ids, want_ids) and torch.equal(of, want_of)
+    numbered = cpu_kernels.number_ids(field, int(field.max()))  # a bitmap in the compiled kernel
+    if numbered is not None or os.environ.get("AGENTSIM_REQUIRE_KERNELS") == "1":
+        assert numbered is not None and torch.equal(numbered[0], want_ids) and torch.equal(numbered[1], want_of)
+        with pytest.raises(IndexError, match="above top"):
+            cpu_kernels.number_ids(field, int(field.max()) - 1)

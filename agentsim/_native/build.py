@@ -28,6 +28,7 @@ pieces at once (ctypes releases the GIL during a call).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -41,7 +42,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ from agentsim._native import sources
 from agentsim._native.bindings import Library
 
 __all__ = ["KernelStatus", "cache_dir", "huge_pages", "installed_library_path", "library", "library_status",
-           "parallel_for", "reuse_freed_memory", "thread_ranges"]
+           "one_off_memory", "parallel_for", "reuse_freed_memory", "thread_ranges"]
 
 _lock = threading.Lock()
 _loaded: dict[str, Library | str] = {}  # AGENTSIM_KERNELS's value -> the library, or why there is none
@@ -276,6 +277,28 @@ def reuse_freed_memory() -> bool:
             except (OSError, AttributeError):
                 pass
     return _malloc_tuned
+
+
+_GLIBC_MMAP_MAX = 65536  # glibc's default M_MMAP_MAX
+
+
+@contextlib.contextmanager
+def one_off_memory() -> Iterator[None]:
+    """Within the block, large allocations get fresh pages again (glibc's default) and give them
+    back when freed, where :func:`reuse_freed_memory` was applied: for a one-off computation
+    whose temporaries are large and of sizes not seen again (a group index built on the first
+    step), so that they neither stay in the process nor leave holes that raise its peak.
+    Nothing happens elsewhere.
+    """
+    if not _malloc_tuned:
+        yield
+        return
+    libc = ctypes.CDLL(None)
+    libc.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_MAX, 0)
 
 
 # ---------------------------------------------------------------- threads

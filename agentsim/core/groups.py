@@ -48,6 +48,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentsim._native import build as native
+from agentsim._native import kernels as cpu_kernels
 from agentsim.core import ops
 from agentsim.core.comm import Comm
 from agentsim.core.ops import expand_ranges, tensor_version
@@ -175,6 +177,73 @@ def _sorted_member(values: Tensor, sorted_set: Tensor) -> Tensor:
     return sorted_set.index_select(0, at) == values
 
 
+_MIN_WINDOW = 1 << 16  # ids numbered per counting pass at least
+_COUNTING_WINDOWS = 16  # most passes of a numbering by counting (sparser ids are sorted)
+
+
+def _number_by_counting(field: Tensor, top: int) -> tuple[Tensor, Tensor]:
+    """``(ids, of)`` of a field whose ids are in ``[0, top]`` (< 0: no group), without a sort: a
+    window of ``n`` ids at a time, each id present marked in a table of the window and numbered
+    by a running count. Temporaries: about 5 bytes per agent (the window's tables) and the rows
+    of the agents in the window; one window when every agent has an id below ``n``.
+    """
+    n = field.shape[0]
+    index = field if field.dtype in (torch.int32, torch.int64) else field.to(torch.int64)
+    window = max(n, _MIN_WINDOW)
+    every = n == 0 or int(field.min()) >= 0  # every agent in a group
+    of = index.new_empty(n, dtype=torch.int32)
+    found: list[Tensor] = []
+    groups = 0
+    for lo in range(0, top + 1, window):
+        hi = min(lo + window, top + 1)
+        rows = None if every and lo == 0 and hi == top + 1 else ops.flatnonzero(_within(index, lo, hi))
+        local = index if rows is None else index.index_select(0, rows)
+        if lo:
+            local = local - lo
+        held = torch.zeros(hi - lo, dtype=torch.bool, device=field.device)
+        held[local] = True
+        number = torch.cumsum(held, 0, dtype=torch.int32)
+        number += groups - 1
+        if rows is None:
+            torch.index_select(number, 0, local, out=of)
+        else:
+            of.index_copy_(0, rows, number.index_select(0, local))
+        del number, local, rows
+        found.append(ops.flatnonzero(held))
+        if lo:
+            found[-1] += lo
+        groups += int(found[-1].shape[0])
+        del held
+    if not every:  # the agents in no group: number G
+        of.masked_fill_(field < 0, groups)
+    ids = found[0] if len(found) == 1 else torch.cat(found) if found else index.new_zeros(0, dtype=torch.int64)
+    return ids.to(torch.int64), of
+
+
+def _within(index: Tensor, lo: int, hi: int) -> Tensor:
+    """``[n]`` bool: ``lo <= index < hi`` (through NumPy on the CPU, see :func:`agentsim.core.ops.equal`)."""
+    if index.device.type == "cpu":
+        a = index.numpy()
+        return torch.from_numpy((a >= lo) & (a < hi))
+    return (index >= lo) & (index < hi)
+
+
+def _number_by_sorting(field: Tensor) -> tuple[Tensor, Tensor]:
+    """``(ids, of)`` of a field with sparse ids: the members' ids sorted in their own width."""
+    n = field.shape[0]
+    grouped = field >= 0
+    members = None if bool(grouped.all()) else ops.flatnonzero(grouped)
+    values = field if members is None else field.index_select(0, members)
+    if values.dtype not in (torch.int32, torch.int64):
+        values = values.to(torch.int64)
+    ids, number = torch.unique(values, return_inverse=True)
+    if members is None:
+        of = number.to(torch.int32)
+    else:  # the agents in no group: number G
+        of = torch.full((n,), ids.shape[0], dtype=torch.int32, device=field.device)
+        of.index_copy_(0, members, number.to(torch.int32))
+    return ids.to(torch.int64), of
+
 class GroupSums:
     """Per-group integer sums over the ranks of a run, with the cut groups of each field cached.
 
@@ -256,7 +325,8 @@ class GroupSums:
         width = flat.shape[1]
         cut = self._cut(name, field, width=width) if self.comm.world_size > 1 else self._local(name, field)
         if cut.index is None:
-            cut.index = self._build_index(cut, field)
+            with native.one_off_memory():
+                cut.index = self._build_index(cut, field)
         index = cut.index
         groups = index.ids.shape[0]
         number = index.of.index_select(0, rows)  # G: in no group, added to a row dropped below
@@ -334,42 +404,25 @@ class GroupSums:
         self._check_field(name, field)
         cut = self._cut(name, field, width=1) if self.comm.world_size > 1 else self._local(name, field)
         if cut.index is None:
-            cut.index = self._build_index(cut, field)
+            with native.one_off_memory():  # large temporaries of sizes not seen again
+                cut.index = self._build_index(cut, field)
         return cut.index
 
     def _build_index(self, cut: _Cut, field: Tensor) -> GroupIndex:
         """Number the groups of ``field`` here and count their members over every rank (the member
-        lists are made when first asked for). Ids below ``4 n`` are numbered by counting (no sort).
+        lists are made when first asked for).
         """
         n = field.shape[0]
         top = int(field.max()) if n else -1
-        if 0 <= top < 4 * n + 64:  # dense ids (place numbers): count each id's members
-            grouped = field >= 0
-            every = bool(grouped.all())
-            counts = torch.bincount(field if every else field[grouped], minlength=top + 1)
-            held = counts > 0
-            ids = torch.nonzero(held).reshape(-1)
-            number = torch.cumsum(held, 0, dtype=torch.int32) - 1  # [top + 1] each id's number
-            at = field if field.dtype in (torch.int32, torch.int64) else field.to(torch.int64)
-            of = number.index_select(0, at) if every else \
-                torch.where(grouped, number.index_select(0, at.clamp(min=0)), ids.shape[0]).to(torch.int32)
-            size = counts.index_select(0, ids)
-        else:  # sparse ids: sorted (the members' only, in their own width)
-            grouped = field >= 0
-            members = None if bool(grouped.all()) else ops.flatnonzero(grouped)
-            values = field if members is None else field.index_select(0, members)
-            if values.dtype not in (torch.int32, torch.int64):
-                values = values.to(torch.int64)
-            ids, number = torch.unique(values, return_inverse=True)
-            ids = ids.to(torch.int64)
-            size = torch.bincount(number, minlength=ids.shape[0])
-            if members is None:
-                of = number.to(torch.int32)
-            else:  # the agents in no group: number G
-                of = torch.full((n,), ids.shape[0], dtype=torch.int32, device=field.device)
-                of.index_copy_(0, members, number.to(torch.int32))
-            del number
-        size = size.to(torch.int64)
+        dense = 0 <= top < _COUNTING_WINDOWS * max(n, _MIN_WINDOW)
+        numbered = cpu_kernels.number_ids(field, top) if dense else None  # a bitmap of the ids
+        if numbered is not None:
+            ids, of = numbered
+        elif dense:
+            ids, of = _number_by_counting(field, top)
+        else:
+            ids, of = _number_by_sorting(field)
+        size = torch.bincount(of, minlength=ids.shape[0] + 1)[:ids.shape[0]]
         if self.comm.world_size > 1:
             _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
             size = summed.reshape(-1)
@@ -381,7 +434,8 @@ class GroupSums:
         if known is not None and known.describes(field):
             return known
         empty = field.new_zeros(0, dtype=torch.int64)
-        made = _Cut(weakref.ref(field), tensor_version(field), None, empty, empty, [0], 0, int((field >= 0).sum()))
+        members = int(torch.count_nonzero(field >= 0))  # (a bool's sum() makes an int64 copy)
+        made = _Cut(weakref.ref(field), tensor_version(field), None, empty, empty, [0], 0, members)
         self._cuts[name] = made
         return made
 
@@ -442,7 +496,7 @@ class GroupSums:
         pp, pg = pp.index_select(0, order), pg.index_select(0, order)
         peer_pos = torch.searchsorted(cut_groups, pg)
         peer_counts = torch.bincount(pp, minlength=world).tolist()
-        cut_members = int(_sorted_member(field.to(torch.int64), cut_groups).sum())
+        cut_members = int(torch.count_nonzero(_sorted_member(field.to(torch.int64), cut_groups)))
         made = _Cut(weakref.ref(field), tensor_version(field), None, cut_groups, peer_pos, peer_counts,
                     cut_members, int(held_members.sum()), pairs, crossing)
         self._cuts[name] = made

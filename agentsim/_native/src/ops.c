@@ -127,3 +127,51 @@ int64_t NAME(int64_t k, const double *const *tables, const int64_t *sizes, const
 }
 GATHER_SUM(agentsim_gather_sum_i32, int32_t)
 GATHER_SUM(agentsim_gather_sum_i64, int64_t)
+
+/* Dense numbering of group ids by a bitmap (agentsim.core.groups): ids in [0, top], negative for
+   no group. mark: sets bit v of bits for every id v >= 0 (bits zeroed by the caller); 0, or 1 +
+   the first i whose id is above top. number: of[i] = the number of distinct ids below field[i]
+   (ranks[w]: the set bits in the words before w), none for a negative id. */
+#define NUMBER_IDS(MARK, NUMBER, I)                                                                         \
+int64_t MARK(const I *field, int64_t n, int64_t top, uint64_t *bits) {                          \
+    for (int64_t i = 0; i < n; i++) {                                                                 \
+        const int64_t v = (int64_t)field[i];                                                          \
+        if (v < 0) continue;                                                                          \
+        if (v > top) return i + 1;                                                                    \
+        bits[v >> 6] |= (uint64_t)1 << (v & 63);                                                      \
+    }                                                                                                 \
+    return 0;                                                                                         \
+}                                                                                                     \
+void NUMBER(const I *field, int64_t n, const uint64_t *bits, const int64_t *ranks, int64_t none, \
+                   int32_t *of) {                                                                     \
+    for (int64_t i = 0; i < n; i++) {                                                                 \
+        const int64_t v = (int64_t)field[i];                                                          \
+        if (v < 0) { of[i] = (int32_t)none; continue; }                                               \
+        const uint64_t below = bits[v >> 6] & (((uint64_t)1 << (v & 63)) - 1);                        \
+        of[i] = (int32_t)(ranks[v >> 6] + __builtin_popcountll(below));                               \
+    }                                                                                                 \
+}
+NUMBER_IDS(agentsim_ids_i32_mark, agentsim_ids_i32_number, int32_t)
+NUMBER_IDS(agentsim_ids_i64_mark, agentsim_ids_i64_number, int64_t)
+
+/* ranks[w] = the set bits of bits[0 .. w - 1], for w < words; the total */
+int64_t agentsim_bitmap_ranks(const uint64_t *bits, int64_t words, int64_t *ranks) {
+    int64_t total = 0;
+    for (int64_t w = 0; w < words; w++) {
+        ranks[w] = total;
+        total += __builtin_popcountll(bits[w]);
+    }
+    return total;
+}
+
+/* out[k] = the position of the k-th set bit of bits (ascending) */
+void agentsim_bitmap_list(const uint64_t *bits, int64_t words, int64_t *out) {
+    int64_t k = 0;
+    for (int64_t w = 0; w < words; w++) {
+        uint64_t word = bits[w];
+        while (word) {
+            out[k++] = w * 64 + __builtin_ctzll(word);
+            word &= word - 1;
+        }
+    }
+}
