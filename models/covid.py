@@ -278,18 +278,20 @@ def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
     state = people["state"]
-    # each infectious person's infectiousness: early or later in the infection (their mean over an
-    # infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, outside the household
-    # isolation_factor if isolated
+    # each infectious person's infectiousness by kind: early or later in the infection (their mean
+    # over an infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, outside the
+    # household isolation_factor if isolated
     sick = ops.flatnonzero(ops.equal(state, I, A))
     mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
-    late, early = 1.0 / mean_load, p["early_ratio"] / mean_load
-    load = (torch.where(people["early_days"].index_select(0, sick) > 0, early, late)
-            * torch.where(ops.equal(state.index_select(0, sick), A), p["asymptomatic_factor"], 1.0))
-    at_home = away = ops.to_fixed(load, LOAD_BITS)
+    loads = torch.tensor([[late * symptoms for symptoms in (1.0, p["asymptomatic_factor"])]
+                          for late in (1.0 / mean_load, p["early_ratio"] / mean_load)], dtype=torch.float64)
+    kind = (2 * (people["early_days"].index_select(0, sick) > 0).to(torch.int32)
+            + ops.equal(state.index_select(0, sick), A).to(torch.int32))  # [early, asymptomatic] as 2 bits
+    at_home = away = ops.to_fixed(loads.reshape(-1), LOAD_BITS).to(state.device).index_select(0, kind)
     if active(day, p["test_day"]):  # (no one is isolated before testing begins)
-        isolated = people["isolated"].index_select(0, sick)
-        away = ops.to_fixed(torch.where(isolated, load * p["isolation_factor"], load), LOAD_BITS)
+        kind += 4 * people["isolated"].index_select(0, sick).to(torch.int32)
+        away_loads = torch.cat([loads.reshape(-1), loads.reshape(-1) * p["isolation_factor"]])
+        away = ops.to_fixed(away_loads, LOAD_BITS).to(state.device).index_select(0, kind)
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):

@@ -522,3 +522,20 @@ def test_gather_sum_refuses_bad_input(built):
         ops.gather_sum(tables * 2, [numbers[0], numbers[0].to(torch.int32)])
     with pytest.raises(ValueError, match="rows"):
         ops.gather_sum(tables, numbers, torch.tensor([0.0]))
+    for row in (3, -1):  # rows outside the number columns: an error, never a read out of bounds
+        with pytest.raises(IndexError, match="outside the 3 rows"):
+            ops.gather_sum(tables, numbers, torch.tensor([0, row]))
+
+
+def test_equal_compares_as_torch_does():
+    cases = [(torch.tensor([255, 3], dtype=torch.uint8), (-1,)), (torch.tensor([127, -3], dtype=torch.int8), (383, -3)),
+             (torch.tensor([16777217, 2]), (16777216.0,)), (torch.tensor([1, 0, 2], dtype=torch.int8), (1, 2)),
+             (torch.tensor([True, False]), (1,)), (torch.tensor([True, False]), (False,)),
+             (torch.tensor([0.1, 0.2], dtype=torch.float32), (0.1,)), (torch.tensor([1.0, float("nan")]), (1, 7))]
+    for x, values in cases:
+        want = x == values[0]
+        for v in values[1:]:
+            want = want | (x == v)
+        assert ops.equal(x, *values).tolist() == want.tolist(), (x, values)
+    with pytest.raises(ConfigError, match="at least one value"):
+        ops.equal(torch.zeros(2))

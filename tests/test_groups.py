@@ -298,16 +298,19 @@ def test_numbering_by_counting_windows_is_the_numbering_by_sorting(dtype, n, top
     from agentsim.core import groups
 
     g = torch.Generator().manual_seed(n + top)
-    field = torch.randint(0, top + 1, (n,), generator=g)
+    field = torch.randint(top // 3, top + 1, (n,), generator=g)  # ids far from 0, as on a later process
     if none:
         field[torch.rand(n, generator=g) < 0.3] = -1
     field = field.to(dtype)
     want_ids, want_of = groups._number_by_sorting(field)
     assert torch.equal(want_ids, torch.unique(field[field >= 0].long()))
-    ids, of = groups._number_by_counting(field, int(field.max()))  # windows of torch ops
-    assert torch.equal(ids, want_ids) and torch.equal(of, want_of)
-    numbered = cpu_kernels.number_ids(field, int(field.max()))  # a bitmap in the compiled kernel
-    if numbered is not None or os.environ.get("AGENTSIM_REQUIRE_KERNELS") == "1":
-        assert numbered is not None and torch.equal(numbered[0], want_ids) and torch.equal(numbered[1], want_of)
-        with pytest.raises(IndexError, match="above top"):
-            cpu_kernels.number_ids(field, int(field.max()) - 1)
+    top = int(field.max())
+    lo = 0 if none else int(field.min())  # the windows and the bitmap start at the smallest id
+    for start in {0, lo}:
+        ids, of = groups._number_by_counting(field, start, top)  # windows of torch ops
+        assert torch.equal(ids, want_ids) and torch.equal(of, want_of)
+        numbered = cpu_kernels.number_ids(field, start, top)  # a bitmap in the compiled kernel
+        if numbered is not None or os.environ.get("AGENTSIM_REQUIRE_KERNELS") == "1":
+            assert numbered is not None and torch.equal(numbered[0], want_ids) and torch.equal(numbered[1], want_of)
+            with pytest.raises(IndexError, match="outside"):
+                cpu_kernels.number_ids(field, start, top - 1)

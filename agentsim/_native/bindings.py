@@ -86,11 +86,12 @@ FUNCTIONS: dict[str, Signature] = {
     **{f"agentsim_exp{f}": _sig("ops.c", None, ("x", PTR), ("n", I64), ("consts", PTR), ("top", I64), ("out", PTR))
        for f in _FLOATS},
     **{f"agentsim_gather_sum_i{i}": _sig("ops.c", I64, ("k", I64), ("tables", PTR), ("sizes", PTR), ("numbers", PTR),
-                                         ("rows", PTR), ("first", I64), ("m", I64), ("out", PTR)) for i in _INDICES},
-    **{f"agentsim_ids_i{i}_mark": _sig("ops.c", I64, ("field", PTR), ("n", I64), ("top", I64), ("bits", PTR))
+                                         ("n", I64), ("rows", PTR), ("first", I64), ("m", I64), ("out", PTR))
        for i in _INDICES},
-    **{f"agentsim_ids_i{i}_number": _sig("ops.c", None, ("field", PTR), ("n", I64), ("bits", PTR), ("ranks", PTR),
-                                         ("none", I64), ("of", PTR)) for i in _INDICES},
+    **{f"agentsim_ids_i{i}_mark": _sig("ops.c", I64, ("field", PTR), ("n", I64), ("lo", I64), ("top", I64),
+                                       ("bits", PTR)) for i in _INDICES},
+    **{f"agentsim_ids_i{i}_number": _sig("ops.c", None, ("field", PTR), ("n", I64), ("lo", I64), ("bits", PTR),
+                                         ("ranks", PTR), ("none", I64), ("of", PTR)) for i in _INDICES},
     "agentsim_bitmap_ranks": _sig("ops.c", I64, ("bits", PTR), ("words", I64), ("ranks", PTR)),
     "agentsim_bitmap_list": _sig("ops.c", None, ("bits", PTR), ("words", I64), ("out", PTR)),
     # metrics.c

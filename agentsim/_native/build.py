@@ -280,6 +280,7 @@ def reuse_freed_memory() -> bool:
 
 
 _GLIBC_MMAP_MAX = 65536  # glibc's default M_MMAP_MAX
+_one_off_depth = 0  # one_off_memory blocks open (nested, or on several threads)
 
 
 @contextlib.contextmanager
@@ -290,15 +291,22 @@ def one_off_memory() -> Iterator[None]:
     step), so that they neither stay in the process nor leave holes that raise its peak.
     Nothing happens elsewhere.
     """
+    global _one_off_depth
     if not _malloc_tuned:
         yield
         return
     libc = ctypes.CDLL(None)
-    libc.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX)
+    with _lock:
+        _one_off_depth += 1
+        if _one_off_depth == 1:
+            libc.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX)
     try:
         yield
     finally:
-        libc.mallopt(_M_MMAP_MAX, 0)
+        with _lock:
+            _one_off_depth -= 1
+            if _one_off_depth == 0:
+                libc.mallopt(_M_MMAP_MAX, 0)
 
 
 # ---------------------------------------------------------------- threads

@@ -226,7 +226,8 @@ def exp(x: Tensor, consts: Tensor, top: int) -> Tensor | None:
     where the kernel does not apply (not a contiguous CPU float32/float64 tensor, grad, no kernel).
     """
     if (x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not x.is_contiguous()
-            or x.requires_grad or consts.dtype != x.dtype or consts.shape != (top + 6,)):
+            or x.requires_grad or consts.dtype != x.dtype or top != (13 if x.dtype == torch.float64 else 8)
+            or consts.shape != (top + 6,)):
         return None
     k = _kernels()
     if k is None:
@@ -270,49 +271,51 @@ def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None)
 
     def piece(a: int, b: int) -> None:
         at = None if rows is None else rows.data_ptr() + 8 * a
-        found = fn(len(tables), table_ptrs, sizes, number_ptrs, at, a, b - a, out.data_ptr() + 8 * a)
+        found = fn(len(tables), table_ptrs, sizes, number_ptrs, n, at, a, b - a, out.data_ptr() + 8 * a)
         if found:
             bad[0] = a + found
 
     native.parallel_for(m, _PARALLEL_MIN, piece)
     if bad[0]:
         r = bad[0] - 1 if rows is None else int(rows[bad[0] - 1])
+        if not 0 <= r < n:
+            raise IndexError(f"gather_sum: row {r} is outside the {n} rows of the number columns")
         raise IndexError(f"gather_sum: row {r} has a group number outside its table (sizes "
                          f"{[t.shape[0] for t in tables]}, numbers {[int(g[r]) for g in numbers]})")
     return out
 
 
-def number_ids(field: Tensor, top: int) -> tuple[Tensor, Tensor] | None:
+def number_ids(field: Tensor, lo: int, top: int) -> tuple[Tensor, Tensor] | None:
     """``(ids, of)``: the distinct ids ``>= 0`` of ``field`` (``[G]`` int64, ascending) and each
     entry's position among them (``[n]`` int32; ``G`` for a negative id), through a bitmap of
-    ``[0, top]`` (``top / 8`` bytes and ``top / 8`` more for the counts per word), in two passes
+    ``[lo, top]`` (``(top - lo) / 8`` bytes and as many for the counts per word), in two passes
     over ``field``. None where the kernel does not apply (not a contiguous 1-D CPU int32/int64
-    ``field``, ``top < 0``, more than ``2**31 - 1`` ids, or no kernel).
+    ``field``, ``0 <= lo <= top`` not holding, or no kernel).
 
     Raises:
-        IndexError: An id above ``top``.
+        IndexError: An id ``>= 0`` outside ``[lo, top]``.
     """
     if (field.device.type != "cpu" or field.dim() != 1 or field.dtype not in (torch.int32, torch.int64)
-            or not field.is_contiguous() or top < 0):
+            or not field.is_contiguous() or not 0 <= lo <= top):
         return None
     k = _kernels()
     if k is None:
         return None
-    words = top // 64 + 1
+    words = (top - lo) // 64 + 1
     bits = torch.zeros(words, dtype=torch.int64)
-    bad = k.ids_mark[field.dtype](field.data_ptr(), field.shape[0], top, bits.data_ptr())
+    bad = k.ids_mark[field.dtype](field.data_ptr(), field.shape[0], lo, top, bits.data_ptr())
     if bad:
-        raise IndexError(f"number_ids: id {int(field[bad - 1])} is above top = {top}")
+        raise IndexError(f"number_ids: id {int(field[bad - 1])} is outside [{lo}, {top}]")
     ranks = torch.empty(words, dtype=torch.int64)
     groups = int(k.bitmap_ranks(bits.data_ptr(), words, ranks.data_ptr()))
-    if groups >= 2**31:
-        return None
     ids = torch.empty(groups, dtype=torch.int64)
     k.bitmap_list(bits.data_ptr(), words, ids.data_ptr())
+    if lo:
+        ids += lo
     of = torch.empty(field.shape[0], dtype=torch.int32)
     fn, size = k.ids_number[field.dtype], field.element_size()
     native.parallel_for(field.shape[0], _PARALLEL_MIN, lambda a, b: fn(
-        field.data_ptr() + size * a, b - a, bits.data_ptr(), ranks.data_ptr(), groups, of.data_ptr() + 4 * a))
+        field.data_ptr() + size * a, b - a, lo, bits.data_ptr(), ranks.data_ptr(), groups, of.data_ptr() + 4 * a))
     return ids, of
 
 def cell_sort(cell: Tensor, uid: Tensor | None, n_cells: int) -> tuple[Tensor, Tensor] | None:

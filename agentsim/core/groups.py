@@ -181,8 +181,8 @@ _MIN_WINDOW = 1 << 16  # ids numbered per counting pass at least
 _COUNTING_WINDOWS = 16  # most passes of a numbering by counting (sparser ids are sorted)
 
 
-def _number_by_counting(field: Tensor, top: int) -> tuple[Tensor, Tensor]:
-    """``(ids, of)`` of a field whose ids are in ``[0, top]`` (< 0: no group), without a sort: a
+def _number_by_counting(field: Tensor, lo: int, top: int) -> tuple[Tensor, Tensor]:
+    """``(ids, of)`` of a field whose ids are in ``[lo, top]`` (< 0: no group), without a sort: a
     window of ``n`` ids at a time, each id present marked in a table of the window and numbered
     by a running count. Temporaries: about 5 bytes per agent (the window's tables) and the rows
     of the agents in the window; one window when every agent has an id below ``n``.
@@ -194,13 +194,13 @@ def _number_by_counting(field: Tensor, top: int) -> tuple[Tensor, Tensor]:
     of = index.new_empty(n, dtype=torch.int32)
     found: list[Tensor] = []
     groups = 0
-    for lo in range(0, top + 1, window):
-        hi = min(lo + window, top + 1)
-        rows = None if every and lo == 0 and hi == top + 1 else ops.flatnonzero(_within(index, lo, hi))
+    for first in range(lo, top + 1, window):
+        hi = min(first + window, top + 1)
+        rows = None if every and first == lo and hi == top + 1 else ops.flatnonzero(_within(index, first, hi))
         local = index if rows is None else index.index_select(0, rows)
-        if lo:
-            local = local - lo
-        held = torch.zeros(hi - lo, dtype=torch.bool, device=field.device)
+        if first:
+            local = local - first
+        held = torch.zeros(hi - first, dtype=torch.bool, device=field.device)
         held[local] = True
         number = torch.cumsum(held, 0, dtype=torch.int32)
         number += groups - 1
@@ -210,8 +210,8 @@ def _number_by_counting(field: Tensor, top: int) -> tuple[Tensor, Tensor]:
             of.index_copy_(0, rows, number.index_select(0, local))
         del number, local, rows
         found.append(ops.flatnonzero(held))
-        if lo:
-            found[-1] += lo
+        if first:
+            found[-1] += first
         groups += int(found[-1].shape[0])
         del held
     if not every:  # the agents in no group: number G
@@ -413,13 +413,16 @@ class GroupSums:
         lists are made when first asked for).
         """
         n = field.shape[0]
+        if n >= 2**31:
+            raise ConfigError(f"group field: {n} agents on one process; at most 2**31 - 1 (numbers are int32)")
         top = int(field.max()) if n else -1
-        dense = 0 <= top < _COUNTING_WINDOWS * max(n, _MIN_WINDOW)
-        numbered = cpu_kernels.number_ids(field, top) if dense else None  # a bitmap of the ids
+        lo = max(int(field.min()), 0) if n else 0  # (0 where some agent is in no group)
+        dense = 0 <= top and top - lo < _COUNTING_WINDOWS * max(n, _MIN_WINDOW)
+        numbered = cpu_kernels.number_ids(field, lo, top) if dense else None  # a bitmap of the ids
         if numbered is not None:
             ids, of = numbered
         elif dense:
-            ids, of = _number_by_counting(field, top)
+            ids, of = _number_by_counting(field, lo, top)
         else:
             ids, of = _number_by_sorting(field)
         size = torch.bincount(of, minlength=ids.shape[0] + 1)[:ids.shape[0]]

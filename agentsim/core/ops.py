@@ -458,7 +458,7 @@ def equal(x: Tensor, *values: int | float | bool) -> Tensor:
     """
     if not values:
         raise ConfigError("equal: expected at least one value to compare with (got none)")
-    if x.device.type == "cpu" and not x.requires_grad and x.dtype not in (torch.bfloat16, torch.float16):
+    if x.device.type == "cpu" and not x.requires_grad and all(_compares_alike(x.dtype, v) for v in values):
         a = x.numpy()
         out = a == values[0]
         for v in values[1:]:
@@ -468,6 +468,22 @@ def equal(x: Tensor, *values: int | float | bool) -> Tensor:
     for v in values[1:]:
         mask = mask | (x == v)
     return mask
+
+
+def _compares_alike(dtype: torch.dtype, value: object) -> bool:
+    """Whether NumPy compares a ``dtype`` array with ``value`` as torch does: an int within an
+    integer dtype's range, a bool with bools, a number with float32/float64 (anything else, e.g.
+    an int tensor with a float, which torch compares in float32, goes through torch).
+    """
+    if dtype == torch.bool:
+        return isinstance(value, bool)
+    if dtype in (torch.float32, torch.float64):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if dtype.is_floating_point or dtype.is_complex or not isinstance(value, int) or isinstance(value, bool):
+        return False
+    info = torch.iinfo(dtype)
+    return info.min <= value <= info.max
+
 
 _ROW_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -113,21 +113,21 @@ int64_t agentsim_add_columns64_i64(int64_t k, double *const *outs, int64_t n_out
 void agentsim_exp32(const float *x, int64_t n, const float *consts, int64_t top, float *out);
 void agentsim_exp64(const double *x, int64_t n, const double *consts, int64_t top, double *out);
 /* out[i] = sum over c < k, in order, of tables[c][numbers[c][rows[i]]] (rows NULL: first + i), sizes[c]
-   the entries of tables[c] */
+   the entries of tables[c], n those of each numbers[c] */
 int64_t agentsim_gather_sum_i32(int64_t k, const double *const *tables, const int64_t *sizes,
-                                const int32_t *const *numbers, const int64_t *rows, int64_t first, int64_t m,
-                                double *out);
+                                const int32_t *const *numbers, int64_t n, const int64_t *rows, int64_t first,
+                                int64_t m, double *out);
 int64_t agentsim_gather_sum_i64(int64_t k, const double *const *tables, const int64_t *sizes,
-                                const int64_t *const *numbers, const int64_t *rows, int64_t first, int64_t m,
-                                double *out);
-/* group ids in [0, top] (negative: none) numbered by a bitmap: mark their bits; of[i] = the distinct
-   ids below field[i] (none for a negative id), ranks[w] the set bits before word w */
-int64_t agentsim_ids_i32_mark(const int32_t *field, int64_t n, int64_t top, uint64_t *bits);
-int64_t agentsim_ids_i64_mark(const int64_t *field, int64_t n, int64_t top, uint64_t *bits);
-void agentsim_ids_i32_number(const int32_t *field, int64_t n, const uint64_t *bits, const int64_t *ranks,
-                             int64_t none, int32_t *of);
-void agentsim_ids_i64_number(const int64_t *field, int64_t n, const uint64_t *bits, const int64_t *ranks,
-                             int64_t none, int32_t *of);
+                                const int64_t *const *numbers, int64_t n, const int64_t *rows, int64_t first,
+                                int64_t m, double *out);
+/* group ids in [lo, top] (negative: none) numbered by a bitmap: mark their bits (bit id - lo); of[i] =
+   the distinct ids below field[i] (none for a negative id), ranks[w] the set bits before word w */
+int64_t agentsim_ids_i32_mark(const int32_t *field, int64_t n, int64_t lo, int64_t top, uint64_t *bits);
+int64_t agentsim_ids_i64_mark(const int64_t *field, int64_t n, int64_t lo, int64_t top, uint64_t *bits);
+void agentsim_ids_i32_number(const int32_t *field, int64_t n, int64_t lo, const uint64_t *bits,
+                             const int64_t *ranks, int64_t none, int32_t *of);
+void agentsim_ids_i64_number(const int64_t *field, int64_t n, int64_t lo, const uint64_t *bits,
+                             const int64_t *ranks, int64_t none, int32_t *of);
 int64_t agentsim_bitmap_ranks(const uint64_t *bits, int64_t words, int64_t *ranks);
 void agentsim_bitmap_list(const uint64_t *bits, int64_t words, int64_t *out);
 

@@ -108,13 +108,14 @@ EXP(agentsim_exp32, float, int32_t, 127, 23, floorf, 8)
 
 /* out[i] = ((0 + t_0[g_0[r]]) + t_1[g_1[r]]) + ... over the k columns in order, r = rows[i] (or
    first + i when rows is NULL): a sum over an agent's groups of a per-group value, the bits of adding the
-   columns' gathers one after another in float64. 0, or 1 + the first i at which a group number is
-   outside its table (out is then partly written). */
+   columns' gathers one after another in float64. 0, or 1 + the first i whose row is outside [0, n) or
+   at which a group number is outside its table (out is then partly written). */
 #define GATHER_SUM(NAME, I)                                                                           \
 int64_t NAME(int64_t k, const double *const *tables, const int64_t *sizes, const I *const *numbers,   \
-             const int64_t *rows, int64_t first, int64_t m, double *out) {                            \
+             int64_t n, const int64_t *rows, int64_t first, int64_t m, double *out) {                 \
     for (int64_t i = 0; i < m; i++) {                                                                 \
         const int64_t r = rows ? rows[i] : first + i;                                                 \
+        if ((uint64_t)r >= (uint64_t)n) return i + 1;                                                 \
         double s = 0.0;                                                                               \
         for (int64_t c = 0; c < k; c++) {                                                             \
             const int64_t g = (int64_t)numbers[c][r];                                                 \
@@ -128,25 +129,27 @@ int64_t NAME(int64_t k, const double *const *tables, const int64_t *sizes, const
 GATHER_SUM(agentsim_gather_sum_i32, int32_t)
 GATHER_SUM(agentsim_gather_sum_i64, int64_t)
 
-/* Dense numbering of group ids by a bitmap (agentsim.core.groups): ids in [0, top], negative for
-   no group. mark: sets bit v of bits for every id v >= 0 (bits zeroed by the caller); 0, or 1 +
-   the first i whose id is above top. number: of[i] = the number of distinct ids below field[i]
-   (ranks[w]: the set bits in the words before w), none for a negative id. */
+/* Dense numbering of group ids by a bitmap (agentsim.core.groups): ids in [lo, top], negative for
+   no group. mark: sets bit v - lo of bits for every id v >= 0 (bits zeroed by the caller); 0, or 1 +
+   the first i whose id is outside [lo, top]. number: of[i] = the number of distinct ids below
+   field[i] (ranks[w]: the set bits in the words before w), none for a negative id. */
 #define NUMBER_IDS(MARK, NUMBER, I)                                                                         \
-int64_t MARK(const I *field, int64_t n, int64_t top, uint64_t *bits) {                          \
+int64_t MARK(const I *field, int64_t n, int64_t lo, int64_t top, uint64_t *bits) {                      \
     for (int64_t i = 0; i < n; i++) {                                                                 \
-        const int64_t v = (int64_t)field[i];                                                          \
-        if (v < 0) continue;                                                                          \
-        if (v > top) return i + 1;                                                                    \
+        const int64_t id = (int64_t)field[i];                                                         \
+        if (id < 0) continue;                                                                         \
+        if (id < lo || id > top) return i + 1;                                                        \
+        const int64_t v = id - lo;                                                                    \
         bits[v >> 6] |= (uint64_t)1 << (v & 63);                                                      \
     }                                                                                                 \
     return 0;                                                                                         \
 }                                                                                                     \
-void NUMBER(const I *field, int64_t n, const uint64_t *bits, const int64_t *ranks, int64_t none, \
-                   int32_t *of) {                                                                     \
+void NUMBER(const I *field, int64_t n, int64_t lo, const uint64_t *bits, const int64_t *ranks,          \
+            int64_t none, int32_t *of) {                                                              \
     for (int64_t i = 0; i < n; i++) {                                                                 \
-        const int64_t v = (int64_t)field[i];                                                          \
-        if (v < 0) { of[i] = (int32_t)none; continue; }                                               \
+        const int64_t id = (int64_t)field[i];                                                         \
+        if (id < 0) { of[i] = (int32_t)none; continue; }                                              \
+        const int64_t v = id - lo;                                                                    \
         const uint64_t below = bits[v >> 6] & (((uint64_t)1 << (v & 63)) - 1);                        \
         of[i] = (int32_t)(ranks[v >> 6] + __builtin_popcountll(below));                               \
     }                                                                                                 \
