@@ -18,7 +18,7 @@ Usage::
 
 On several processes each keeps the people it built (``partition="data"`` with the model's share:
 whole localities, recursive bisection of the map by population, :func:`agentsim.population.partition_localities`);
-the model reads other people only through per-place sums (``ctx.group_totals``), so no agent
+the model reads other people only through per-place sums (``ctx.group_table``), so no agent
 travels. Not part of the test run.
 """
 

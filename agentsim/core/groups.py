@@ -105,7 +105,7 @@ class GroupIndex:
         of: ``[n]`` int32 number of each agent's group (its position in ``ids``); ``G`` for an
             agent in no group, so that a per-group table of ``G + 1`` entries (the last for "none")
             can be read at ``of`` directly.
-        size: ``[G]`` int64 members of each group over every rank.
+        size: ``[G]`` int32 members of each group over every rank.
         start: ``[G + 1]`` int64: the rows of group ``k``'s members here are ``order[start[k]:start[k + 1]]``
             (made at the first use of ``start``, ``order`` or :meth:`members`).
         order: ``[m]`` int32 (int64 beyond 2**31 agents) rows of this rank's members, group by group
@@ -429,7 +429,9 @@ class GroupSums:
         if self.comm.world_size > 1:
             _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
             size = summed.reshape(-1)
-        return GroupIndex(ids, of, size)
+        if ids.shape[0] and int(size.max()) >= 2**31:
+            raise ConfigError(f"group field: a group of {int(size.max())} members; at most 2**31 - 1")
+        return GroupIndex(ids, of, size.to(torch.int32))
 
     def _local(self, name: str, field: Tensor) -> _Cut:
         """One process: nothing is cut; the entry keeps the index while ``field`` stays the same."""

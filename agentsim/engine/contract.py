@@ -353,7 +353,7 @@ class _PartGroups:
         index = GroupSums(LocalComm()).index(name, field)
         population, _, key = name.partition(".")
         every, counts = torch.unique(self.split.whole[population][key].to(torch.int64), return_counts=True)
-        size = counts.index_select(0, torch.searchsorted(every, index.ids)).to(index.size.device)
+        size = counts.index_select(0, torch.searchsorted(every, index.ids)).to(index.size.device, torch.int32)
         return GroupIndex(index.ids, index.of, size, index.start, index.order)
 
     def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
