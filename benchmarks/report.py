@@ -88,6 +88,7 @@ REQUIRED = {
     "covid": ["agents", "days", "rounds", "summary"],
     "covid-scale": ["rows"],
     "covid-ranks": ["rows"],
+    "partition": ["rows"],
 }
 
 
@@ -345,6 +346,25 @@ def peers_section(suite: str, files: list[tuple[str, dict[str, Any]]]) -> Sectio
     section.alt = "median seconds of each side, one bar per side and file, dots for each round"
     return section
 
+
+def partition_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_partition.py``: the localities split over processes by rcb and by METIS."""
+    lines = provenance(files)
+    for rel, d in files:
+        lines += [f"`{rel}`:", ""]
+        lines += table(["people", "processes", "method", "contacts cut", "work contacts cut", "imbalance", "seconds"],
+                       [[f"{int(r['agents']):,}", r["world_size"], r["method"],
+                         f"{100 * r['contacts_cut']['all']:.2f}%", f"{100 * r['contacts_cut']['work']:.2f}%",
+                         num(r["imbalance"]), num(r["seconds"])] for r in d["rows"]])
+
+    def plot(ax: Any) -> None:
+        bars = [(f"W={r['world_size']} {r['method']}", [100 * r["contacts_cut"]["all"]]) for _, d in files
+                for r in d["rows"]]
+        _bars(ax, bars, "contacts cut (%)")
+    n = sum(len(d["rows"]) for _, d in files)
+    return Section("partition", "Localities over processes: rcb and METIS (`bench_partition.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 1.0 + 0.3 * n),
+                   "share of contacts between people on two processes, by partition method")
 
 def roofline_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     """``bench_roofline.py``: each model's step against its bytes at the measured bandwidth."""
@@ -782,6 +802,8 @@ def classify(rel: str, d: Any) -> str | None:
         return "neighbors"
     if name.startswith("gpu"):
         return "gpu"
+    if name.startswith("partition"):
+        return "partition"
     if name.startswith("covid-scale"):
         return "covid-scale"
     if name.startswith(("covid-ranks", "covid-us")):
@@ -825,7 +847,7 @@ def render(results: Path) -> Report:
         report.sections.append(peers_section(suite, peers[suite]))
     for key, build in (("gpu", gpu_section), ("covid", covid_section),
                        ("covid-scale", covid_scale_section), ("covid-ranks", covid_ranks_section),
-                       ("roofline", roofline_section),
+                       ("partition", partition_section), ("roofline", roofline_section),
                        ("models", models_section), ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section)):
         if key in by_suite:

@@ -51,7 +51,8 @@ in integer units of ``2**-24`` so that the sums are exact) and the places' sizes
 keyed by uid. Each process builds the people of its own
 localities (``ic.share()``; whole localities by recursive bisection of the map by population), so
 that no process holds the whole population and only places that span processes (commuters'
-workplaces) exchange their counts: the same days on any number of processes. ``exp`` is
+workplaces) exchange their counts: the same days on any number of processes
+(``locality_partition="metis"``: a graph partition that cuts fewer commuters, the ``metis`` extra). ``exp`` is
 :func:`agentsim.core.portable.exp`: the same bits on a GPU. The population's parameters
 (``community_size``, ``school_size``, ``employment_rate``, ``workplace_exponent``,
 ``people_per_locality``, ``locality_spread``) are those of :class:`agentsim.population.PopulationTables`
@@ -68,7 +69,14 @@ import torch
 
 from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
 from agentsim.core import ops, portable
-from agentsim.population import LAYERS, PopulationTables, locality_grid, partition_localities, synthesize
+from agentsim.population import (
+    LAYERS,
+    PARTITION_METHODS,
+    PopulationTables,
+    locality_grid,
+    partition_localities,
+    synthesize,
+)
 
 S, E, A, I, H, R, D = range(7)  # noqa: E741  the compartments
 STATES = ("S", "E", "A", "I", "H", "R", "D")
@@ -105,6 +113,8 @@ model = Model(
         "initial_prevalence": Param(0.001, "share of people exposed at day 0", ge=0, le=1),
         "people_per_locality": Param(10_000, "mean people per locality of the synthetic population", ge=1),
         "locality_spread": Param(0.8, "spread of the localities' densities (log scale)", ge=0),
+        "locality_partition": Param("rcb", "how processes share the localities: rcb (regions of the map) or metis "
+                                    "(a graph partition; the metis extra)", choices=PARTITION_METHODS),
         "community_size": Param(200, "mean people per community venue", ge=1),
         "school_size": Param(500, "mean pupils per school", ge=1),
         "employment_rate": Param(0.7, "share of people of working age who work", ge=0, le=1),
@@ -361,7 +371,7 @@ def init(ic: InitContext) -> Grid:
                               employment_rate=float(p["employment_rate"]),
                               workplace_exponent=float(p["workplace_exponent"]))
     grid = locality_grid(n, ic.seed, people_per_locality, spread)
-    mine = ops.flatnonzero(partition_localities(grid, world_size) == rank)
+    mine = ops.flatnonzero(partition_localities(grid, world_size, p["locality_partition"]) == rank)
     pop = synthesize(n, seed=ic.seed, tables=tables, people_per_locality=people_per_locality, spread=spread,
                      localities=mine, compact=True)  # place ids built compact: no int64 copy of them
     uid = pop.uid

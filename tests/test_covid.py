@@ -140,6 +140,21 @@ def test_the_reported_contact_cut_is_the_population_edge_cut():
     assert 0 < want["work"] < 0.5  # commuters across the border
 
 
+@pytest.mark.timeout(120)
+def test_a_metis_partition_gives_the_same_days():
+    pytest.importorskip("pymetis")
+    from agentsim import launch
+    from agentsim.population import edge_cut, locality_grid, partition_localities, synthesize
+
+    n, params = 20_000, {"people_per_locality": 2000, "initial_prevalence": 0.01, "locality_partition": "metis"}
+    one = Simulation(get_model("covid"), agents=n, seed=4, params=params).run(6)
+    three = launch("covid", world_size=3, agents=n, steps=6, seed=4, params=params)
+    assert all(np.array_equal(one.metrics[k], three.metrics[k]) for k in one.metrics)
+    want = edge_cut(synthesize(n, seed=4, people_per_locality=2000),
+                    partition_localities(locality_grid(n, 4, 2000), 3, "metis"))
+    assert three.groups["groups/contact_cut_share"] == pytest.approx(want["all"], abs=1e-12) and want["all"] > 0
+
+
 def test_the_days_of_a_state_are_drawn_apart_from_those_of_the_one_before(monkeypatch):
     """A 1-day latent period must not bring short infectious periods (one uniform per duration)."""
     import agentsim.models.covid as covid

@@ -211,3 +211,29 @@ def test_compact_place_ids_keep_places_apart_and_are_the_same_for_any_share(laye
              for r in range(3)]
     joined = torch.cat([p.compact(layer) for p in parts])[torch.argsort(torch.cat([p.uid for p in parts]))]
     assert torch.equal(joined, compact)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_metis_partition_balances_people_and_cuts_few_commuters(pop, world_size):
+    pytest.importorskip("pymetis")  # the metis extra (in dev)
+    grid = pop.localities
+    owner = partition_localities(grid, world_size, "metis")
+    assert torch.equal(owner, partition_localities(grid, world_size, "metis"))  # the same on every process
+    assert owner.shape == (grid.n_localities,) and sorted(set(owner.tolist())) == list(range(world_size))
+    people = torch.zeros(world_size, dtype=torch.float64).index_add_(0, owner, grid.population.double())
+    assert float(people.max() / people.mean()) < 1.35
+    cut = edge_cut(pop, owner)
+    assert cut["household"] == 0 and cut["community"] == 0  # whole localities
+    scattered = torch.randperm(grid.n_localities, generator=torch.Generator().manual_seed(1)) % world_size
+    assert cut["all"] < 0.5 * edge_cut(pop, scattered)["all"]  # neighbors kept together
+
+
+def test_partition_methods_are_checked(pop, monkeypatch):
+    import sys
+
+    with pytest.raises(ConfigError, match="unknown method 'kahip'; valid: rcb, metis"):
+        partition_localities(pop.localities, 2, "kahip")
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # as without the extra
+    with pytest.raises(ConfigError, match=r"needs pymetis: pip install 'agentsim\[metis\]'"):
+        partition_localities(pop.localities, 2, "metis")
+    assert partition_localities(pop.localities, 2).shape == (pop.localities.n_localities,)  # rcb needs nothing

@@ -5,6 +5,7 @@ tables of public census-style figures (:mod:`.tables`), the same on any number o
 
 from agentsim.population.synthetic import (
     LAYERS,
+    PARTITION_METHODS,
     Localities,
     Memberships,
     SyntheticPopulation,
@@ -15,5 +16,6 @@ from agentsim.population.synthetic import (
 )
 from agentsim.population.tables import AgePyramid, HouseholdSizes, PopulationTables
 
-__all__ = ["LAYERS", "AgePyramid", "HouseholdSizes", "Localities", "Memberships", "PopulationTables",
+__all__ = ["LAYERS", "PARTITION_METHODS",
+           "AgePyramid", "HouseholdSizes", "Localities", "Memberships", "PopulationTables",
            "SyntheticPopulation", "edge_cut", "locality_grid", "partition_localities", "synthesize"]

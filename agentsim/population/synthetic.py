@@ -612,15 +612,31 @@ def _build(loc: Localities, own: Tensor, tables: PopulationTables, rng: CounterR
     return SyntheticPopulation(**columns, localities=loc, compacted=compact)
 
 
-def partition_localities(loc: Localities, world_size: int) -> Tensor:
-    """Owner rank of each locality (``[L]`` int64): recursive coordinate bisection of the grid,
-    each cut splitting the people (not the localities) in proportion to the ranks on each side.
+PARTITION_METHODS = ("rcb", "metis")
+
+
+def partition_localities(loc: Localities, world_size: int, method: str = "rcb") -> Tensor:
+    """Owner rank of each locality (``[L]`` int64), the same on every process.
+
+    Two methods (``method``):
+
+    - ``"rcb"``: recursive coordinate bisection of the grid, each cut splitting the people (not
+      the localities) in proportion to the ranks on each side: regions of the map.
+    - ``"metis"``: a graph partition by METIS (the ``metis`` extra: ``pip install
+      'agentsim[metis]'``) of the localities' graph, each weighted by its people, each pair of
+      neighbors by the commuters expected between them (a worker commutes to one of its
+      locality's neighbors with probability ``commute``): parts of equal population with the
+      fewest commuters between them. Deterministic (METIS's fixed seed).
 
     Raises:
-        ConfigError: ``world_size`` below 1.
+        ConfigError: ``world_size`` below 1, an unknown method, or ``"metis"`` without pymetis.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"partition_localities: expected world_size >= 1 (got {world_size!r})")
+    if method not in PARTITION_METHODS:
+        raise ConfigError(f"partition_localities: unknown method {method!r}; valid: {', '.join(PARTITION_METHODS)}")
+    if method == "metis":
+        return _metis_partition(loc, world_size)
     owner = torch.zeros(loc.n_localities, dtype=torch.int64)
     coords = loc.coords
     weight = loc.population.to(torch.float64)
@@ -645,6 +661,29 @@ def partition_localities(loc: Localities, world_size: int) -> Tensor:
     split(torch.arange(loc.n_localities), 0, world_size)
     return owner
 
+
+def _metis_partition(loc: Localities, world_size: int) -> Tensor:
+    """:func:`partition_localities` by METIS (see there)."""
+    try:
+        import pymetis
+    except ImportError:
+        raise ConfigError("partition_localities(method='metis') needs pymetis: pip install 'agentsim[metis]' "
+                          "(or pymetis); method='rcb' needs nothing") from None
+    if world_size == 1 or loc.n_localities <= 1:
+        return torch.zeros(loc.n_localities, dtype=torch.int64)
+    valid = loc.neighbors >= 0
+    near = valid.sum(1)
+    xadj = torch.zeros(loc.n_localities + 1, dtype=torch.int64)
+    torch.cumsum(near, 0, out=xadj[1:])
+    source = torch.repeat_interleave(torch.arange(loc.n_localities), near)
+    target = loc.neighbors[valid]  # row by row: each locality's neighbors
+    outflow = loc.population.to(torch.float64) / near.clamp(min=1)  # commuters to each neighbor (relative)
+    weight = torch.clamp(torch.round(outflow[source] + outflow[target]), min=1).to(torch.int64)
+    options = pymetis.Options(seed=0)
+    _, parts = pymetis.part_graph(world_size, adjacency=pymetis.CSRAdjacency(xadj.tolist(), target.tolist()),
+                                  vweights=loc.population.clamp(min=1).tolist(), eweights=weight.tolist(),
+                                  options=options)
+    return torch.tensor(parts, dtype=torch.int64)
 
 def edge_cut(pop: SyntheticPopulation, owner: Tensor) -> dict[str, float]:
     """Share of contacts that cross ranks, per layer and overall, when each person is on the rank
