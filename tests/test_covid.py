@@ -140,6 +140,7 @@ def test_the_reported_contact_cut_is_the_population_edge_cut():
     assert 0 < want["work"] < 0.5  # commuters across the border
 
 
+@pytest.mark.slow  # three processes; a METIS share is any share of whole localities (tests/test_population.py)
 @pytest.mark.timeout(120)
 def test_a_metis_partition_gives_the_same_days():
     pytest.importorskip("pymetis")
