@@ -234,12 +234,16 @@ def progress(ctx: Context) -> None:
     """
     p, people = ctx.params, ctx["person"]
     state, left, outcome, uid = people["state"], people["days_left"], people["outcome"], people["uid"]
+
+    def days(name: str, u: torch.Tensor) -> torch.Tensor:  # the days of a duration (parameters name_days, name_sd)
+        return draw_days(duration_table(p[f"{name}_days"], p[f"{name}_sd"]), u)
+
     # draws, keyed by uid (drawing for some people gives them the numbers of drawing for all): 0 the
     # latent days (when E begins), 1 the severe or fatal branch, 2 symptomatic or not, 3 the
     # presymptomatic days, 4 the days of the state that begins
     exposed = ops.flatnonzero(ops.equal(state, E) & ops.equal(left, 0))  # exposed yesterday: the latent days begin
     latent = ctx.rng.uniform(uid.index_select(0, exposed), draw=0, dtype=torch.float64)
-    left.index_copy_(0, exposed, draw_days(duration_table(p["latent_days"], p["latent_sd"]), latent))
+    left.index_copy_(0, exposed, days("latent", latent))
     rows = ops.flatnonzero(ops.equal(left, 1))  # the states that end today (only E, A, I, H have days left)
     left.sub_(1).clamp_(min=0)  # in place (declared writes)
     early_days = people["early_days"]
@@ -256,15 +260,12 @@ def progress(ctx: Context) -> None:
                                     torch.where(was == I, torch.where(fate == SEVERE_NEXT, H, R),
                                                 torch.where(fate == DIES, D, R))))
     new_fate = torch.where((after == I) & becomes_severe, SEVERE_NEXT, torch.where((after == H) & dies, DIES, RECOVERS))
-    presymptomatic = draw_days(duration_table(p["presymptomatic_days"], p["presymptomatic_sd"]), presymptomatic_u)
-    infectious = draw_days(duration_table(p["infectious_days"], p["infectious_sd"]), days_u)  # A, and mild I
+    infectious = days("infectious", days_u)  # A, and mild I
     next_days = torch.where(
         after == A, infectious,
-        torch.where(after == I, presymptomatic + torch.where(
-            new_fate == SEVERE_NEXT,
-            draw_days(duration_table(p["onset_to_severe_days"], p["onset_to_severe_sd"]), days_u), infectious),
-            torch.where(new_fate == DIES, draw_days(duration_table(p["dying_days"], p["dying_sd"]), days_u),
-                        draw_days(duration_table(p["severe_days"], p["severe_sd"]), days_u))))
+        torch.where(after == I, days("presymptomatic", presymptomatic_u) + torch.where(
+            new_fate == SEVERE_NEXT, days("onset_to_severe", days_u), infectious),
+            torch.where(new_fate == DIES, days("dying", days_u), days("severe", days_u))))
     next_days = torch.where((after == R) | (after == D), 0, next_days)
     left.index_copy_(0, rows, next_days.to(left.dtype))
     # early days of an infectious period of D days: ceil(min(early_share * D, early_max_days))
@@ -293,15 +294,15 @@ def transmit(ctx: Context) -> None:
     # household isolation_factor if isolated
     sick = ops.flatnonzero(ops.equal(state, I, A))
     mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
-    loads = torch.tensor([[late * symptoms for symptoms in (1.0, p["asymptomatic_factor"])]
-                          for late in (1.0 / mean_load, p["early_ratio"] / mean_load)], dtype=torch.float64)
+    loads = torch.tensor([stage * symptoms for stage in (1.0 / mean_load, p["early_ratio"] / mean_load)
+                          for symptoms in (1.0, p["asymptomatic_factor"])], dtype=torch.float64)  # by kind
     kind = (2 * (people["early_days"].index_select(0, sick) > 0).to(torch.int32)
             + ops.equal(state.index_select(0, sick), A).to(torch.int32))  # [early, asymptomatic] as 2 bits
-    at_home = away = ops.to_fixed(loads.reshape(-1), LOAD_BITS).to(state.device).index_select(0, kind)
+    at_home = away = ops.to_fixed(loads, LOAD_BITS).to(state.device).index_select(0, kind)
     if active(day, p["test_day"]):  # (no one is isolated before testing begins)
         kind += 4 * people["isolated"].index_select(0, sick).to(torch.int32)
-        away_loads = torch.cat([loads.reshape(-1), loads.reshape(-1) * p["isolation_factor"]])
-        away = ops.to_fixed(away_loads, LOAD_BITS).to(state.device).index_select(0, kind)
+        away = ops.to_fixed(torch.cat([loads, loads * p["isolation_factor"]]), LOAD_BITS).to(state.device)
+        away = away.index_select(0, kind)
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):

@@ -41,6 +41,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -112,37 +113,29 @@ class GroupIndex:
             (row order within a group).
     """
 
-    def __init__(self, ids: Tensor, of: Tensor, size: Tensor, start: Tensor | None = None,
-                 order: Tensor | None = None) -> None:
+    def __init__(self, ids: Tensor, of: Tensor, size: Tensor) -> None:
         self.ids, self.of, self.size = ids, of, size
-        self._start, self._order = start, order
 
     @property
     def start(self) -> Tensor:
         """``[G + 1]`` int64 where each group's members begin in :attr:`order`."""
-        if self._start is None:
-            self._list_members()
-        assert self._start is not None
-        return self._start
+        return self._member_lists[0]
 
     @property
     def order(self) -> Tensor:
         """``[m]`` rows of this rank's members, group by group."""
-        if self._order is None:
-            self._list_members()
-        assert self._order is not None
-        return self._order
+        return self._member_lists[1]
 
-    def _list_members(self) -> None:
-        """``start`` and ``order``: this rank's members group by group (a stable sort by number)."""
+    @functools.cached_property
+    def _member_lists(self) -> tuple[Tensor, Tensor]:
+        """``(start, order)``: this rank's members group by group (a stable sort by number)."""
         groups, of = self.ids.shape[0], self.of
         counts = torch.bincount(of, minlength=groups + 1)[:groups]
         start = torch.zeros(groups + 1, dtype=torch.int64, device=of.device)
         torch.cumsum(counts, 0, out=start[1:])
         rows_dtype = torch.int32 if of.shape[0] < 2**31 else torch.int64
         has = torch.nonzero(of < groups).reshape(-1)
-        self._order = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
-        self._start = start
+        return start, has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
 
     def find(self, groups: Tensor) -> Tensor:
         """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
@@ -324,10 +317,7 @@ class GroupSums:
         flat = self._check_values("group_table", name, field, rows, values)
         width = flat.shape[1]
         cut = self._cut(name, field, width=width) if self.comm.world_size > 1 else self._local(name, field)
-        if cut.index is None:
-            with native.one_off_memory():
-                cut.index = self._build_index(cut, field)
-        index = cut.index
+        index = self._index_of(cut, field)
         groups = index.ids.shape[0]
         number = index.of.index_select(0, rows)  # G: in no group, added to a row dropped below
         sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
@@ -339,12 +329,7 @@ class GroupSums:
         if self.comm.world_size > 1:
             if cut.peer_numbers is None:
                 cut.peer_numbers = index.find(cut.cut).index_select(0, cut.peer_pos)
-            send = sums.index_select(0, cut.peer_numbers)
-            row = width * 8
-            splits = [int(c) * row for c in cut.peer_counts]
-            got, work = self.comm.post_all_to_all(send.reshape(-1).view(torch.uint8), splits, splits)
-            self.comm.wait(work)
-            sums.index_add_(0, cut.peer_numbers, got.view(torch.int64).reshape(-1, width).to(sums.device))
+            self._add_peer_rows(cut, sums, cut.peer_numbers)
         return sums.reshape((groups + 1, *values.shape[1:]))
 
     def _check_values(self, what: str, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
@@ -374,17 +359,24 @@ class GroupSums:
         at = torch.searchsorted(cut.cut, groups[shared])
         mine[at, :k] = partial[shared]
         mine[at, k] = 1
-        send = mine.index_select(0, cut.peer_pos)
-        row = (k + 1) * 8
-        splits = [int(c) * row for c in cut.peer_counts]
-        got, work = self.comm.post_all_to_all(send.reshape(-1).view(torch.uint8), splits, splits)
-        self.comm.wait(work)
-        mine.index_add_(0, cut.peer_pos, got.view(torch.int64).reshape(-1, k + 1).to(mine.device))
+        self._add_peer_rows(cut, mine, cut.peer_pos)
         reached = mine[:, k] > 0
         every = torch.cat([groups[~shared], cut.cut[reached]])
         sums = torch.cat([partial[~shared], mine[reached, :k]])
         order = torch.argsort(every)
         return every.index_select(0, order), sums.index_select(0, order)
+
+    def _add_peer_rows(self, cut: _Cut, table: Tensor, rows: Tensor) -> None:
+        """``table[rows]`` (``[c, k]`` int64; ``rows``: this rank's cut groups in ``cut.peer_pos``'s
+        order) sent to the peers that share each group, and what they send for the same groups
+        added at the same rows, in place: one all-to-all whose sizes every rank knows.
+        """
+        k = table.shape[1]
+        splits = [int(c) * k * 8 for c in cut.peer_counts]
+        send = table.index_select(0, rows)
+        got, work = self.comm.post_all_to_all(send.reshape(-1).view(torch.uint8), splits, splits)
+        self.comm.wait(work)
+        table.index_add_(0, rows, got.view(torch.int64).reshape(-1, k).to(table.device))
 
     def index(self, name: str, field: Tensor) -> GroupIndex:
         """The groups of this rank's agents in ``field`` with their sizes over every rank and their
@@ -403,6 +395,10 @@ class GroupSums:
         """
         self._check_field(name, field)
         cut = self._cut(name, field, width=1) if self.comm.world_size > 1 else self._local(name, field)
+        return self._index_of(cut, field)
+
+    def _index_of(self, cut: _Cut, field: Tensor) -> GroupIndex:
+        """The index of ``cut``'s field, built at the first call (collectively, like ``cut``)."""
         if cut.index is None:
             with native.one_off_memory():  # large temporaries of sizes not seen again
                 cut.index = self._build_index(cut, field)

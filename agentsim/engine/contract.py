@@ -213,11 +213,11 @@ class ContractChecks:
                     "of them: the substep reads agents beyond its declared reach. Declare a reach that covers "
                     "every read (the largest distance, in cells or length units, between an agent and an agent "
                     "it reads)")
-        hint = ("agents read other agents only through ctx.neighbors or ctx.group_totals (a sum, count or choice "
-                "over ctx[pop] rows sees only this process's agents), and only their declared fields: a value "
-                "computed in this substep for this process's agents (a target, a bid) is unknown for the halo's "
-                "agents, so write it "
-                "to a field in one substep and read it through ctx.neighbors in the next")
+        hint = ("agents read other agents only through ctx.neighbors or the group sums ctx.group_table and "
+                "ctx.group_totals (a sum, count or choice over ctx[pop] rows sees only this process's agents), "
+                "and only their declared fields: a value computed in this substep for this process's agents (a "
+                "target, a bid) is unknown for the halo's agents, so write it to a field in one substep and read "
+                "it through ctx.neighbors in the next")
         if diff.startswith("env."):
             layer = diff.split()[0]
             hint = (f"declare how writes to {layer} combine: combine={{'{layer}': 'add'}} if each agent adds to a "
@@ -354,7 +354,7 @@ class _PartGroups:
         population, _, key = name.partition(".")
         every, counts = torch.unique(self.split.whole[population][key].to(torch.int64), return_counts=True)
         size = counts.index_select(0, torch.searchsorted(every, index.ids)).to(index.size.device, torch.int32)
-        return GroupIndex(index.ids, index.of, size, index.start, index.order)
+        return GroupIndex(index.ids, index.of, size)
 
     def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
         """The part's totals (with the other part's contributions) as a table of its own groups."""
