@@ -19,9 +19,9 @@ How it is drawn:
    the weight ``exp(spread * z_l)`` (``z_l`` standard normal) and ``n`` people are apportioned by
    weight (largest remainders), so density varies from place to place.
 2. **Households**: sizes from the household table until the locality's people are housed (the
-   last one cut to fit); the first member is an adult, the second a child with probability
-   ``child_share[0]``, later ones with ``child_share[1]``; ages from the pyramid's adult or child
-   part.
+   last one cut to fit); the first member is an adult, the second a child with one probability,
+   later ones with another (:meth:`PopulationTables.child_probabilities`: by default such that the
+   share of children is the pyramid's); ages from the pyramid's adult or child part.
 3. **Schools**: the children in each school band go to one of the
    ``max(1, round(pupils / school_size))`` schools of their locality and band.
 4. **Workplaces**: persons aged ``adult_age .. retirement_age - 1`` work with probability
@@ -373,7 +373,8 @@ def _people(loc: Localities, localities: Tensor, tables: PopulationTables, rng: 
     member = uid - household
     # Ages: adults and children from the two parts of the pyramid.
     u = rng.uniform(uid, step=0, stream="age", draws=3, dtype=torch.float64)  # [total, 3]
-    p_child = torch.where(member == 0, 0.0, torch.where(member == 1, tables.child_share[0], tables.child_share[1]))
+    second, later = tables.child_probabilities()
+    p_child = torch.where(member == 0, 0.0, torch.where(member == 1, second, later))
     del member
     child = u[:, 0] < p_child
     del p_child

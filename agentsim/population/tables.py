@@ -89,6 +89,12 @@ class AgePyramid:
             raise ConfigError(f"{path}: ages are whole years")
         return cls(tuple(int(r[0]) for r in rows), tuple(int(r[1]) for r in rows), tuple(r[2] for r in rows))
 
+    def share_below(self, age: int) -> float:
+        """The share of the population younger than ``age`` (years; a band's weight spread evenly over its ages)."""
+        below = sum(w * min(max(age - a, 0), b - a + 1) / (b - a + 1)
+                    for a, b, w in zip(self.age_from, self.age_to, self.weight, strict=True))
+        return below / sum(self.weight)
+
     @classmethod
     def default(cls) -> AgePyramid:
         """The United States (``agentsim.data``'s ``us_age_pyramid.csv``, approximate)."""
@@ -133,6 +139,11 @@ class HouseholdSizes:
         return sum(s * w for s, w in zip(self.size, self.weight, strict=True)) / sum(self.weight)
 
 
+CHILD_SHARE = (0.2, 0.75)
+"""Relative odds that a household's second member, and each later one, is a child (scaled to the age
+pyramid by :meth:`PopulationTables.child_probabilities`)."""
+
+
 @dataclass(frozen=True)
 class PopulationTables:
     """Everything a synthetic population is drawn from besides its size and seed.
@@ -142,7 +153,8 @@ class PopulationTables:
         households: Household sizes (default: the United States, approximate).
         adult_age: Household heads are at least this old; younger persons are children (years).
         child_share: Probability that a household's second member is a child, and that its third
-            and later members are (the rest are adults).
+            and later members are (the rest are adults). Default ``None``: the pyramid's share of
+            children (see :meth:`child_probabilities`).
         school_bands: Inclusive age bands of school levels (a school per level and locality group).
         school_size: Mean pupils per school (persons).
         employment_rate: Share of persons aged ``adult_age`` to ``retirement_age`` who work.
@@ -157,7 +169,7 @@ class PopulationTables:
     ages: AgePyramid = field(default_factory=AgePyramid.default)
     households: HouseholdSizes = field(default_factory=HouseholdSizes.default)
     adult_age: int = 18
-    child_share: tuple[float, float] = (0.2, 0.75)
+    child_share: tuple[float, float] | None = None
     school_bands: tuple[tuple[int, int], ...] = ((5, 10), (11, 13), (14, 17))
     school_size: int = 500
     employment_rate: float = 0.7
@@ -170,8 +182,8 @@ class PopulationTables:
     def __post_init__(self) -> None:
         checks = [
             ("adult_age", 0 < self.adult_age <= self.ages.age_to[-1], "in 1 .. the pyramid's last age"),
-            ("child_share", len(self.child_share) == 2 and all(0 <= p <= 1 for p in self.child_share),
-             "two probabilities"),
+            ("child_share", self.child_share is None or (
+                len(self.child_share) == 2 and all(0 <= p <= 1 for p in self.child_share)), "two probabilities or None"),
             ("school_bands", all(0 <= a <= b < self.adult_age for a, b in self.school_bands) and len(
                 self.school_bands) <= 255, "inclusive (first, last) ages below adult_age"),
             ("school_size", self.school_size >= 1, ">= 1"),
@@ -185,3 +197,28 @@ class PopulationTables:
         for name, ok, expected in checks:
             if not ok:
                 raise ConfigError(f"PopulationTables.{name}: expected {expected} (got {getattr(self, name)!r})")
+
+    def child_probabilities(self) -> tuple[float, float]:
+        """The probabilities that a household's second member is a child, and that each later member is.
+
+        ``child_share`` where it is given. By default, :data:`CHILD_SHARE` (a second member is more
+        often a partner, later ones more often children) times one factor chosen so that the expected
+        share of children (younger than ``adult_age``) over households drawn from the household table
+        is the age pyramid's; where that would take a probability above 1, later members are all
+        children and the second member makes up the rest, as far as households allow (each has an
+        adult head).
+        """
+        if self.child_share is not None:
+            return self.child_share
+        total = sum(self.households.weight)
+        mean = sum(s * w for s, w in zip(self.households.size, self.households.weight, strict=True)) / total
+        second = sum(w for s, w in zip(self.households.size, self.households.weight, strict=True) if s >= 2) / total
+        later = sum(w * (s - 2) for s, w in zip(self.households.size, self.households.weight, strict=True)
+                    if s >= 3) / total
+        wanted = self.ages.share_below(self.adult_age) * mean  # children per household
+        weighted = CHILD_SHARE[0] * second + CHILD_SHARE[1] * later
+        scale = wanted / weighted if weighted > 0 else 0.0
+        first, rest = min(1.0, scale * CHILD_SHARE[0]), min(1.0, scale * CHILD_SHARE[1])
+        if rest == 1.0 and second > 0:
+            first = min(1.0, max(0.0, (wanted - later) / second))
+        return first, rest
