@@ -4,7 +4,11 @@ Both start from Covasim's default disease parameters (agentsim's betas are Covas
 beta times its layer weights and contacts, its durations Covasim's lognormals, see
 ``models/covid.py``), immunity for life after an infection (Covasim's ``use_waning=False``), the
 same population size, days and share of people infected at day 0, and a population made
-comparable to Covasim's hybrid one (``COMPARABLE`` below); each seed runs both, alternating (Covasim first),
+comparable to Covasim's hybrid one (``COMPARABLE`` below) and drawn from Covasim's own tables: its
+age distribution and its households' sizes (a Poisson number of persons, households of none skipped),
+read from the Covasim installation and given to agentsim as the CSV files of its ``age_pyramid`` and
+``household_sizes`` parameters (``--own-tables``: agentsim's shipped US tables instead); each seed runs
+both, alternating (Covasim first),
 each in a fresh process with one thread. Reported per side: init seconds (population and
 contacts), seconds per simulated day (the run over days), peak resident memory of the process,
 and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic and
@@ -18,18 +22,20 @@ Usage::
     python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --out benchmarks/results/covid-100k.json
     python benchmarks/bench_covid.py --agents 1000000 --days 120 --seeds 3 --out benchmarks/results/covid-1m.json
     python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --location usa \
-        --out benchmarks/results/covid-100k-usa.json     # Covasim with US ages and household sizes
+        --out benchmarks/results/covid-100k-usa.json     # both sides with Covasim's US ages and household sizes
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +87,42 @@ print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
                   "version": cv.__version__}))
 """
 
+COVASIM_TABLES = r"""
+import json, sys
+import covasim as cv
+from covasim import parameters
+location = sys.argv[1]
+if location:  # as cv.Sim(location=...): the location's ages; households of Poisson(mean size - 1) persons
+    ages, household = cv.data.get_age_distribution(location), cv.data.get_household_size(location) - 1
+else:
+    layers = dict(pop_type="hybrid", contacts=None)
+    parameters.reset_layer_pars(layers)
+    ages, household = cv.defaults.default_age_data, layers["contacts"]["h"]
+print(json.dumps({"ages": [[int(a), int(b), float(w)] for a, b, w in ages],
+                  "household_poisson_mean": float(household)}))
+"""
+
+
+def write_covasim_tables(tables: dict[str, Any], folder: Path) -> dict[str, str]:
+    """Covasim's age distribution and household sizes as the CSV files of agentsim's ``age_pyramid``
+    and ``household_sizes`` parameters. Covasim draws each household's size from a Poisson law of
+    mean ``household_poisson_mean`` and skips households of none: sizes ``k >= 1`` in proportion to
+    ``lam**k / k!``, the tail past ``1e-12`` folded into the last size."""
+    ages, households = folder / "covasim_ages.csv", folder / "covasim_households.csv"
+    ages.write_text("# Covasim's age distribution\nage_from,age_to,percent\n"
+                    + "".join(f"{a},{b},{100 * w!r}\n" for a, b, w in tables["ages"]))
+    lam = tables["household_poisson_mean"]
+    shares, k = [], 1
+    while True:
+        shares.append(math.exp(-lam) * lam ** k / math.factorial(k) / -math.expm1(-lam))
+        if 1 - sum(shares) < 1e-12 or k == 60:
+            break
+        k += 1
+    shares[-1] += max(0.0, 1 - sum(shares))
+    households.write_text(f"# Covasim's households: Poisson({lam}) persons, none skipped\nsize,percent\n"
+                          + "".join(f"{size},{100 * w!r}\n" for size, w in enumerate(shares, 1)))
+    return {"age_pyramid": str(ages), "household_sizes": str(households)}
+
 
 # agentsim's population beside Covasim's hybrid one, whose school and work layers are random networks
 # over all pupils and all workers (20 and 16 contacts each, no places): one school per age band and
@@ -100,19 +142,27 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--prevalence", type=float, default=0.001, help="share infected at day 0")
     p.add_argument("--location", default="",
-                   help="Covasim's location, e.g. 'usa': its age distribution and household sizes (default: "
-                        "Covasim's own, a younger population than agentsim's US tables)")
+                   help="Covasim's location, e.g. 'usa': its age distribution and household sizes, on both sides "
+                        "(default: Covasim's default tables)")
+    p.add_argument("--own-tables", action="store_true",
+                   help="agentsim's population from its shipped US tables instead of Covasim's")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an agentsim covid parameter (repeatable; the comparable configuration is the default)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    params = {**COMPARABLE, **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}}
-    single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    mine = {**checkout_env(ROOT), **single}  # this checkout's agentsim and models
-    theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
     if not COVASIM.exists():
         raise SystemExit(f"bench_covid: Covasim is not installed at {COVASIM} (python3.12 -m venv "
                          f"{COVASIM.parent.parent} && {COVASIM.parent}/pip install covasim==4.0.1)")
+    folder = Path(tempfile.mkdtemp(prefix="bench_covid_"))
+    tables: dict[str, Any] = {}
+    if not args.own_tables:
+        tables = _run(str(COVASIM), COVASIM_TABLES, [args.location], {k: v for k, v in os.environ.items()
+                                                                       if k != "PYTHONPATH"})
+    params = {**COMPARABLE, **(write_covasim_tables(tables, folder) if tables else {}),
+              **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}}
+    single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    mine = {**checkout_env(ROOT), **single}  # this checkout's agentsim and models
+    theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
     rounds = []
     for seed in range(1, args.seeds + 1):
         run_args = [args.agents, args.days, seed, args.prevalence]
@@ -134,7 +184,7 @@ def main() -> None:
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),
            "agents": args.agents, "days": args.days, "prevalence": args.prevalence, "threads": 1,
-           "agentsim_params": params, "covasim_location": args.location,
+           "agentsim_params": params, "covasim_location": args.location, "covasim_tables": tables,
            "rounds": rounds, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -56,14 +56,18 @@ workplaces) exchange their counts: the same days on any number of processes
 :func:`agentsim.core.portable.exp`: the same bits on a GPU. The population's parameters
 (``community_size``, ``school_size``, ``employment_rate``, ``workplace_exponent``,
 ``people_per_locality``, ``locality_spread``) are those of :class:`agentsim.population.PopulationTables`
-and :func:`agentsim.population.synthesize`.
+and :func:`agentsim.population.synthesize`; ``age_pyramid`` and ``household_sizes`` name CSV files of
+one's own country's ages and household sizes (the columns of :meth:`AgePyramid.from_csv
+<agentsim.population.AgePyramid.from_csv>` and :meth:`HouseholdSizes.from_csv
+<agentsim.population.HouseholdSizes.from_csv>`; a relative path is from the working directory, read
+by every process when the population is built).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
@@ -72,6 +76,8 @@ from agentsim.core import ops, portable
 from agentsim.population import (
     LAYERS,
     PARTITION_METHODS,
+    AgePyramid,
+    HouseholdSizes,
     PopulationTables,
     locality_grid,
     partition_localities,
@@ -111,6 +117,10 @@ model = Model(
         "dying_days": Param(12.2, "mean days in hospital (H) before death", gt=0, le=1000),
         "dying_sd": Param(5.2, "standard deviation of the days in hospital before death", ge=0, le=1000),
         "initial_prevalence": Param(0.001, "share of people exposed at day 0", ge=0, le=1),
+        "age_pyramid": Param("", "CSV file of the population's ages (columns age_from,age_to,percent); empty: the "
+                             "shipped US table"),
+        "household_sizes": Param("", "CSV file of the households' sizes (columns size,percent); empty: the shipped US "
+                                 "table"),
         "people_per_locality": Param(10_000, "mean people per locality of the synthetic population", ge=1),
         "locality_spread": Param(0.8, "spread of the localities' densities (log scale)", ge=0),
         "locality_partition": Param("rcb", "how processes share the localities: rcb (regions of the map) or metis "
@@ -354,6 +364,22 @@ def interventions(ctx: Context) -> None:
         people["vaccinated"].index_fill_(0, eligible.index_select(0, ops.flatnonzero(shot)), True)
 
 
+Table = TypeVar("Table", AgePyramid, HouseholdSizes)
+
+
+def _table(param: str, kind: type[Table], path: str) -> Table:
+    """The table of the file ``path`` named by the parameter ``param`` (empty: the shipped US table)."""
+    if not path:
+        return kind.default()
+    try:
+        return kind.from_csv(path)
+    except OSError as e:
+        raise ConfigError(f"covid: {param}: cannot read {path!r} ({e.strerror or e}); expected a CSV file, or an "
+                          f"empty value for the shipped US table") from None
+    except ConfigError as e:
+        raise ConfigError(f"covid: {param}: {e}") from None
+
+
 @model.init
 def init(ic: InitContext) -> Grid:
     """The synthetic population, ``initial_prevalence`` of it exposed; the space is the grid of
@@ -368,7 +394,9 @@ def init(ic: InitContext) -> Grid:
                           f"({p['school_close_day']})")
     rank, world_size = ic.share()
     people_per_locality, spread = int(p["people_per_locality"]), float(p["locality_spread"])
-    tables = PopulationTables(community_size=int(p["community_size"]), school_size=int(p["school_size"]),
+    tables = PopulationTables(ages=_table("age_pyramid", AgePyramid, p["age_pyramid"]),
+                              households=_table("household_sizes", HouseholdSizes, p["household_sizes"]),
+                              community_size=int(p["community_size"]), school_size=int(p["school_size"]),
                               employment_rate=float(p["employment_rate"]),
                               workplace_exponent=float(p["workplace_exponent"]))
     grid = locality_grid(n, ic.seed, people_per_locality, spread)

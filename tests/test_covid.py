@@ -67,6 +67,25 @@ def test_bad_intervention_days_are_refused():
         run(school_close_day=20, school_open_day=10)
 
 
+def test_a_country_of_ones_own_from_csv_files(tmp_path):
+    ages, households = tmp_path / "ages.csv", tmp_path / "households.csv"
+    ages.write_text("# a young country\nage_from,age_to,percent\n0,14,50\n15,64,48\n65,99,2\n")
+    households.write_text("size,percent\n4,50\n6,50\n")
+    sim = run(age_pyramid=str(ages), household_sizes=str(households))
+    sim.run(1)
+    people = sim.state["person"]
+    children, old = float((people["age"] <= 14).float().mean()), float((people["age"] >= 65).float().mean())
+    assert children > 0.4 and old < 0.04  # the shipped US table gives about 24% and 15%
+    sizes = torch.unique(people["household"], return_counts=True)[1]
+    assert set(sizes.tolist()) <= {4, 6, 2, 1, 3, 5}  # 4 and 6; a locality's last household takes the rest
+    assert float((sizes >= 4).float().mean()) > 0.9
+    with pytest.raises(ConfigError, match=r"covid: household_sizes: cannot read .*nowhere.csv.*No such file"):
+        run(household_sizes=str(tmp_path / "nowhere.csv"))
+    with pytest.raises(ConfigError, match=r"covid: age_pyramid: .*households.csv, line 1: expected the columns "
+                                          r"age_from, age_to, percent"):
+        run(age_pyramid=str(households))
+
+
 @pytest.mark.timeout(300)
 def test_same_days_on_one_to_four_processes():
     report = check_model("covid", agents=600, steps=8, world_sizes=(1, 2, 4),

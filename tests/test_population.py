@@ -107,11 +107,38 @@ def test_people_and_households(pop):
     assert (share - want).abs().max() < 0.01  # cut households (one per locality) aside
 
 
-def test_ages(pop):
+def test_ages_follow_the_pyramid(pop):
     ages = AgePyramid.default()
     assert int(pop.age.min()) >= 0 and int(pop.age.max()) <= ages.age_to[-1]
-    children = float((pop.age < 18).double().mean())
-    assert 0.15 < children < 0.35
+    total = sum(ages.weight)
+    for a, b, w in zip(ages.age_from, ages.age_to, ages.weight, strict=True):
+        share = float(((pop.age >= a) & (pop.age <= b)).double().mean())
+        assert abs(share - w / total) < 0.005, (a, b, share, w / total)  # sd of a share: under 0.001
+    assert abs(float((pop.age < 18).double().mean()) - ages.share_below(18)) < 0.005
+
+
+def test_child_probabilities_match_the_pyramid_as_far_as_households_allow():
+    def tables(ages, households, **kw):
+        return PopulationTables(ages=AgePyramid((0, 18), (17, 99), ages), households=HouseholdSizes(
+            tuple(range(1, len(households) + 1)), households), **kw)
+
+    def children_per_person(t):  # the expected share of children of households drawn from the table
+        second, later = t.child_probabilities()
+        sizes, w = t.households.size, t.households.weight
+        kids = sum(wk * (second * (s >= 2) + later * max(s - 2, 0)) for s, wk in zip(sizes, w, strict=True))
+        return kids / sum(s * wk for s, wk in zip(sizes, w, strict=True))
+
+    middle = tables((30, 70), (20, 30, 30, 20))
+    assert children_per_person(middle) == pytest.approx(0.3)
+    second, later = middle.child_probabilities()
+    assert later / second == pytest.approx(0.75 / 0.2)  # the relative odds kept
+    many = tables((60, 40), (0, 0, 50, 50))  # every third and fourth member a child, the second makes up the rest
+    assert many.child_probabilities()[1] == 1.0 and children_per_person(many) == pytest.approx(0.6)
+    assert tables((90, 10), (50, 50)).child_probabilities() == (1.0, 1.0)  # households allow at most a quarter
+    assert tables((30, 70), (100,)).child_probabilities() == (0.0, 0.0)  # nobody lives with anyone
+    assert tables((30, 70), (20, 30, 30, 20), child_share=(0.5, 0.5)).child_probabilities() == (0.5, 0.5)
+    young = synthesize(40_000, seed=3, tables=middle, people_per_locality=4000)
+    assert abs(float((young.age < 18).double().mean()) - 0.3) < 0.01
 
 
 def test_schools_workplaces_and_community(pop):

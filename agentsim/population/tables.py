@@ -183,7 +183,8 @@ class PopulationTables:
         checks = [
             ("adult_age", 0 < self.adult_age <= self.ages.age_to[-1], "in 1 .. the pyramid's last age"),
             ("child_share", self.child_share is None or (
-                len(self.child_share) == 2 and all(0 <= p <= 1 for p in self.child_share)), "two probabilities or None"),
+                len(self.child_share) == 2 and all(0 <= p <= 1 for p in self.child_share)),
+             "two probabilities or None"),
             ("school_bands", all(0 <= a <= b < self.adult_age for a, b in self.school_bands) and len(
                 self.school_bands) <= 255, "inclusive (first, last) ages below adult_age"),
             ("school_size", self.school_size >= 1, ">= 1"),
