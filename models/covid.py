@@ -302,7 +302,7 @@ def transmit(ctx: Context) -> None:
     # each infectious person's infectiousness by kind: early or later in the infection (their mean
     # over an infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, outside the
     # household isolation_factor if isolated
-    sick = ops.flatnonzero(ops.equal(state, I, A))
+    sick = ops.flatnonzero(ops.equal(state, I, A)).to(torch.int32)  # int32 rows: a quarter of the people at a peak
     mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
     loads = torch.tensor([stage * symptoms for stage in (1.0 / mean_load, p["early_ratio"] / mean_load)
                           for symptoms in (1.0, p["asymptomatic_factor"])], dtype=torch.float64)  # by kind
@@ -313,6 +313,7 @@ def transmit(ctx: Context) -> None:
         kind += 4 * people["isolated"].index_select(0, sick).to(torch.int32)
         away = ops.to_fixed(torch.cat([loads, loads * p["isolation_factor"]]), LOAD_BITS).to(state.device)
         away = away.index_select(0, kind)
+    del kind  # the tables of this day's infectious people are the largest temporaries at an epidemic's peak
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
@@ -326,7 +327,7 @@ def transmit(ctx: Context) -> None:
         field = f"person.{layer}"
         index = ctx.group_index(field)
         units = at_home if layer == "household" else away
-        force = ctx.group_table(field, sick, units).to(torch.float64)  # [G + 1] over every process; last: no place
+        force = ops.to_float64_(ctx.group_table(field, sick, units))  # [G + 1] over every process; last: no place
         force *= betas[layer] * 2.0**-LOAD_BITS
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))

@@ -303,3 +303,26 @@ def test_take_rows_equals_index_select(make):
     assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
     out = torch.empty_like(want)
     assert take_rows(src, index, out=out) is out and torch.equal(out, want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_to_float64_in_place_gives_the_bits_of_a_copy(threads):
+    g = torch.Generator().manual_seed(4)
+    x = torch.cat([torch.randint(-2**62, 2**62, (1_000_003,), generator=g, dtype=torch.int64),
+                   torch.tensor([0, 1, -1, 2**53 + 1, -2**63, 2**63 - 1])])  # 2**53 + 1: rounded to even
+    want = x.to(torch.float64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        table = x.clone()
+        got = ops.to_float64_(table)
+    finally:
+        torch.set_num_threads(before)
+    assert got.data_ptr() == table.data_ptr() and got.dtype == torch.float64
+    assert torch.equal(got.view(torch.int64), want.view(torch.int64))  # the same bits
+    square = torch.arange(6.0, dtype=torch.float64).reshape(2, 3)
+    assert torch.equal(ops.to_float64_(torch.arange(6).reshape(2, 3)), square)
+    with pytest.raises(ValueError, match="expected a contiguous int64 tensor"):
+        ops.to_float64_(torch.arange(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="not contiguous"):
+        ops.to_float64_(torch.arange(8)[::2])

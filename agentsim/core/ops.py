@@ -75,6 +75,7 @@ __all__ = [
     "take_rows",
     "tensor_version",
     "to_fixed",
+    "to_float64_",
 ]
 
 BACKENDS = ("native", "torch_scatter")
@@ -563,6 +564,33 @@ def from_fixed(x: Tensor, frac_bits: int = 32, dtype: torch.dtype = torch.float6
     """
     _check_frac_bits(frac_bits)
     return (x.double() / float(2**frac_bits)).to(dtype)
+
+
+def to_float64_(x: Tensor) -> Tensor:
+    """``x.to(torch.float64)`` written over ``x``'s own memory: a large int64 table (a sum of
+    :meth:`~agentsim.core.context.Context.group_table`) becomes float64 without being held twice.
+    Each element is read before its 8 bytes are written over (an elementwise copy), so the bits
+    are those of ``x.to(torch.float64)``. ``x`` is spent: its memory now holds the floats.
+
+    Args:
+        x: int64, contiguous, any shape.
+
+    Returns:
+        float64 view of ``x``'s memory, of its shape.
+
+    Raises:
+        ValueError: ``x`` not int64, or not contiguous.
+
+    Examples:
+        >>> to_float64_(torch.tensor([3, -2**60])).tolist()
+        [3.0, -1.152921504606847e+18]
+    """
+    if x.dtype != torch.int64 or not x.is_contiguous():
+        raise ValueError(f"to_float64_: expected a contiguous int64 tensor (got {_describe(x)}, "
+                         f"{'contiguous' if x.is_contiguous() else 'not contiguous'})")
+    out = x.view(torch.float64)
+    out.copy_(x)
+    return out
 
 
 def exact_sum(x: Tensor, dim: int | None = None, frac_bits: int = 32) -> Tensor:
