@@ -714,8 +714,13 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     for rel, d in files:
         params = d.get("agentsim_params")
         where = d.get("covasim_location") or "its default ages and household sizes"
+        tables = d.get("covasim_tables") or {}
+        if params is not None and tables:  # the tables' files were temporary: say what they held
+            params = {k: v for k, v in params.items() if k not in ("age_pyramid", "household_sizes")}
+        drawn = (f" agentsim's people drawn from Covasim's age distribution and its households of "
+                 f"Poisson({tables['household_poisson_mean']}) persons (none skipped)." if tables else "")
         setting = (f" agentsim's population parameters {params}; Covasim without waning immunity, location: {where}."
-                   if params is not None else " Covasim's `cum_infections` counts reinfections too.")
+                   f"{drawn}" if params is not None else " Covasim's `cum_infections` counts reinfections too.")
         lines += [f"`{rel}`: {int(d['agents']):,} people, {d['days']} days, {len(d['rounds'])} seeds, one thread "
                   f"each; medians (min - max).{setting}", ""]
         rows = []
