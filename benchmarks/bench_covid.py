@@ -5,7 +5,7 @@ beta times its layer weights and contacts, its durations Covasim's lognormals, s
 ``models/covid.py``), immunity for life after an infection (Covasim's ``use_waning=False``), the
 same population size, days and share of people infected at day 0, and a population made
 comparable to Covasim's hybrid one (``COMPARABLE`` below) and drawn from Covasim's own tables: its
-age distribution and its households' sizes (a Poisson number of persons, households of none skipped),
+age distribution and its households' sizes (a Poisson number of persons, empty households skipped),
 read from the Covasim installation and given to agentsim as the CSV files of its ``age_pyramid`` and
 ``household_sizes`` parameters (``--own-tables``: agentsim's shipped US tables instead); each seed runs
 both, alternating (Covasim first),
@@ -28,10 +28,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,11 +71,12 @@ import json, os, resource, sys, time
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 import covasim as cv
 n, days, seed, prevalence = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-location = sys.argv[5]
+location, dynamic = sys.argv[5], sys.argv[6] == "1"
+layers = {"dynam_layer": {"h": 0, "s": 1, "w": 1, "c": 1}} if dynamic else {}  # contacts redrawn every day
 cv.options.set(verbose=0, show=False)
 t0 = time.perf_counter()
 sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days, rand_seed=seed, pop_infected=max(1, round(prevalence * n)),
-             use_waning=False, location=location or None, verbose=0)  # immunity for life, as agentsim's model
+             use_waning=False, location=location or None, verbose=0, **layers)  # immunity for life, as agentsim's
 sim.initialize()
 t1 = time.perf_counter()
 sim.run()
@@ -92,12 +95,18 @@ import json, sys
 import covasim as cv
 from covasim import parameters
 location = sys.argv[1]
-if location:  # as cv.Sim(location=...): the location's ages; households of Poisson(mean size - 1) persons
-    ages, household = cv.data.get_age_distribution(location), cv.data.get_household_size(location) - 1
-else:
-    layers = dict(pop_type="hybrid", contacts=None)
-    parameters.reset_layer_pars(layers)
-    ages, household = cv.defaults.default_age_data, layers["contacts"]["h"]
+layers = dict(pop_type="hybrid", contacts=None)
+parameters.reset_layer_pars(layers)
+ages, household = cv.defaults.default_age_data, layers["contacts"]["h"]
+if location:  # as cv.Sim(location=...): its ages, and households of Poisson(mean size - 1) persons, where it has them
+    try:
+        ages = cv.data.get_age_distribution(location)
+    except ValueError:
+        pass
+    try:
+        household = cv.data.get_household_size(location) - 1
+    except ValueError:
+        pass
 print(json.dumps({"ages": [[int(a), int(b), float(w)] for a, b, w in ages],
                   "household_poisson_mean": float(household)}))
 """
@@ -119,7 +128,7 @@ def write_covasim_tables(tables: dict[str, Any], folder: Path) -> dict[str, str]
             break
         k += 1
     shares[-1] += max(0.0, 1 - sum(shares))
-    households.write_text(f"# Covasim's households: Poisson({lam}) persons, none skipped\nsize,percent\n"
+    households.write_text(f"# Covasim's households: Poisson({lam}) persons, empty households skipped\nsize,percent\n"
                           + "".join(f"{size},{100 * w!r}\n" for size, w in enumerate(shares, 1)))
     return {"age_pyramid": str(ages), "household_sizes": str(households)}
 
@@ -146,6 +155,10 @@ def main() -> None:
                         "(default: Covasim's default tables)")
     p.add_argument("--own-tables", action="store_true",
                    help="agentsim's population from its shipped US tables instead of Covasim's")
+    p.add_argument("--covasim-dynamic", action="store_true",
+                   help="Covasim's school, work and community contacts redrawn every day (its dynam_layer), not "
+                        "fixed for the run: mixing within a layer as in agentsim's places, without a fixed set of "
+                        "contacts per person")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an agentsim covid parameter (repeatable; the comparable configuration is the default)")
     p.add_argument("--out", required=True)
@@ -153,7 +166,8 @@ def main() -> None:
     if not COVASIM.exists():
         raise SystemExit(f"bench_covid: Covasim is not installed at {COVASIM} (python3.12 -m venv "
                          f"{COVASIM.parent.parent} && {COVASIM.parent}/pip install covasim==4.0.1)")
-    folder = Path(tempfile.mkdtemp(prefix="bench_covid_"))
+    folder = Path(tempfile.mkdtemp(prefix="bench_covid_"))  # the tables' CSV files, for this run only
+    atexit.register(shutil.rmtree, folder, True)
     tables: dict[str, Any] = {}
     if not args.own_tables:
         tables = _run(str(COVASIM), COVASIM_TABLES, [args.location], {k: v for k, v in os.environ.items()
@@ -166,7 +180,7 @@ def main() -> None:
     rounds = []
     for seed in range(1, args.seeds + 1):
         run_args = [args.agents, args.days, seed, args.prevalence]
-        covasim = _run(str(COVASIM), COVASIM_RUN, [*run_args, args.location], theirs)
+        covasim = _run(str(COVASIM), COVASIM_RUN, [*run_args, args.location, int(args.covasim_dynamic)], theirs)
         agentsim = _run(sys.executable, AGENTSIM, [*run_args, json.dumps(params)], mine)
         rounds.append({"seed": seed, "covasim": covasim, "agentsim": agentsim})
         print(json.dumps(rounds[-1]), flush=True)
@@ -185,6 +199,7 @@ def main() -> None:
                                     cwd=ROOT).stdout.strip(),
            "agents": args.agents, "days": args.days, "prevalence": args.prevalence, "threads": 1,
            "agentsim_params": params, "covasim_location": args.location, "covasim_tables": tables,
+           "covasim_dynamic": args.covasim_dynamic,
            "rounds": rounds, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -718,7 +718,9 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
         if params is not None and tables:  # the tables' files were temporary: say what they held
             params = {k: v for k, v in params.items() if k not in ("age_pyramid", "household_sizes")}
         drawn = (f" agentsim's people drawn from Covasim's age distribution and its households of "
-                 f"Poisson({tables['household_poisson_mean']}) persons (none skipped)." if tables else "")
+                 f"Poisson({tables['household_poisson_mean']}) persons, empty households skipped." if tables else "")
+        if d.get("covasim_dynamic"):
+            drawn += " Covasim's school, work and community contacts redrawn every day (`--covasim-dynamic`)."
         setting = (f" agentsim's population parameters {params}; Covasim without waning immunity, location: {where}."
                    f"{drawn}" if params is not None else " Covasim's `cum_infections` counts reinfections too.")
         lines += [f"`{rel}`: {int(d['agents']):,} people, {d['days']} days, {len(d['rounds'])} seeds, one thread "

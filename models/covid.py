@@ -60,11 +60,12 @@ and :func:`agentsim.population.synthesize`; ``age_pyramid`` and ``household_size
 one's own country's ages and household sizes (the columns of :meth:`AgePyramid.from_csv
 <agentsim.population.AgePyramid.from_csv>` and :meth:`HouseholdSizes.from_csv
 <agentsim.population.HouseholdSizes.from_csv>`; a relative path is from the working directory, read
-by every process when the population is built).
+by every process when the population is built; the engine checks that every process read the same tables).
 """
 
 from __future__ import annotations
 
+import csv
 import functools
 import math
 from typing import NamedTuple, TypeVar
@@ -302,7 +303,8 @@ def transmit(ctx: Context) -> None:
     # each infectious person's infectiousness by kind: early or later in the infection (their mean
     # over an infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, outside the
     # household isolation_factor if isolated
-    sick = ops.flatnonzero(ops.equal(state, I, A)).to(torch.int32)  # int32 rows: a quarter of the people at a peak
+    sick = ops.flatnonzero(ops.equal(state, I, A))  # int32 rows where they fit: a quarter of the people at a peak
+    sick = sick.to(torch.int32) if state.shape[0] < 2**31 else sick
     mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
     loads = torch.tensor([stage * symptoms for stage in (1.0 / mean_load, p["early_ratio"] / mean_load)
                           for symptoms in (1.0, p["asymptomatic_factor"])], dtype=torch.float64)  # by kind
@@ -377,8 +379,11 @@ def _table(param: str, kind: type[Table], path: str) -> Table:
     except OSError as e:
         raise ConfigError(f"covid: {param}: cannot read {path!r} ({e.strerror or e}); expected a CSV file, or an "
                           f"empty value for the shipped US table") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError(f"covid: {param}: {path!r} is not a CSV text file ({e})") from None
     except ConfigError as e:
-        raise ConfigError(f"covid: {param}: {e}") from None
+        where = "" if str(path) in str(e) else f"{path!r}: "
+        raise ConfigError(f"covid: {param}: {where}{e}") from None
 
 
 @model.init
@@ -400,6 +405,7 @@ def init(ic: InitContext) -> Grid:
                               community_size=int(p["community_size"]), school_size=int(p["school_size"]),
                               employment_rate=float(p["employment_rate"]),
                               workplace_exponent=float(p["workplace_exponent"]))
+    ic.declare_input("the population tables (age_pyramid, household_sizes)", repr(tables))  # the same everywhere
     grid = locality_grid(n, ic.seed, people_per_locality, spread)
     mine = ops.flatnonzero(partition_localities(grid, world_size, p["locality_partition"]) == rank)
     pop = synthesize(n, seed=ic.seed, tables=tables, people_per_locality=people_per_locality, spread=spread,

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from agentsim import Box, ConfigError, ContractError, Model, Simulation
+from agentsim import Box, ConfigError, ContractError, Model, Param, Simulation
 from agentsim._native import kernels as cpu_kernels
 from agentsim.core.comm import LocalComm
 from agentsim.core.groups import GroupSums
@@ -61,12 +61,14 @@ def sums_on_a_rank(comm, seed: int) -> list[tuple[dict[int, list[int]], dict[int
     ids = sums.index("a.group", field).ids
     want = brute_force(group, rows, values, mine)
     every = {g: want.get(g, [0, 0]) for g in ids.tolist()}
-    for _ in range(2):
-        table = sums.table("a.group", field, local_row.index_select(0, rows[here]), values[here])
+    for dtype in (torch.int64, torch.int32):  # (twice: the cut cached) rows of either index dtype
+        table = sums.table("a.group", field, local_row.index_select(0, rows[here]).to(dtype), values[here])
         assert table.shape == (ids.shape[0] + 1, 2) and table[-1].tolist() == [0, 0]
         out.append((dict(zip(ids.tolist(), table[:-1].tolist(), strict=True)), every))
     column = sums.table("a.group", field, local_row.index_select(0, rows[here]), values[here][:, 1])
     out.append((dict(zip(ids.tolist(), column[:-1].tolist(), strict=True)), {g: v[1] for g, v in every.items()}))
+    groups, totals = sums.totals("a.group", field, local_row.index_select(0, rows[here]).to(torch.int32), values[here])
+    out.append((dict(zip(groups.tolist(), totals.tolist(), strict=True)), want))
     return out
 
 
@@ -95,6 +97,8 @@ def test_float_values_and_bad_fields_are_refused():
         sums.totals("a.group", group.to(torch.float32), torch.tensor([0]), torch.tensor([1]))
     with pytest.raises(ConfigError, match="expected rows"):
         sums.totals("a.group", group, torch.tensor([0, 1]), torch.tensor([1]))
+    with pytest.raises(ConfigError, match=r"expected rows \[m\] int64 or int32 .*got rows torch.float32"):
+        sums.table("a.group", group, torch.tensor([0.0, 1.0]), torch.tensor([1, 1]))
 
 
 # A model of my own, from the docs: villagers in huts; each day a villager with a cold gives it to
@@ -248,6 +252,53 @@ def build_uneven(comm):
 def test_shares_with_other_fields_stop_every_rank():
     for message in run_ranks(build_uneven, 2, timeout=30.0):
         assert "built other populations or fields than process 0" in message
+
+
+# An init that reads a file on every process (here each process's own copy, as on other hosts):
+# other contents on one process, or a file missing there, stop every process with an error.
+reader = Model("reads_a_table", params={"table": Param("", "a file of numbers, one per line; {rank}: the process")},
+               default_agents=40)
+
+
+@reader.init
+def _reader(ic):
+    path = ic.params["table"].format(rank=ic.rank)
+    with open(path) as f:
+        text = f.read()
+    ic.declare_input("table", text)
+    uid = ic.uids("person", ic.n_agents)
+    ic.add("person", uid=uid, weight=torch.full((ic.n_agents,), float(text.split()[0])))
+
+
+@reader.substep(reads=["person.weight"])
+def _read(ctx):
+    pass
+
+
+def build_reader(comm, table):
+    try:
+        Simulation(reader, agents=40, seed=1, comm=comm, params={"table": table})
+    except Exception as e:  # what each process raises
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_inputs_read_otherwise_or_not_at_all_on_one_process_stop_every_process(tmp_path):
+    (tmp_path / "same.0").write_text("1\n2\n")
+    (tmp_path / "same.1").write_text("1\n2\n")
+    (tmp_path / "other.0").write_text("1\n2\n")
+    (tmp_path / "other.1").write_text("1\n3\n")  # a later line differs: the agents would not show it
+    (tmp_path / "gone.0").write_text("1\n")
+    same, other, gone = (str(tmp_path / f"{name}.{{rank}}") for name in ("same", "other", "gone"))
+    assert run_ranks(build_reader, 2, (same,), timeout=30.0) == ["no error", "no error"]
+    for message in run_ranks(build_reader, 2, (other,), timeout=30.0):
+        assert message.startswith("ConfigError: model 'reads_a_table': process 1 read other inputs than process 0")
+        assert "table" in message
+    got = run_ranks(build_reader, 2, (gone,), timeout=30.0)  # within the timeout: nobody waits for process 1
+    assert got[0] == "ConfigError: model 'reads_a_table': its init failed on process 1 (its error is in that " \
+                     "process's output); process 0 stops too"
+    assert got[1].startswith("FileNotFoundError: ") and "gone.1" in got[1]  # its own error
 
 
 # Another model of my own, from the how-to (docs/howto/synthetic-population.md): colds in households

@@ -47,7 +47,8 @@ def test_resident_memory_stays_flat_over_long_runs(steps):
     # Before: about 1.4 kB per step (per-step lists in the engine). Now only the run's metric
     # rows grow, as numpy columns: 4 metrics x 8 bytes per step.
     per_step = grown / (steps - first)
-    assert per_step < 64, f"{per_step:.1f} bytes per step ({format_bytes(grown)} over {steps - first} steps)"
+    allowed = 64 * (steps - first) + 2**20  # and a MiB: a new arena of Python's small objects is not a leak
+    assert grown < allowed, f"{per_step:.1f} bytes per step ({format_bytes(grown)} over {steps - first} steps)"
     assert len(sim.perf_steps) == len(sim.step_seconds) == len(sim.comm_steps) == PERF_WINDOW
     assert len(result.perf) == len(result.comm_bytes) == PERF_WINDOW
     assert result.metrics["step"].tolist() == list(range(steps + 1))

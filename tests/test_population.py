@@ -134,7 +134,7 @@ def test_child_probabilities_match_the_pyramid_as_far_as_households_allow():
     assert later / second == pytest.approx(0.75 / 0.2)  # the relative odds kept
     many = tables((60, 40), (0, 0, 50, 50))  # every third and fourth member a child, the second makes up the rest
     assert many.child_probabilities()[1] == 1.0 and children_per_person(many) == pytest.approx(0.6)
-    assert tables((90, 10), (50, 50)).child_probabilities() == (1.0, 1.0)  # households allow at most a quarter
+    assert tables((90, 10), (50, 50)).child_probabilities() == (1.0, 1.0)  # households allow at most a third
     assert tables((30, 70), (100,)).child_probabilities() == (0.0, 0.0)  # nobody lives with anyone
     assert tables((30, 70), (20, 30, 30, 20), child_share=(0.5, 0.5)).child_probabilities() == (0.5, 0.5)
     young = synthesize(40_000, seed=3, tables=middle, people_per_locality=4000)

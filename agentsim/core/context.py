@@ -30,6 +30,7 @@ Examples:
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, overload
@@ -277,7 +278,7 @@ class Context:
 
         Args:
             field: The group field, e.g. ``"person.household"``.
-            rows: ``[m]`` int64 contributing rows of the population (this rank's).
+            rows: ``[m]`` int64 or int32 contributing rows of the population (this rank's).
             values: ``[m]`` or ``[m, k]`` integer contributions (float sums would depend on the
                 split of agents over ranks, so they are refused).
 
@@ -315,7 +316,7 @@ class Context:
 
         Args:
             field: The group field, e.g. ``"person.household"`` (declared in ``reads``).
-            rows: ``[m]`` int64 contributing rows of the population (this rank's).
+            rows: ``[m]`` int64 or int32 contributing rows of the population (this rank's).
             values: ``[m]`` or ``[m, k]`` integer contributions.
 
         Returns:
@@ -450,6 +451,7 @@ class InitContext:
         self._populations: dict[str, Population] = {}
         self._env: dict[str, Tensor] = {}
         self._next_uid: dict[str, int] = {}
+        self.inputs: dict[str, tuple[int, int]] = {}  # declare_input: name -> (crc32, bytes) of what was read
 
     @property
     def seed(self) -> int:
@@ -490,6 +492,31 @@ class InitContext:
                               "itself (uids() counts on this process only)")
         self.shared = True
         return self.rank, self.world_size
+
+    def declare_input(self, name: str, content: str | bytes) -> None:
+        """Declare what this ``init`` read from outside the run's parameters (a file named by a
+        parameter, a data set): on several processes each process reads its own copy, and the
+        engine checks after ``init`` that every process read the same (a crc32 of ``content``),
+        else it stops every process with an error naming ``name`` (a file that differs between
+        hosts would otherwise give each process other agents, silently).
+
+        Args:
+            name: What was read, for the error (e.g. ``"age_pyramid 'ages.csv'"``).
+            content: What was read, or a canonical text of what was parsed from it.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.random import CounterRNG
+            >>> ic = InitContext(Params({}), 3, CounterRNG(1).at(0, "init"), torch.device("cpu"))
+            >>> ic.declare_input("ages", "age_from,age_to,percent; 0,99,100")
+            >>> sorted(ic.inputs)
+            ['ages']
+        """
+        if not isinstance(name, str) or not isinstance(content, (str, bytes)):
+            raise ConfigError(f"declare_input(name, content): expected a str name and str or bytes content (got "
+                              f"{type(name).__name__}, {type(content).__name__})")
+        data = content.encode() if isinstance(content, str) else content
+        self.inputs[name] = (zlib.crc32(data), len(data))
 
     def uids(self, population: str, n: int) -> Tensor:
         """``n`` new uids of ``population`` (``[n]`` int64 on the device): the next ``n`` of its

@@ -265,7 +265,7 @@ class GroupSums:
         Args:
             name: The field's reference, ``"population.field"`` (the cache key).
             field: ``[n]`` integer group of each of this rank's agents (< 0: none).
-            rows: ``[m]`` int64 the agents that contribute (rows of ``field``; repeats allowed).
+            rows: ``[m]`` int64 or int32 the agents that contribute (rows of ``field``; repeats allowed).
             values: ``[m]`` or ``[m, k]`` integer contribution of each (summed as int64).
 
         Returns:
@@ -339,9 +339,9 @@ class GroupSums:
                               "sum depends on how the agents are split over processes; count in integer units "
                               "(ops.to_fixed)")
         self._check_field(name, field)
-        if rows.dim() != 1 or values.shape[:1] != rows.shape:
-            raise ConfigError(f"{what}({name!r}): expected rows [m] and values [m] or [m, k] "
-                              f"(got rows {list(rows.shape)}, values {list(values.shape)})")
+        if rows.dim() != 1 or values.shape[:1] != rows.shape or rows.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"{what}({name!r}): expected rows [m] int64 or int32 and values [m] or [m, k] "
+                              f"(got rows {rows.dtype} {list(rows.shape)}, values {list(values.shape)})")
         width = 1
         for extent in values.shape[1:]:
             width *= int(extent)

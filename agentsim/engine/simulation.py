@@ -376,8 +376,16 @@ class Simulation:
         rng: Any = self.rng.at(0, "init")
         ic = InitContext(self.params, self.n_agents, rng, self.device, rank=self.comm.rank,
                          world_size=self.comm.world_size)
-        with torch.set_grad_enabled(self.differentiable):
-            state, space = self.model.build(ic)
+        failed: BaseException | None = None
+        try:
+            with torch.set_grad_enabled(self.differentiable):
+                state, space = self.model.build(ic)
+        except Exception as e:  # on several processes the others are told, not left waiting
+            if self.comm.world_size == 1:
+                raise
+            failed = e
+        if self.comm.world_size > 1:
+            self._agree_init(ic, failed)
         # each rank built its share (a checkpoint holds every agent; one process builds everything)
         shared = ic.shared and resume is None and self.comm.world_size > 1
         state = state.to(self.device)
@@ -419,6 +427,29 @@ class Simulation:
         self._history = True  # a differentiable run's steps record autograd history (see without_history)
         if self.device.type == "cpu":  # the steps' freed tensors reused, not fresh pages (after init: its
             native.reuse_freed_memory()  # one-off temporaries go back to the system)
+
+    def _agree_init(self, ic: InitContext, failed: BaseException | None) -> None:
+        """After ``init`` on every rank: if it failed on some rank, every rank stops (that one with its
+        own error, the others naming it); and every rank must have read the same inputs
+        (:meth:`InitContext.declare_input`), else every rank stops with the same error.
+        """
+        names = sorted(ic.inputs)
+        described = ";".join(f"{name}={ic.inputs[name][0]}:{ic.inputs[name][1]}" for name in names)
+        mine = torch.tensor([[int(failed is not None), zlib.crc32(described.encode()), len(described)]],
+                            dtype=torch.int64)
+        every = self.comm.all_gather_rows({"init": mine}, rows_per_rank=1)["init"]
+        if failed is not None:
+            raise failed
+        broken = [r for r in range(every.shape[0]) if int(every[r, 0])]
+        if broken:
+            raise ConfigError(f"model '{self.model.name}': its init failed on process {broken[0]} (its error is in "
+                              f"that process's output); process {self.comm.rank} stops too")
+        differ = [r for r in range(every.shape[0]) if not torch.equal(every[r, 1:], every[0, 1:])]
+        if differ:
+            raise ConfigError(f"model '{self.model.name}': process {differ[0]} read other inputs than process 0 "
+                              f"(this one, process {self.comm.rank}, read {', '.join(names) or 'none declared'}): "
+                              "every process must read the same files (the same path on every host, the same "
+                              "content); a difference would give the processes' agents other tables, silently")
 
     def _agree_populations(self, state: State) -> None:
         """After an init that built a share per rank: every rank must have built the same populations

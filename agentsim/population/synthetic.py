@@ -373,14 +373,16 @@ def _people(loc: Localities, localities: Tensor, tables: PopulationTables, rng: 
     member = uid - household
     # Ages: adults and children from the two parts of the pyramid.
     u = rng.uniform(uid, step=0, stream="age", draws=3, dtype=torch.float64)  # [total, 3]
-    second, later = tables.child_probabilities()
-    p_child = torch.where(member == 0, 0.0, torch.where(member == 1, second, later))
+    second, later = tables.child_probabilities()  # float64 whatever torch's default dtype
+    p_child = torch.tensor([0.0, second, later], dtype=torch.float64).index_select(0, member.clamp(max=2))
     del member
     child = u[:, 0] < p_child
     del p_child
     age = torch.empty(total, dtype=torch.int64)
     for is_child in (False, True):
         rows = torch.nonzero(child == is_child).flatten()
+        if not rows.numel():  # (a pyramid without children gives households none)
+            continue
         lo, hi, wt = _age_table(tables, adult=not is_child)
         band = _inverse_cdf(wt, u[rows, 1])
         width = (hi - lo + 1).index_select(0, band)

@@ -202,7 +202,7 @@ class PopulationTables:
     def child_probabilities(self) -> tuple[float, float]:
         """The probabilities that a household's second member is a child, and that each later member is.
 
-        ``child_share`` where it is given. By default, :data:`CHILD_SHARE` (a second member is more
+        ``child_share`` where it is given. By default, ``CHILD_SHARE`` (0.2, 0.75: a second member is more
         often a partner, later ones more often children) times one factor chosen so that the expected
         share of children (younger than ``adult_age``) over households drawn from the household table
         is the age pyramid's; where that would take a probability above 1, later members are all
