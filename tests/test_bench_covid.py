@@ -1,0 +1,27 @@
+"""benchmarks/bench_covid.py: Covasim's tables written as agentsim's CSV files (Covasim itself is
+not installed in the default test run; no timing is asserted)."""
+
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_covid  # noqa: E402
+
+from agentsim.population import AgePyramid, HouseholdSizes  # noqa: E402
+
+
+def test_covasim_tables_become_the_csv_files_of_agentsims_parameters(tmp_path):
+    ages = [[0, 4, 0.0605], [5, 89, 0.9328], [90, 99, 0.0067]]
+    files = bench_covid.write_covasim_tables({"ages": ages, "household_poisson_mean": 2.0}, tmp_path)
+    assert set(files) == {"age_pyramid", "household_sizes"}
+    pyramid = AgePyramid.from_csv(files["age_pyramid"])
+    assert pyramid.age_from == (0, 5, 90) and pyramid.age_to == (4, 89, 99)
+    assert [w / 100 for w in pyramid.weight] == [w for _, _, w in ages]
+    households = HouseholdSizes.from_csv(files["household_sizes"])
+    assert households.size[0] == 1 and math.isclose(sum(households.weight), 100.0, rel_tol=1e-12)
+    lam = 2.0  # a Poisson number of persons, households of none skipped: its mean is lam / (1 - e**-lam)
+    assert math.isclose(households.mean, lam / -math.expm1(-lam), rel_tol=1e-9)
+    assert math.isclose(households.weight[1] / households.weight[0], lam / 2, rel_tol=1e-12)  # p(2) / p(1)
