@@ -166,17 +166,16 @@ def main() -> None:
     if not COVASIM.exists():
         raise SystemExit(f"bench_covid: Covasim is not installed at {COVASIM} (python3.12 -m venv "
                          f"{COVASIM.parent.parent} && {COVASIM.parent}/pip install covasim==4.0.1)")
+    single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    mine = {**checkout_env(ROOT), **single}  # this checkout's agentsim and models
+    theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
     folder = Path(tempfile.mkdtemp(prefix="bench_covid_"))  # the tables' CSV files, for this run only
     atexit.register(shutil.rmtree, folder, True)
     tables: dict[str, Any] = {}
     if not args.own_tables:
-        tables = _run(str(COVASIM), COVASIM_TABLES, [args.location], {k: v for k, v in os.environ.items()
-                                                                       if k != "PYTHONPATH"})
+        tables = _run(str(COVASIM), COVASIM_TABLES, [args.location], theirs)
     params = {**COMPARABLE, **(write_covasim_tables(tables, folder) if tables else {}),
               **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}}
-    single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    mine = {**checkout_env(ROOT), **single}  # this checkout's agentsim and models
-    theirs = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | single
     rounds = []
     for seed in range(1, args.seeds + 1):
         run_args = [args.agents, args.days, seed, args.prevalence]

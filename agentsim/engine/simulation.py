@@ -384,10 +384,10 @@ class Simulation:
             if self.comm.world_size == 1:
                 raise
             failed = e
-        if self.comm.world_size > 1:
-            self._agree_init(ic, failed)
         # each rank built its share (a checkpoint holds every agent; one process builds everything)
         shared = ic.shared and resume is None and self.comm.world_size > 1
+        if self.comm.world_size > 1:
+            self._agree_init(ic, failed, state if shared and failed is None else None)
         state = state.to(self.device)
         self.model.validate_state(state)
         check_positions(state, space)
@@ -405,8 +405,6 @@ class Simulation:
             self.resume_manifest = saved.manifest
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
-        if shared:
-            self._agree_populations(state)
         # shared= only when it is so: a partitioner written to the protocol before it (5 arguments) still works
         self.state: State = self.partition.place(state, space, self.model.substeps, self.params, self.comm,
                                                  **({"shared": True} if shared else {}))
@@ -428,44 +426,43 @@ class Simulation:
         if self.device.type == "cpu":  # the steps' freed tensors reused, not fresh pages (after init: its
             native.reuse_freed_memory()  # one-off temporaries go back to the system)
 
-    def _agree_init(self, ic: InitContext, failed: BaseException | None) -> None:
-        """After ``init`` on every rank: if it failed on some rank, every rank stops (that one with its
-        own error, the others naming it); and every rank must have read the same inputs
-        (:meth:`InitContext.declare_input`), else every rank stops with the same error.
+    def _agree_init(self, ic: InitContext, failed: BaseException | None, shared: State | None) -> None:
+        """After ``init`` on every rank, in one exchange: if it failed on some rank, every rank stops
+        (that one with its own error, the others naming it); every rank must have read the same
+        inputs (:meth:`InitContext.declare_input`); and after an init that built a share per rank
+        (``shared``: its state), every rank must have built the same populations with the same
+        fields (an empty share adds empty tensors; later steps would run mismatched collectives).
+        Else every rank stops with the same error.
         """
         names = sorted(ic.inputs)
-        described = ";".join(f"{name}={ic.inputs[name][0]}:{ic.inputs[name][1]}" for name in names)
-        mine = torch.tensor([[int(failed is not None), zlib.crc32(described.encode()), len(described)]],
-                            dtype=torch.int64)
+        inputs = ";".join(f"{name}={ic.inputs[name][0]}:{ic.inputs[name][1]}" for name in names)
+        populations = "" if shared is None else ";".join(
+            f"{name}:{','.join(f'{k}={spec}' for k, spec in sorted(pop.specs.items()))}"
+            for name, pop in shared.populations.items())
+        mine = torch.tensor([[int(failed is not None), zlib.crc32(populations.encode()), len(populations),
+                              zlib.crc32(inputs.encode()), len(inputs)]], dtype=torch.int64)
         every = self.comm.all_gather_rows({"init": mine}, rows_per_rank=1)["init"]
         if failed is not None:
             raise failed
+
+        def first_other(columns: slice) -> int | None:  # the first rank whose columns differ from rank 0's
+            return next((r for r in range(every.shape[0]) if not torch.equal(every[r, columns], every[0, columns])),
+                        None)
+
         broken = [r for r in range(every.shape[0]) if int(every[r, 0])]
         if broken:
             raise ConfigError(f"model '{self.model.name}': its init failed on process {broken[0]} (its error is in "
                               f"that process's output); process {self.comm.rank} stops too")
-        differ = [r for r in range(every.shape[0]) if not torch.equal(every[r, 1:], every[0, 1:])]
-        if differ:
-            raise ConfigError(f"model '{self.model.name}': process {differ[0]} read other inputs than process 0 "
+        if (rank := first_other(slice(1, 3))) is not None:
+            raise ConfigError(f"model '{self.model.name}': its init builds a share per process (ic.share()), but "
+                              f"process {rank} built other populations or fields than process 0 (this one: "
+                              f"{populations[:200]}); every process must add the same populations with the same "
+                              "fields, empty where its share has no agents")
+        if (rank := first_other(slice(3, 5))) is not None:
+            raise ConfigError(f"model '{self.model.name}': process {rank} read other inputs than process 0 "
                               f"(this one, process {self.comm.rank}, read {', '.join(names) or 'none declared'}): "
                               "every process must read the same files (the same path on every host, the same "
                               "content); a difference would give the processes' agents other tables, silently")
-
-    def _agree_populations(self, state: State) -> None:
-        """After an init that built a share per rank: every rank must have built the same populations
-        with the same fields (an empty share adds empty tensors), else every rank stops here with the
-        same error (later steps would run mismatched collectives).
-        """
-        described = ";".join(f"{name}:{','.join(f'{k}={spec}' for k, spec in sorted(pop.specs.items()))}"
-                             for name, pop in state.populations.items())
-        digest = torch.tensor([[zlib.crc32(described.encode()), len(described)]], dtype=torch.int64)
-        every = self.comm.all_gather_rows({"d": digest}, rows_per_rank=1)["d"]
-        differ = [r for r in range(every.shape[0]) if not torch.equal(every[r], every[0])]
-        if differ:
-            raise ConfigError(f"model '{self.model.name}': its init builds a share per process (ic.share()), but "
-                              f"process {differ[0]} built other populations or fields than process 0 (this one: "
-                              f"{described[:200]}); every process must add the same populations with the same fields, "
-                              "empty where its share has no agents")
 
     def _agree_next_uids(self) -> None:
         """After an init that built a share per rank: every rank's ``next_uid`` of each population is the

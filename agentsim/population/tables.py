@@ -211,12 +211,11 @@ class PopulationTables:
         """
         if self.child_share is not None:
             return self.child_share
+        sizes = list(zip(self.households.size, self.households.weight, strict=True))
         total = sum(self.households.weight)
-        mean = sum(s * w for s, w in zip(self.households.size, self.households.weight, strict=True)) / total
-        second = sum(w for s, w in zip(self.households.size, self.households.weight, strict=True) if s >= 2) / total
-        later = sum(w * (s - 2) for s, w in zip(self.households.size, self.households.weight, strict=True)
-                    if s >= 3) / total
-        wanted = self.ages.share_below(self.adult_age) * mean  # children per household
+        second = sum(w for s, w in sizes if s >= 2) / total  # households with a second member
+        later = sum(w * (s - 2) for s, w in sizes if s >= 3) / total  # later members per household
+        wanted = self.ages.share_below(self.adult_age) * self.households.mean  # children per household
         weighted = CHILD_SHARE[0] * second + CHILD_SHARE[1] * later
         scale = wanted / weighted if weighted > 0 else 0.0
         first, rest = min(1.0, scale * CHILD_SHARE[0]), min(1.0, scale * CHILD_SHARE[1])
