@@ -11,8 +11,8 @@ read from the Covasim installation and given to agentsim as the CSV files of its
 both, alternating (Covasim first),
 each in a fresh process with one thread. Reported per side: init seconds (population and
 contacts), seconds per simulated day (the run over days), peak resident memory of the process,
-and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic and
-symptomatic; Covasim's ``n_infectious``), deaths.
+and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic,
+symptomatic and severe; Covasim's ``n_infectious``), deaths.
 
 Covasim runs from its own virtual environment (``benchmarks/peers/venvs/covasim``, Python 3.12,
 ``pip install covasim==4.0.1``), not installed with agentsim.
@@ -59,7 +59,7 @@ sim = Simulation(get_model("covid"), agents=n, seed=seed, params=params)
 t1 = time.perf_counter()
 m = sim.run(days).metrics
 t2 = time.perf_counter()
-infectious = (m["A"] + m["I"]).tolist()
+infectious = (m["A"] + m["I"] + m["H"]).tolist()  # severe cases infect too (as Covasim's)
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
                   "deaths": int(m["D"][-1]),
@@ -134,10 +134,11 @@ def write_covasim_tables(tables: dict[str, Any], folder: Path) -> dict[str, str]
 
 
 # agentsim's population beside Covasim's hybrid one, whose school and work layers are random networks
-# over all pupils and all workers (20 and 16 contacts each, no places): one school per age band and
-# locality (10,000 people), workplaces of flat sizes (exponent 0.5: most workers in places of hundreds),
-# and 90% of working-age people at work (Covasim: everyone aged 22-64). Disease parameters: the defaults.
-COMPARABLE: dict[str, Any] = {"school_size": 100_000, "workplace_exponent": 0.5, "employment_rate": 0.9}
+# over all pupils and all workers (20 and 16 contacts each, no places): the same people in them (school
+# from 6 to 21 years, work everyone from 22 to 64), one school per locality (10,000 people), workplaces
+# of flat sizes (exponent 0.5: most workers in places of hundreds). Disease parameters: the defaults.
+COMPARABLE: dict[str, Any] = {"school_size": 100_000, "school_ages": "6-21", "adult_age": 22,
+                              "workplace_exponent": 0.5, "employment_rate": 1.0}
 
 
 def _run(python: str, code: str, args: list[Any], env: dict[str, str]) -> dict[str, Any]:

@@ -4,10 +4,11 @@ households, schools, workplaces and community venues, and interventions that swi
 
 People come from :func:`agentsim.population.synthesize` (ages, households, schools, workplaces,
 community venues on a grid of localities). Contacts are memberships in places: each day, with
-``c_l(p)`` the infectious members of place ``p`` of layer ``l`` (symptomatic ones count 1,
-asymptomatic ones ``asymptomatic_factor``, isolated ones ``isolation_factor`` of that outside
-their household) and ``m_l(p)`` its members, a susceptible person of age ``a`` is exposed with
-probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
+``c_l(p)`` the infectiousness of the infectious members of place ``p`` of layer ``l``
+(symptomatic ones count 1, asymptomatic ones ``asymptomatic_factor``, severe ones
+``severe_factor``, isolated ones ``isolation_factor`` of that outside their household; each times
+their transmissibility, below) and ``m_l(p)`` its members, a susceptible person of age ``a`` is
+exposed with probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
 
 - ``f_household = beta_household * c`` (per infectious housemate),
 - ``f_l = beta_l * c / max(m - 1, 1)`` for school, work and community (frequency dependent:
@@ -22,15 +23,21 @@ parameters; the defaults are Covasim's):
   ``symp(a)``, else asymptomatic (A);
 - A recovers (R) after ``infectious_days``;
 - I is severe with probability ``severe(a) / symp(a)``, decided as I begins: a severe case goes
-  to hospital (H, infects nobody) after ``presymptomatic_days + onset_to_severe_days``, a mild
-  one recovers after ``presymptomatic_days + infectious_days``;
+  to hospital (H) after ``presymptomatic_days + onset_to_severe_days``, a mild one recovers
+  after ``presymptomatic_days + infectious_days``;
 - H dies (D) with probability ``death(a) / severe(a)``, decided as H begins, after
-  ``dying_days``; else recovers after ``severe_days``.
+  ``dying_days``; else recovers after ``severe_days``. A case in hospital infects its places
+  until H ends, as in Covasim (``severe_factor``; 0 for hospitals that isolate their patients).
 
 Infectiousness is higher early in an infection (Covasim's viral load): over the first
 ``ceil(min(early_share * D, early_max_days))`` of its ``D`` infectious days (A, or I) a case counts
 ``early_ratio / (1 + early_share * (early_ratio - 1))``, later ``1 / (1 + ...)``: about 1 on
-average (exactly where the early days are ``early_share`` of the infectious days).
+average (exactly where the early days are ``early_share`` of the infectious days). Some people
+infect far more than others (superspreading): each person's infectiousness is also multiplied
+for life by their ``transmissibility``, drawn once, keyed by uid, from Covasim's ``beta_dist``: a
+negative binomial number of hundredths of mean 100 and dispersion ``transmissibility_dispersion``
+(0.45: 8.8% of people infect nobody, and the most infectious fifth carry two thirds of all
+infectiousness; 0: everyone 1).
 
 Age tables (per decade of age, the last 90+) are Covasim's default prognoses (Kerr et al. 2021,
 PLoS Comput Biol; after Verity et al. 2020 and Ferguson et al. 2020), as absolute probabilities
@@ -44,23 +51,24 @@ from ``test_day`` a symptomatic person is tested each day with probability ``tes
 isolates until no longer infectious; from ``vaccine_day`` each susceptible person aged
 ``vaccine_min_age`` or more is vaccinated each day with probability ``vaccine_rate``.
 
-People read their place-mates only through sums per place (``ctx.group_table``: the
-infectiousness of each place's infectious members, whatever process each member is on, counted
-in integer units of ``2**-24`` so that the sums are exact) and the places' sizes
-(``ctx.group_index``); each person's places are read at once (``ops.gather_sum``); every draw is
-keyed by uid. Each process builds the people of its own
-localities (``ic.share()``; whole localities by recursive bisection of the map by population), so
-that no process holds the whole population and only places that span processes (commuters'
-workplaces) exchange their counts: the same days on any number of processes
-(``locality_partition="metis"``: a graph partition that cuts fewer commuters, the ``metis`` extra). ``exp`` is
-:func:`agentsim.core.portable.exp`: the same bits on a GPU. The population's parameters
-(``community_size``, ``school_size``, ``employment_rate``, ``workplace_exponent``,
-``people_per_locality``, ``locality_spread``) are those of :class:`agentsim.population.PopulationTables`
-and :func:`agentsim.population.synthesize`; ``age_pyramid`` and ``household_sizes`` name CSV files of
-one's own country's ages and household sizes (the columns of :meth:`AgePyramid.from_csv
-<agentsim.population.AgePyramid.from_csv>` and :meth:`HouseholdSizes.from_csv
-<agentsim.population.HouseholdSizes.from_csv>`; a relative path is from the working directory, read
-by every process when the population is built; the engine checks that every process read the same tables).
+People read their place-mates only through sums per place (``ctx.group_table``: the infectiousness
+of each place's infectious members, whatever process each member is on, counted in integer units of
+``2**-24`` so that the sums are exact) and the places' sizes (``ctx.group_index``); each person's
+places are read at once (``ops.gather_sum``); every draw is keyed by uid. Each process builds the
+people of its own localities (``ic.share()``; whole localities by recursive bisection of the map by
+population), so that no process holds the whole population and only places that span processes
+(commuters' workplaces) exchange their counts: the same days on any number of processes
+(``locality_partition="metis"``: a graph partition that cuts fewer commuters, the ``metis`` extra).
+``exp`` is :func:`agentsim.core.portable.exp`: the same bits on a GPU. The population's parameters
+(``community_size``, ``school_size``, ``school_ages``, ``adult_age``, ``employment_rate``,
+``workplace_exponent``, ``people_per_locality``, ``locality_spread``) are those of
+:class:`agentsim.population.PopulationTables` (``school_ages``: its ``school_bands`` written
+``"5-10,11-13,14-17"``) and :func:`agentsim.population.synthesize`; ``age_pyramid`` and
+``household_sizes`` name CSV files of one's own country's ages and household sizes (the columns of
+:meth:`AgePyramid.from_csv <agentsim.population.AgePyramid.from_csv>` and
+:meth:`HouseholdSizes.from_csv <agentsim.population.HouseholdSizes.from_csv>`; a relative path is
+from the working directory, read by every process when the population is built; the engine checks
+that every process read the same tables).
 """
 
 from __future__ import annotations
@@ -102,9 +110,14 @@ model = Model(
         "beta_work": Param(0.154, "daily rate when every co-worker is infectious", ge=0),
         "beta_community": Param(0.096, "daily rate when every venue-mate is infectious", ge=0),
         "asymptomatic_factor": Param(1.0, "infectiousness of an asymptomatic case (symptomatic: 1)", ge=0),
+        "severe_factor": Param(1.0, "infectiousness of a severe case in hospital (symptomatic: 1; Covasim: 1, 0 for "
+                               "hospitals that isolate)", ge=0),
         "early_ratio": Param(2.0, "infectiousness early in an infection over that later (Covasim's load_ratio)", gt=0),
         "early_share": Param(0.3, "share of the infectious days that are early (Covasim's frac_time)", ge=0, le=1),
         "early_max_days": Param(4, "most early days (Covasim's high_cap)", ge=0, le=100),
+        "transmissibility_dispersion": Param(0.45, "dispersion k of each person's infectiousness (a negative binomial "
+                                             "of mean 1 in hundredths, Covasim's beta_dist); 0: everyone alike",
+                                             ge=0),
         "latent_days": Param(4.5, "mean days from exposure to infectiousness", gt=0, le=1000),
         "latent_sd": Param(1.5, "standard deviation of the latent days", ge=0, le=1000),
         "presymptomatic_days": Param(1.1, "mean days infectious before symptoms (I)", gt=0, le=1000),
@@ -127,6 +140,10 @@ model = Model(
         "locality_partition": Param("rcb", "how processes share the localities: rcb (regions of the map) or metis "
                                     "(a graph partition; the metis extra)", choices=PARTITION_METHODS),
         "community_size": Param(200, "mean people per community venue", ge=1),
+        "adult_age": Param(18, "youngest age of a household's head; younger people are children (years)", ge=1,
+                           le=127),
+        "school_ages": Param("5-10,11-13,14-17", "school levels as inclusive age ranges, each younger than "
+                             "adult_age (a school per level; empty: no schools)"),
         "school_size": Param(500, "mean pupils per school", ge=1),
         "employment_rate": Param(0.7, "share of people of working age who work", ge=0, le=1),
         "workplace_exponent": Param(2.0, "exponent a of the workplace sizes' power law p(s) ~ s**-a", gt=0),
@@ -174,10 +191,11 @@ GUIDE_STEPS = 2  # steps from the guide to a duration; the rare intervals holdin
 
 
 class Durations(NamedTuple):
-    """A whole-day duration's distribution (:func:`duration_table`) and a guide to sample it fast.
+    """A law on the integers ``1 .. K`` (a duration in whole days, :func:`duration_table`; or one
+    plus a count, :func:`transmissibility_table`) and a guide to sample it fast.
 
     Attributes:
-        cdf: ``[K]`` float64 probabilities of a duration of ``1 .. k`` days (``cdf[K - 1] = 1``).
+        cdf: ``[K]`` float64 probabilities of a value of ``1 .. k`` (``cdf[K - 1] = 1``).
         guide: ``[M]`` int64, ``M`` a power of two: the entries of ``cdf`` at most ``b / M``.
         crowded: ``[M]`` bool: the intervals ``[b / M, (b + 1) / M)`` holding more than
             :data:`GUIDE_STEPS` entries of ``cdf`` (the far tail).
@@ -207,7 +225,42 @@ def duration_table(mean: float, sd: float) -> Durations:
 
         k = max(1, math.ceil(mean + 8 * sd))
         cdf = [below(d + 0.5) for d in range(1, k)] + [1.0]
+    return _guided(cdf)
+
+
+TRANSMISSIBILITY_UNIT = 100  # a person's transmissibility is counted in hundredths (Covasim's step 0.01)
+TRANSMISSIBILITY_MAX = 2**15 - 1  # in hundredths: an int16 per person (the tail beyond is folded into it)
+MIN_DISPERSION = 0.05  # below, more than 1e-10 of the law lies beyond TRANSMISSIBILITY_MAX
+
+
+@functools.lru_cache(maxsize=16)
+def transmissibility_table(dispersion: float) -> Durations:
+    """The law of one plus a person's transmissibility in hundredths: a negative binomial count of
+    mean :data:`TRANSMISSIBILITY_UNIT` and dispersion ``k`` (variance ``m + m**2 / k``; Covasim's
+    ``beta_dist``, a gamma mixture of Poisson laws), its tail beyond :data:`TRANSMISSIBILITY_MAX`
+    folded into it; ``dispersion = 0``: always the unit. Computed on the CPU in Python floats, by
+    ``p(0) = (k / (k + m))**k``, ``p(j + 1) = p(j) (j + k) / (j + 1) m / (k + m)``.
+    """
+    m, k = float(TRANSMISSIBILITY_UNIT), float(dispersion)
+    if k == 0:
+        return _guided([0.0] * TRANSMISSIBILITY_UNIT + [1.0])
+    if k < MIN_DISPERSION:
+        raise ConfigError(f"covid: transmissibility_dispersion: expected 0 or at least {MIN_DISPERSION} (got {k!r}; "
+                          f"smaller values put infectiousness beyond {TRANSMISSIBILITY_MAX / m} times the mean)")
+    cdf, total, pj, ratio = [], 0.0, (k / (k + m)) ** k, m / (k + m)
+    for j in range(TRANSMISSIBILITY_MAX):
+        total += pj
+        cdf.append(total)
+        if 1.0 - total < 1e-13:
+            break
+        pj *= (j + k) / (j + 1) * ratio
+    return _guided([*cdf[:-1], 1.0])
+
+
+def _guided(cdf: list[float]) -> Durations:
+    """The law of ``1 .. K`` with these cumulative probabilities (the last 1) and its guide."""
     table = torch.tensor(cdf, dtype=torch.float64)
+    k = len(cdf)
     buckets = 1 << max(6, (8 * k - 1).bit_length())  # about 8 intervals per day
     edges = torch.arange(buckets + 1, dtype=torch.float64) / buckets  # exact: a power of two
     below_edge = torch.searchsorted(table, edges, right=True)
@@ -215,9 +268,9 @@ def duration_table(mean: float, sd: float) -> Durations:
 
 
 def draw_days(durations: Durations, u: torch.Tensor) -> torch.Tensor:
-    """Days (``[m]`` int16, >= 1) drawn from a :func:`duration_table` with uniforms ``u`` (``[m]``
-    float64 in ``[0, 1)``): ``1 + #{cdf <= u}``, the result of ``searchsorted``, found from ``u``'s
-    interval in the guide in :data:`GUIDE_STEPS` steps (several times faster for tens of days).
+    """Values (``[m]`` int16, >= 1; days of a :func:`duration_table`) drawn with uniforms ``u``
+    (``[m]`` float64 in ``[0, 1)``): ``1 + #{cdf <= u}``, the result of ``searchsorted``, found from
+    ``u``'s interval in the guide in :data:`GUIDE_STEPS` steps (several times faster for tens of days).
     """
     cdf, guide = durations.cdf.to(u.device), durations.guide.to(u.device)
     bucket = (u * guide.shape[0]).to(torch.int64)  # u * 2**b is exact: u's interval
@@ -294,28 +347,33 @@ BLOCK = 1 << 21  # people whose exposure is drawn together (each person's draw i
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated", "person.early_days",
-                      *(f"person.{layer}" for layer in LAYERS)],
+                      "person.transmissibility", *(f"person.{layer}" for layer in LAYERS)],
                writes=["person.state"])
 def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]  # day 0: the first step
     state = people["state"]
     # each infectious person's infectiousness by kind: early or later in the infection (their mean
-    # over an infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, outside the
-    # household isolation_factor if isolated
-    sick = ops.flatnonzero(ops.equal(state, I, A))  # int32 rows where they fit: a quarter of the people at a peak
+    # over an infection 1: Covasim's viral load), asymptomatic_factor if asymptomatic, severe_factor
+    # if severe, outside the household isolation_factor if isolated; times the person's
+    # transmissibility (in hundredths)
+    sick = ops.flatnonzero(ops.equal(state, I, A, H))  # int32 rows where they fit: a quarter of the people at a peak
     sick = sick.to(torch.int32) if state.shape[0] < 2**31 else sick
     mean_load = 1.0 + p["early_share"] * (p["early_ratio"] - 1.0)
     loads = torch.tensor([stage * symptoms for stage in (1.0 / mean_load, p["early_ratio"] / mean_load)
-                          for symptoms in (1.0, p["asymptomatic_factor"])], dtype=torch.float64)  # by kind
-    kind = (2 * (people["early_days"].index_select(0, sick) > 0).to(torch.int32)
-            + ops.equal(state.index_select(0, sick), A).to(torch.int32))  # [early, asymptomatic] as 2 bits
-    at_home = away = ops.to_fixed(loads, LOAD_BITS).to(state.device).index_select(0, kind)
+                          for symptoms in (1.0, p["asymptomatic_factor"], p["severe_factor"])],
+                         dtype=torch.float64)  # by kind: 3 * early + (I 0, A 1, H 2)
+    now = state.index_select(0, sick)
+    kind = (3 * (people["early_days"].index_select(0, sick) > 0).to(torch.int32)
+            + ops.equal(now, A).to(torch.int32) + 2 * ops.equal(now, H).to(torch.int32))
+    del now
+    weight = people["transmissibility"].index_select(0, sick)
+    at_home = away = ops.to_fixed(loads, LOAD_BITS).to(state.device).index_select(0, kind).mul_(weight)
     if active(day, p["test_day"]):  # (no one is isolated before testing begins)
-        kind += 4 * people["isolated"].index_select(0, sick).to(torch.int32)
+        kind += 6 * people["isolated"].index_select(0, sick).to(torch.int32)
         away = ops.to_fixed(torch.cat([loads, loads * p["isolation_factor"]]), LOAD_BITS).to(state.device)
-        away = away.index_select(0, kind)
-    del kind  # the tables of this day's infectious people are the largest temporaries at an epidemic's peak
+        away = away.index_select(0, kind).mul_(weight)
+    del kind, weight  # the tables of this day's infectious people are the largest temporaries at an epidemic's peak
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
@@ -330,7 +388,7 @@ def transmit(ctx: Context) -> None:
         index = ctx.group_index(field)
         units = at_home if layer == "household" else away
         force = ops.to_float64_(ctx.group_table(field, sick, units))  # [G + 1] over every process; last: no place
-        force *= betas[layer] * 2.0**-LOAD_BITS
+        force *= betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))
         forces.append(force)
@@ -386,6 +444,18 @@ def _table(param: str, kind: type[Table], path: str) -> Table:
         raise ConfigError(f"covid: {param}: {where}{e}") from None
 
 
+def school_bands(text: str) -> tuple[tuple[int, int], ...]:
+    """The school levels of ``school_ages``: ``"5-10,11-13"`` gives ``((5, 10), (11, 13))``."""
+    bands = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        first, sep, last = item.partition("-")
+        if not (sep and first.strip().isdigit() and last.strip().isdigit() and int(first) <= int(last)):
+            raise ConfigError(f"covid: school_ages: expected inclusive age ranges such as '5-10,11-13,14-17' "
+                              f"(got {item!r} in {text!r})")
+        bands.append((int(first), int(last)))
+    return tuple(bands)
+
+
 @model.init
 def init(ic: InitContext) -> Grid:
     """The synthetic population, ``initial_prevalence`` of it exposed; the space is the grid of
@@ -400,11 +470,16 @@ def init(ic: InitContext) -> Grid:
                           f"({p['school_close_day']})")
     rank, world_size = ic.share()
     people_per_locality, spread = int(p["people_per_locality"]), float(p["locality_spread"])
-    tables = PopulationTables(ages=_table("age_pyramid", AgePyramid, p["age_pyramid"]),
-                              households=_table("household_sizes", HouseholdSizes, p["household_sizes"]),
-                              community_size=int(p["community_size"]), school_size=int(p["school_size"]),
-                              employment_rate=float(p["employment_rate"]),
-                              workplace_exponent=float(p["workplace_exponent"]))
+    ages = _table("age_pyramid", AgePyramid, p["age_pyramid"])
+    households = _table("household_sizes", HouseholdSizes, p["household_sizes"])
+    try:
+        tables = PopulationTables(ages=ages, households=households, community_size=int(p["community_size"]),
+                                  school_size=int(p["school_size"]), adult_age=int(p["adult_age"]),
+                                  school_bands=school_bands(p["school_ages"]),
+                                  employment_rate=float(p["employment_rate"]),
+                                  workplace_exponent=float(p["workplace_exponent"]))
+    except ConfigError as e:  # PopulationTables.school_bands is covid's school_ages
+        raise ConfigError(f"covid: the population's parameters: {e}") from None
     ic.declare_input("the population tables (age_pyramid, household_sizes)", repr(tables))  # the same everywhere
     grid = locality_grid(n, ic.seed, people_per_locality, spread)
     mine = ops.flatnonzero(partition_localities(grid, world_size, p["locality_partition"]) == rank)
@@ -412,6 +487,11 @@ def init(ic: InitContext) -> Grid:
                      localities=mine, compact=True)  # place ids built compact: no int64 copy of them
     uid = pop.uid
     exposed = ic.rng.uniform(uid, "seed_infections", dtype=torch.float64) < p["initial_prevalence"]
+    law = transmissibility_table(float(p["transmissibility_dispersion"]))
+    transmissibility = torch.empty(len(pop), dtype=torch.int16)  # hundredths, drawn a block at a time
+    for first in range(0, len(pop), BLOCK):
+        u = ic.rng.uniform(uid[first:first + BLOCK], "transmissibility", dtype=torch.float64)
+        transmissibility[first:first + BLOCK] = draw_days(law, u) - 1
     places = {layer: pop.compact(layer) for layer in LAYERS}  # int32 ids where they fit (the columns themselves)
     cell = pop.locality.to(torch.int16 if grid.n_localities <= 2**15 else torch.int32)  # narrow where it fits
     ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=cell.to(ic.device),
@@ -421,6 +501,7 @@ def init(ic: InitContext) -> Grid:
            days_left=torch.zeros(len(pop), dtype=torch.int16, device=ic.device),  # 0: not drawn yet
            outcome=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),
            early_days=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),  # days left of high infectiousness
+           transmissibility=transmissibility.to(ic.device),  # hundredths of the mean infectiousness, for life
            **{k: v.to(ic.device) for k, v in places.items()})  # place ids, -1 for none
     return Grid(grid.shape, periodic=False)  # a person's cell: their locality
 

@@ -186,3 +186,54 @@ def test_the_days_of_a_state_are_drawn_apart_from_those_of_the_one_before(monkey
     assert m["R"][-1] == 20_000
     mean_days = float(np.sum(m["A"])) / 20_000  # each case is counted once per day in A
     assert abs(mean_days - 8.0) < 0.1
+
+
+def test_transmissibility_is_covasims_negative_binomial():
+    """Each person's infectiousness in hundredths: a negative binomial of mean 100 and dispersion k
+    (variance 100 + 100**2 / k; Covasim's beta_dist), drawn through the guide as searchsorted would."""
+    from agentsim.models.covid import draw_days, transmissibility_table
+
+    for k in (0.45, 1.0, 0.05):
+        table = transmissibility_table(k)
+        pmf = torch.diff(table.cdf, prepend=torch.zeros(1, dtype=torch.float64))
+        values = torch.arange(pmf.shape[0], dtype=torch.float64)
+        mean = float((pmf * values).sum())
+        variance = float((pmf * (values - mean) ** 2).sum())
+        assert mean == pytest.approx(100.0, rel=1e-8), k  # (at 0.05 the tail beyond 327.67 is folded in)
+        assert variance == pytest.approx(100.0 + 100.0**2 / k, rel=1e-5), k
+        assert float(pmf[0]) == pytest.approx((k / (k + 100.0)) ** k, rel=1e-12)  # infect nobody: 8.8% at 0.45
+        u = torch.rand(20_000, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        assert torch.equal(draw_days(table, u).long() - 1, torch.searchsorted(table.cdf, u, right=True))
+    assert draw_days(transmissibility_table(0.0), torch.tensor([0.0, 0.5, 1 - 2**-53], dtype=torch.float64)).tolist() \
+        == [101] * 3  # no spread: everyone the mean
+    with pytest.raises(ConfigError, match="transmissibility_dispersion: expected 0 or at least 0.05"):
+        run(transmissibility_dispersion=0.01)
+
+
+def test_each_person_has_a_transmissibility_for_life(baseline):
+    sim, _ = baseline
+    weight = sim.state["person"]["transmissibility"]
+    assert weight.dtype == torch.int16
+    assert float(weight.double().mean()) == pytest.approx(100, rel=0.1)
+    assert 0.06 < float((weight == 0).double().mean()) < 0.12  # 8.8% of people infect nobody
+    alike = run(transmissibility_dispersion=0.0)
+    assert torch.all(alike.state["person"]["transmissibility"] == 100)
+    assert final_size(alike.run(DAYS).metrics) > final_size(baseline[1])  # superspreading wastes infections
+
+
+def test_severe_cases_infect_unless_hospitals_isolate_them(baseline):
+    assert final_size(run(severe_factor=0.0).run(DAYS).metrics) < final_size(baseline[1])
+
+
+def test_school_ages_and_adult_age_define_who_goes_to_school():
+    sim = run(school_ages="6-21", adult_age=22)
+    people = sim.state["person"]
+    pupils = people["age"][people["school"] >= 0]
+    assert int(pupils.min()) == 6 and int(pupils.max()) == 21
+    assert int(people["age"][people["work"] >= 0].min()) == 22
+    assert not bool((run(school_ages="").state["person"]["school"] >= 0).any())  # no schools
+    with pytest.raises(ConfigError, match=r"school_ages: expected inclusive age ranges .* \(got '6-' in '6-,7-9'\)"):
+        run(school_ages="6-,7-9")
+    with pytest.raises(ConfigError, match="covid: the population's parameters: PopulationTables.school_bands: "
+                                          "expected inclusive .* ages below adult_age"):
+        run(school_ages="5-18")
