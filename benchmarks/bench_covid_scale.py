@@ -65,7 +65,7 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
     after_init = _rss_bytes()
     result = sim.run(days)
     m = result.metrics
-    infectious = (m["A"] + m["I"]).tolist()
+    infectious = (m["A"] + m["I"] + m["H"]).tolist()  # everyone who infects
     return {"rank": comm.rank, "people": sim.state["person"].n, "init_seconds": init,
             "run_seconds": result.seconds, "seconds_per_day": result.seconds / days,
             "first_day_seconds": result.perf[0]["rank_step_seconds/max"] if result.perf else None,

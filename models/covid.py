@@ -32,7 +32,9 @@ parameters; the defaults are Covasim's):
 Infectiousness is higher early in an infection (Covasim's viral load): over the first
 ``ceil(min(early_share * D, early_max_days))`` of its ``D`` infectious days (A, or I) a case counts
 ``early_ratio / (1 + early_share * (early_ratio - 1))``, later ``1 / (1 + ...)``: about 1 on
-average (exactly where the early days are ``early_share`` of the infectious days). Some people
+average (exactly where the early days are ``early_share`` of the infectious days). A severe case's
+early days are those of its days in I (Covasim counts them over its whole infectious period, H
+included, with the same cap: a severe case there has 4 early days, here about 3). Some people
 infect far more than others (superspreading): each person's infectiousness is also multiplied
 for life by their ``transmissibility``, drawn once, keyed by uid, from Covasim's ``beta_dist``: a
 negative binomial number of hundredths of mean 100 and dispersion ``transmissibility_dispersion``
@@ -47,9 +49,10 @@ per infection; the betas are Covasim's per-contact beta 0.016 times its layer we
 Interventions (days counted from 0, the first step; the metrics' row ``d + 1`` is the state after
 day ``d``; -1: never): schools closed from ``school_close_day`` to
 ``school_open_day``; work transmission times ``work_from_home`` from ``work_from_home_day``;
-from ``test_day`` a symptomatic person is tested each day with probability ``test_rate`` and
-isolates until no longer infectious; from ``vaccine_day`` each susceptible person aged
-``vaccine_min_age`` or more is vaccinated each day with probability ``vaccine_rate``.
+from ``test_day`` a symptomatic or severe person (I or H) is tested each day with probability
+``test_rate`` and isolates until no longer infectious (as Covasim's diagnosed); from
+``vaccine_day`` each susceptible person aged ``vaccine_min_age`` or more is vaccinated each day
+with probability ``vaccine_rate``.
 
 People read their place-mates only through sums per place (``ctx.group_table``: the infectiousness
 of each place's infectious members, whatever process each member is on, counted in integer units of
@@ -109,10 +112,11 @@ model = Model(
         "beta_school": Param(0.192, "daily rate when every school-mate is infectious", ge=0),
         "beta_work": Param(0.154, "daily rate when every co-worker is infectious", ge=0),
         "beta_community": Param(0.096, "daily rate when every venue-mate is infectious", ge=0),
-        "asymptomatic_factor": Param(1.0, "infectiousness of an asymptomatic case (symptomatic: 1)", ge=0),
+        "asymptomatic_factor": Param(1.0, "infectiousness of an asymptomatic case (symptomatic: 1)", ge=0, le=10),
         "severe_factor": Param(1.0, "infectiousness of a severe case in hospital (symptomatic: 1; Covasim: 1, 0 for "
-                               "hospitals that isolate)", ge=0),
-        "early_ratio": Param(2.0, "infectiousness early in an infection over that later (Covasim's load_ratio)", gt=0),
+                               "hospitals that isolate)", ge=0, le=10),
+        "early_ratio": Param(2.0, "infectiousness early in an infection over that later (Covasim's load_ratio)", gt=0,
+                             le=100),
         "early_share": Param(0.3, "share of the infectious days that are early (Covasim's frac_time)", ge=0, le=1),
         "early_max_days": Param(4, "most early days (Covasim's high_cap)", ge=0, le=100),
         "transmissibility_dispersion": Param(0.45, "dispersion k of each person's infectiousness (a negative binomial "
@@ -140,10 +144,10 @@ model = Model(
         "locality_partition": Param("rcb", "how processes share the localities: rcb (regions of the map) or metis "
                                     "(a graph partition; the metis extra)", choices=PARTITION_METHODS),
         "community_size": Param(200, "mean people per community venue", ge=1),
-        "adult_age": Param(18, "youngest age of a household's head; younger people are children (years)", ge=1,
-                           le=127),
-        "school_ages": Param("5-10,11-13,14-17", "school levels as inclusive age ranges, each younger than "
-                             "adult_age (a school per level; empty: no schools)"),
+        "adult_age": Param(18, "youngest age of a household's head and of a worker; younger people are children, "
+                           "and may go to school (years)", ge=1, le=127),
+        "school_ages": Param("5-10,11-13,14-17", "school levels as inclusive age ranges that do not overlap, each "
+                             "younger than adult_age (schools of each level in each locality; empty: no schools)"),
         "school_size": Param(500, "mean pupils per school", ge=1),
         "employment_rate": Param(0.7, "share of people of working age who work", ge=0, le=1),
         "workplace_exponent": Param(2.0, "exponent a of the workplace sizes' power law p(s) ~ s**-a", gt=0),
@@ -152,7 +156,7 @@ model = Model(
         "work_from_home_day": Param(-1, "first day of working from home (-1: never)", ge=-1),
         "work_from_home": Param(0.5, "work transmission kept while working from home", ge=0, le=1),
         "test_day": Param(-1, "first day symptomatic people are tested (-1: never)", ge=-1),
-        "test_rate": Param(0.2, "daily probability a symptomatic person is tested", ge=0, le=1),
+        "test_rate": Param(0.2, "daily probability a symptomatic or severe person is tested", ge=0, le=1),
         "isolation_factor": Param(0.1, "transmission kept outside the household by an isolated case", ge=0, le=1),
         "vaccine_day": Param(-1, "first day of vaccination (-1: never)", ge=-1),
         "vaccine_rate": Param(0.01, "daily probability an eligible susceptible person is vaccinated", ge=0, le=1),
@@ -229,8 +233,9 @@ def duration_table(mean: float, sd: float) -> Durations:
 
 
 TRANSMISSIBILITY_UNIT = 100  # a person's transmissibility is counted in hundredths (Covasim's step 0.01)
-TRANSMISSIBILITY_MAX = 2**15 - 1  # in hundredths: an int16 per person (the tail beyond is folded into it)
-MIN_DISPERSION = 0.05  # below, more than 1e-10 of the law lies beyond TRANSMISSIBILITY_MAX
+TRANSMISSIBILITY_MAX = 2**15 - 2  # hundredths: an int16 per person, one more in draw_days (the tail folded in)
+MIN_DISPERSION = 0.05  # at 0.05, about 3e-10 of the law lies beyond TRANSMISSIBILITY_MAX; below, far more
+MAX_DISPERSION = 1e6  # the law is then Poisson(100) to 1e-4 of its variance
 
 
 @functools.lru_cache(maxsize=16)
@@ -239,21 +244,24 @@ def transmissibility_table(dispersion: float) -> Durations:
     mean :data:`TRANSMISSIBILITY_UNIT` and dispersion ``k`` (variance ``m + m**2 / k``; Covasim's
     ``beta_dist``, a gamma mixture of Poisson laws), its tail beyond :data:`TRANSMISSIBILITY_MAX`
     folded into it; ``dispersion = 0``: always the unit. Computed on the CPU in Python floats, by
-    ``p(0) = (k / (k + m))**k``, ``p(j + 1) = p(j) (j + k) / (j + 1) m / (k + m)``.
+    ``p(0) = exp(-k log(1 + m / k))``, ``p(j + 1) = p(j) (j + k) / (j + 1) m / (k + m)``.
     """
     m, k = float(TRANSMISSIBILITY_UNIT), float(dispersion)
     if k == 0:
         return _guided([0.0] * TRANSMISSIBILITY_UNIT + [1.0])
-    if k < MIN_DISPERSION:
-        raise ConfigError(f"covid: transmissibility_dispersion: expected 0 or at least {MIN_DISPERSION} (got {k!r}; "
-                          f"smaller values put infectiousness beyond {TRANSMISSIBILITY_MAX / m} times the mean)")
-    cdf, total, pj, ratio = [], 0.0, (k / (k + m)) ** k, m / (k + m)
-    for j in range(TRANSMISSIBILITY_MAX):
+    if not MIN_DISPERSION <= k <= MAX_DISPERSION:
+        raise ConfigError(f"covid: transmissibility_dispersion: expected 0 or a value in [{MIN_DISPERSION}, "
+                          f"{MAX_DISPERSION:g}] (got {k!r}; smaller values put infectiousness beyond "
+                          f"{TRANSMISSIBILITY_MAX / m} times the mean, larger ones are Poisson)")
+    cdf, total, pj, ratio = [], 0.0, math.exp(-k * math.log1p(m / k)), m / (k + m)
+    for j in range(TRANSMISSIBILITY_MAX + 1):
         total += pj
         cdf.append(total)
         if 1.0 - total < 1e-13:
             break
         pj *= (j + k) / (j + 1) * ratio
+    if abs(1.0 - total) > 1e-9:  # (a guard: the bounds above keep the folded tail below it)
+        raise ConfigError(f"covid: transmissibility_dispersion {k!r}: the law's probabilities sum to {total!r}")
     return _guided([*cdf[:-1], 1.0])
 
 
@@ -283,6 +291,7 @@ def draw_days(durations: Durations, u: torch.Tensor) -> torch.Tensor:
 
 
 RECOVERS, SEVERE_NEXT, DIES = 0, 1, 2  # person.outcome: where the current state leads
+_KIND_OF_STATE = torch.tensor([0, 0, 1, 0, 2, 0, 0], dtype=torch.int32)  # an infectious state's kind: I 0, A 1, H 2
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.days_left", "person.outcome",
@@ -339,7 +348,7 @@ def progress(ctx: Context) -> None:
     state.index_copy_(0, rows, after.to(state.dtype))
     outcome.index_copy_(0, rows, new_fate.to(outcome.dtype))
     isolated = people["isolated"]
-    isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (after <= I))  # isolation ends with I
+    isolated.index_copy_(0, rows, isolated.index_select(0, rows) & (after <= H))  # isolation ends with H
 
 
 LOAD_BITS = 24  # infectiousness is counted per place in integer units of 2**-24: exact on any number of processes
@@ -363,17 +372,19 @@ def transmit(ctx: Context) -> None:
     loads = torch.tensor([stage * symptoms for stage in (1.0 / mean_load, p["early_ratio"] / mean_load)
                           for symptoms in (1.0, p["asymptomatic_factor"], p["severe_factor"])],
                          dtype=torch.float64)  # by kind: 3 * early + (I 0, A 1, H 2)
-    now = state.index_select(0, sick)
-    kind = (3 * (people["early_days"].index_select(0, sick) > 0).to(torch.int32)
-            + ops.equal(now, A).to(torch.int32) + 2 * ops.equal(now, H).to(torch.int32))
-    del now
-    weight = people["transmissibility"].index_select(0, sick)
-    at_home = away = ops.to_fixed(loads, LOAD_BITS).to(state.device).index_select(0, kind).mul_(weight)
+    kind = _KIND_OF_STATE.to(state.device).index_select(0, state.index_select(0, sick).to(torch.int32))
+    kind.add_(people["early_days"].index_select(0, sick) > 0, alpha=3)
+    at_home = away = ops.to_fixed(loads, LOAD_BITS).to(state.device).index_select(0, kind)
     if active(day, p["test_day"]):  # (no one is isolated before testing begins)
-        kind += 6 * people["isolated"].index_select(0, sick).to(torch.int32)
+        kind.add_(people["isolated"].index_select(0, sick), alpha=6)
         away = ops.to_fixed(torch.cat([loads, loads * p["isolation_factor"]]), LOAD_BITS).to(state.device)
-        away = away.index_select(0, kind).mul_(weight)
-    del kind, weight  # the tables of this day's infectious people are the largest temporaries at an epidemic's peak
+        away = away.index_select(0, kind)
+    del kind  # the tables of this day's infectious people are the largest temporaries at an epidemic's peak
+    transmissibility, tables = people["transmissibility"], [at_home] if away is at_home else [at_home, away]
+    for first in range(0, sick.shape[0], BLOCK):  # times each one's transmissibility (small int64 temporaries)
+        weight = transmissibility.index_select(0, sick[first:first + BLOCK])
+        for units in tables:
+            units[first:first + BLOCK].mul_(weight)
     betas = {"household": p["beta_household"], "school": p["beta_school"], "work": p["beta_work"],
              "community": p["beta_community"]}
     if active(day, p["school_close_day"], p["school_open_day"]):
@@ -411,11 +422,11 @@ def transmit(ctx: Context) -> None:
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated"],
                writes=["person.isolated", "person.vaccinated"])
 def interventions(ctx: Context) -> None:
-    """Testing and isolation of symptomatic people; vaccination by age."""
+    """Testing and isolation of symptomatic and severe people; vaccination by age."""
     p, day, people = ctx.params, ctx.step - 1, ctx["person"]
     state, uid = people["state"], people["uid"]
     if active(day, p["test_day"]):
-        ill = ops.flatnonzero(ops.equal(state, I) & ~people["isolated"])
+        ill = ops.flatnonzero(ops.equal(state, I, H) & ~people["isolated"])
         tested = ctx.rng.uniform(uid.index_select(0, ill), "test", dtype=torch.float64) < p["test_rate"]
         people["isolated"].index_fill_(0, ill.index_select(0, ops.flatnonzero(tested)), True)
     if active(day, p["vaccine_day"]):
@@ -444,15 +455,25 @@ def _table(param: str, kind: type[Table], path: str) -> Table:
         raise ConfigError(f"covid: {param}: {where}{e}") from None
 
 
-def school_bands(text: str) -> tuple[tuple[int, int], ...]:
-    """The school levels of ``school_ages``: ``"5-10,11-13"`` gives ``((5, 10), (11, 13))``."""
-    bands = []
+def school_bands(text: str, adult_age: int) -> tuple[tuple[int, int], ...]:
+    """The school levels of ``school_ages``: ``"5-10,11-13"`` gives ``((5, 10), (11, 13))``; each
+    younger than ``adult_age``, none overlapping another.
+    """
+    bands: list[tuple[int, int]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
-        first, sep, last = item.partition("-")
-        if not (sep and first.strip().isdigit() and last.strip().isdigit() and int(first) <= int(last)):
+        first, sep, last = (part.strip() for part in item.partition("-"))
+        if not (sep and first.isdecimal() and last.isdecimal() and int(first) <= int(last)):
             raise ConfigError(f"covid: school_ages: expected inclusive age ranges such as '5-10,11-13,14-17' "
                               f"(got {item!r} in {text!r})")
-        bands.append((int(first), int(last)))
+        band = (int(first), int(last))
+        if band[1] >= adult_age:
+            raise ConfigError(f"covid: school_ages: {item!r} reaches adult_age {adult_age}; expected school ages "
+                              f"younger than adult_age (raise adult_age, or end the range at {adult_age - 1})")
+        clash = [b for b in bands if b[0] <= band[1] and band[0] <= b[1]]
+        if clash:
+            raise ConfigError(f"covid: school_ages: {item!r} overlaps {clash[0][0]}-{clash[0][1]} in {text!r}; "
+                              f"expected levels that do not overlap")
+        bands.append(band)
     return tuple(bands)
 
 
@@ -472,13 +493,13 @@ def init(ic: InitContext) -> Grid:
     people_per_locality, spread = int(p["people_per_locality"]), float(p["locality_spread"])
     ages = _table("age_pyramid", AgePyramid, p["age_pyramid"])
     households = _table("household_sizes", HouseholdSizes, p["household_sizes"])
+    bands = school_bands(p["school_ages"], int(p["adult_age"]))
     try:
         tables = PopulationTables(ages=ages, households=households, community_size=int(p["community_size"]),
                                   school_size=int(p["school_size"]), adult_age=int(p["adult_age"]),
-                                  school_bands=school_bands(p["school_ages"]),
-                                  employment_rate=float(p["employment_rate"]),
+                                  school_bands=bands, employment_rate=float(p["employment_rate"]),
                                   workplace_exponent=float(p["workplace_exponent"]))
-    except ConfigError as e:  # PopulationTables.school_bands is covid's school_ages
+    except ConfigError as e:  # (e.g. an adult_age beyond the age pyramid's last age)
         raise ConfigError(f"covid: the population's parameters: {e}") from None
     ic.declare_input("the population tables (age_pyramid, household_sizes)", repr(tables))  # the same everywhere
     grid = locality_grid(n, ic.seed, people_per_locality, spread)

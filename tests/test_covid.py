@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -88,9 +90,12 @@ def test_a_country_of_ones_own_from_csv_files(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_same_days_on_one_to_four_processes():
-    report = check_model("covid", agents=600, steps=8, world_sizes=(1, 2, 4),
-                         params={"initial_prevalence": 0.05, "test_day": 2, "vaccine_day": 1})
+    params = {"initial_prevalence": 0.2, "test_day": 2, "vaccine_day": 1,  # and people in hospital by day 4:
+              "latent_days": 1.5, "presymptomatic_days": 1.0, "onset_to_severe_days": 1.5}
+    report = check_model("covid", agents=1500, steps=8, world_sizes=(1, 2, 4), params=params)
     assert report.identical, report.summary()
+    one = Simulation(get_model("covid"), agents=1500, seed=1, params=params).run(8).metrics  # check_model's seed
+    assert int(np.max(one["H"])) >= 5 and int(np.max(one["isolated"])) > 0
 
 
 def test_exposure_drawn_block_by_block_gives_the_same_days(baseline, monkeypatch):
@@ -191,7 +196,7 @@ def test_the_days_of_a_state_are_drawn_apart_from_those_of_the_one_before(monkey
 def test_transmissibility_is_covasims_negative_binomial():
     """Each person's infectiousness in hundredths: a negative binomial of mean 100 and dispersion k
     (variance 100 + 100**2 / k; Covasim's beta_dist), drawn through the guide as searchsorted would."""
-    from agentsim.models.covid import draw_days, transmissibility_table
+    from agentsim.models.covid import TRANSMISSIBILITY_MAX, draw_days, transmissibility_table
 
     for k in (0.45, 1.0, 0.05):
         table = transmissibility_table(k)
@@ -202,12 +207,27 @@ def test_transmissibility_is_covasims_negative_binomial():
         assert mean == pytest.approx(100.0, rel=1e-8), k  # (at 0.05 the tail beyond 327.67 is folded in)
         assert variance == pytest.approx(100.0 + 100.0**2 / k, rel=1e-5), k
         assert float(pmf[0]) == pytest.approx((k / (k + 100.0)) ** k, rel=1e-12)  # infect nobody: 8.8% at 0.45
-        u = torch.rand(20_000, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-        assert torch.equal(draw_days(table, u).long() - 1, torch.searchsorted(table.cdf, u, right=True))
+        for j in (1, 7, 100, 1000):  # the negative binomial's own formula
+            log_p = (math.lgamma(j + k) - math.lgamma(k) - math.lgamma(j + 1) + k * math.log(k / (k + 100.0))
+                     + j * math.log(100.0 / (k + 100.0)))
+            assert float(pmf[j]) == pytest.approx(math.exp(log_p), rel=1e-9), (k, j)
+        edges = table.cdf[:-1]
+        g = torch.Generator().manual_seed(5)
+        u = torch.cat([torch.rand(20_000, generator=g, dtype=torch.float64), edges,  # on a boundary, just below
+                       torch.nextafter(edges, torch.zeros(1, dtype=torch.float64)),  # and in the far tail
+                       1.0 - torch.rand(5_000, generator=g, dtype=torch.float64) * 1e-7,
+                       torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64)])
+        drawn = draw_days(table, u).long() - 1
+        assert torch.equal(drawn, torch.searchsorted(table.cdf, u, right=True))
+        assert int(drawn.min()) >= 0 and int(drawn.max()) <= TRANSMISSIBILITY_MAX  # no int16 wrap
     assert draw_days(transmissibility_table(0.0), torch.tensor([0.0, 0.5, 1 - 2**-53], dtype=torch.float64)).tolist() \
         == [101] * 3  # no spread: everyone the mean
-    with pytest.raises(ConfigError, match="transmissibility_dispersion: expected 0 or at least 0.05"):
-        run(transmissibility_dispersion=0.01)
+    for bad in (0.01, 2e6, math.inf):
+        with pytest.raises(ConfigError, match=r"dispersion: expected 0 or a value in \[0.05, 1e\+06\] \(got "):
+            run(transmissibility_dispersion=bad)
+    poisson = transmissibility_table(1e6)  # nearly Poisson(100)
+    assert float(torch.diff(poisson.cdf)[99]) == pytest.approx(math.exp(99 * math.log(100) - 100 - math.lgamma(100)),
+                                                               rel=1e-3)
 
 
 def test_each_person_has_a_transmissibility_for_life(baseline):
@@ -221,8 +241,31 @@ def test_each_person_has_a_transmissibility_for_life(baseline):
     assert final_size(alike.run(DAYS).metrics) > final_size(baseline[1])  # superspreading wastes infections
 
 
-def test_severe_cases_infect_unless_hospitals_isolate_them(baseline):
-    assert final_size(run(severe_factor=0.0).run(DAYS).metrics) < final_size(baseline[1])
+def test_severe_cases_infect_unless_hospitals_isolate_them(monkeypatch):
+    """Every case severe, 2 days in I and 18 in hospital: nearly all its infections come from H."""
+    import agentsim.models.covid as covid
+
+    monkeypatch.setattr(covid, "SYMPTOMATIC", (1.0,) * 10)
+    monkeypatch.setattr(covid, "SEVERE", (1.0,) * 10)
+    params = {"presymptomatic_days": 1.0, "presymptomatic_sd": 0.0, "onset_to_severe_days": 1.0,
+              "onset_to_severe_sd": 0.0, "severe_days": 18.0, "severe_sd": 0.0}
+    infectious = final_size(run(**params).run(DAYS).metrics)
+    isolating = final_size(run(severe_factor=0.0, **params).run(DAYS).metrics)
+    assert isolating < 0.1 * AGENTS < 0.5 * AGENTS < infectious
+
+
+def test_isolation_lasts_through_hospital():
+    sim = run(test_day=0, test_rate=0.3, onset_to_severe_days=2.0)
+    people = sim.state["person"]
+    isolated_in_hospital = 0
+    for _ in range(40):
+        before = people["isolated"].clone()
+        sim.run(1)
+        ill = (people["state"] == 3) | (people["state"] == 4)  # I or H
+        assert torch.all(people["isolated"][before & ill])  # no one leaves isolation while I or H
+        assert not torch.any(people["isolated"] & ~ill)  # and everyone leaves it after
+        isolated_in_hospital += int((before & (people["state"] == 4)).sum())
+    assert isolated_in_hospital > 0
 
 
 def test_school_ages_and_adult_age_define_who_goes_to_school():
@@ -232,8 +275,13 @@ def test_school_ages_and_adult_age_define_who_goes_to_school():
     assert int(pupils.min()) == 6 and int(pupils.max()) == 21
     assert int(people["age"][people["work"] >= 0].min()) == 22
     assert not bool((run(school_ages="").state["person"]["school"] >= 0).any())  # no schools
-    with pytest.raises(ConfigError, match=r"school_ages: expected inclusive age ranges .* \(got '6-' in '6-,7-9'\)"):
-        run(school_ages="6-,7-9")
-    with pytest.raises(ConfigError, match="covid: the population's parameters: PopulationTables.school_bands: "
-                                          "expected inclusive .* ages below adult_age"):
+    for bad in ("6-,7-9", "5-²"):
+        with pytest.raises(ConfigError, match=r"^covid: school_ages: expected inclusive age ranges such as "
+                                              rf"'5-10,11-13,14-17' \(got '[^']+' in '{bad}'\)$"):
+            run(school_ages=bad)
+    with pytest.raises(ConfigError, match=r"^covid: school_ages: '5-18' reaches adult_age 18; expected school ages "
+                                          r"younger than adult_age \(raise adult_age, or end the range at 17\)$"):
         run(school_ages="5-18")
+    with pytest.raises(ConfigError, match=r"^covid: school_ages: '10-12' overlaps 5-10 in '5-10,10-12'; expected "
+                                          "levels that do not overlap$"):
+        run(school_ages="5-10,10-12")

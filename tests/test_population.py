@@ -198,6 +198,8 @@ def test_tables_from_csv_and_their_errors(tmp_path):
         HouseholdSizes((2, 1), (1.0, 1.0))
     with pytest.raises(ConfigError, match="commute: expected in"):
         PopulationTables(commute=1.5)
+    with pytest.raises(ConfigError, match=r"school_bands: expected .* not overlapping \(got \(\(5, 10\), \(10, "):
+        PopulationTables(school_bands=((5, 10), (10, 12)))
 
 
 def test_bad_arguments():

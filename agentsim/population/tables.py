@@ -155,7 +155,8 @@ class PopulationTables:
         child_share: Probability that a household's second member is a child, and that its third
             and later members are (the rest are adults). Default ``None``: the pyramid's share of
             children (see :meth:`child_probabilities`).
-        school_bands: Inclusive age bands of school levels (a school per level and locality group).
+        school_bands: Inclusive age bands of school levels, not overlapping (schools per level and
+            locality).
         school_size: Mean pupils per school (persons).
         employment_rate: Share of persons aged ``adult_age`` to ``retirement_age`` who work.
         retirement_age: First age at which nobody works (years).
@@ -186,7 +187,9 @@ class PopulationTables:
                 len(self.child_share) == 2 and all(0 <= p <= 1 for p in self.child_share)),
              "two probabilities or None"),
             ("school_bands", all(0 <= a <= b < self.adult_age for a, b in self.school_bands) and len(
-                self.school_bands) <= 255, "inclusive (first, last) ages below adult_age"),
+                self.school_bands) <= 255 and all(b1 < a2 or b2 < a1 for i, (a1, b1) in enumerate(self.school_bands)
+                                                  for a2, b2 in self.school_bands[i + 1:]),
+             "inclusive (first, last) ages below adult_age, not overlapping"),
             ("school_size", self.school_size >= 1, ">= 1"),
             ("employment_rate", 0 <= self.employment_rate <= 1, "in [0, 1]"),
             ("retirement_age", self.retirement_age > self.adult_age, "> adult_age"),
