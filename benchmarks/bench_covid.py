@@ -23,6 +23,10 @@ Usage::
     python benchmarks/bench_covid.py --agents 1000000 --days 120 --seeds 3 --out benchmarks/results/covid-1m.json
     python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --location usa \
         --out benchmarks/results/covid-100k-usa.json     # both sides with Covasim's US ages and household sizes
+    python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --covasim-dynamic \
+        --out benchmarks/results/covid-100k-dynamic.json     # Covasim's contacts redrawn every day
+    python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --no-superspreading \
+        --out benchmarks/results/covid-100k-alike.json     # everyone equally infectious, on both sides
 """
 
 from __future__ import annotations
@@ -71,8 +75,10 @@ import json, os, resource, sys, time
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 import covasim as cv
 n, days, seed, prevalence = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-location, dynamic = sys.argv[5], sys.argv[6] == "1"
+location, dynamic, alike = sys.argv[5], sys.argv[6] == "1", sys.argv[7] == "1"
 layers = {"dynam_layer": {"h": 0, "s": 1, "w": 1, "c": 1}} if dynamic else {}  # contacts redrawn every day
+if alike:  # every person's transmissibility 1: no superspreading
+    layers["beta_dist"] = {"dist": "uniform", "par1": 1.0, "par2": 1.0}
 cv.options.set(verbose=0, show=False)
 t0 = time.perf_counter()
 sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days, rand_seed=seed, pop_infected=max(1, round(prevalence * n)),
@@ -160,6 +166,9 @@ def main() -> None:
                    help="Covasim's school, work and community contacts redrawn every day (its dynam_layer), not "
                         "fixed for the run: mixing within a layer as in agentsim's places, without a fixed set of "
                         "contacts per person")
+    p.add_argument("--no-superspreading", action="store_true",
+                   help="every person equally infectious on both sides (Covasim's beta_dist a constant 1, "
+                        "agentsim's transmissibility_dispersion 0) instead of Covasim's default spread")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="an agentsim covid parameter (repeatable; the comparable configuration is the default)")
     p.add_argument("--out", required=True)
@@ -176,11 +185,13 @@ def main() -> None:
     if not args.own_tables:
         tables = _run(str(COVASIM), COVASIM_TABLES, [args.location], theirs)
     params = {**COMPARABLE, **(write_covasim_tables(tables, folder) if tables else {}),
+              **({"transmissibility_dispersion": 0} if args.no_superspreading else {}),
               **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}}
     rounds = []
     for seed in range(1, args.seeds + 1):
         run_args = [args.agents, args.days, seed, args.prevalence]
-        covasim = _run(str(COVASIM), COVASIM_RUN, [*run_args, args.location, int(args.covasim_dynamic)], theirs)
+        covasim = _run(str(COVASIM), COVASIM_RUN, [*run_args, args.location, int(args.covasim_dynamic),
+                                                     int(args.no_superspreading)], theirs)
         agentsim = _run(sys.executable, AGENTSIM, [*run_args, json.dumps(params)], mine)
         rounds.append({"seed": seed, "covasim": covasim, "agentsim": agentsim})
         print(json.dumps(rounds[-1]), flush=True)
@@ -199,7 +210,7 @@ def main() -> None:
                                     cwd=ROOT).stdout.strip(),
            "agents": args.agents, "days": args.days, "prevalence": args.prevalence, "threads": 1,
            "agentsim_params": params, "covasim_location": args.location, "covasim_tables": tables,
-           "covasim_dynamic": args.covasim_dynamic,
+           "covasim_dynamic": args.covasim_dynamic, "no_superspreading": args.no_superspreading,
            "rounds": rounds, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -721,6 +721,8 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                  f"Poisson({tables['household_poisson_mean']}) persons, empty households skipped." if tables else "")
         if d.get("covasim_dynamic"):
             drawn += " Covasim's school, work and community contacts redrawn every day (`--covasim-dynamic`)."
+        if d.get("no_superspreading"):
+            drawn += " Everyone equally infectious on both sides (`--no-superspreading`)."
         setting = (f" agentsim's population parameters {params}; Covasim without waning immunity, location: {where}."
                    f"{drawn}" if params is not None else " Covasim's `cum_infections` counts reinfections too.")
         lines += [f"`{rel}`: {int(d['agents']):,} people, {d['days']} days, {len(d['rounds'])} seeds, one thread "
