@@ -109,17 +109,23 @@ def test_exposure_drawn_block_by_block_gives_the_same_days(baseline, monkeypatch
     assert final_size(metrics) > 100
 
 
+def hard_uniforms(cdf: torch.Tensor, g: torch.Generator, n: int) -> torch.Tensor:
+    """``n`` uniforms, and those where a guided draw can go wrong: on each boundary of ``cdf``, just
+    below it, and in the far tail."""
+    edges = cdf[:-1]
+    return torch.cat([torch.rand(n, generator=g, dtype=torch.float64), edges,
+                      torch.nextafter(edges, torch.zeros(1, dtype=torch.float64)),
+                      1.0 - torch.rand(5_000, generator=g, dtype=torch.float64) * 1e-7,
+                      torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64)])
+
+
 def test_guide_draws_the_days_of_searchsorted():
     from agentsim.models.covid import draw_days, duration_table
 
     g = torch.Generator().manual_seed(4)
     for mean, sd in [(4.5, 1.5), (1.1, 0.9), (18.1, 6.3), (12.2, 5.2), (3.0, 0.0), (0.3, 0.1), (1000.0, 1000.0)]:
         table = duration_table(mean, sd)
-        edges = table.cdf[:-1]
-        u = torch.cat([torch.rand(50_000, generator=g, dtype=torch.float64), edges,  # on a boundary, just below,
-                       torch.nextafter(edges, torch.zeros(1, dtype=torch.float64)),  # and in the far tail
-                       1.0 - torch.rand(5_000, generator=g, dtype=torch.float64) * 1e-7,
-                       torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64)])
+        u = hard_uniforms(table.cdf, g, 50_000)
         want = (torch.searchsorted(table.cdf, u, right=True) + 1).to(torch.int16)
         assert torch.equal(draw_days(table, u), want), (mean, sd)
 
@@ -211,12 +217,7 @@ def test_transmissibility_is_covasims_negative_binomial():
             log_p = (math.lgamma(j + k) - math.lgamma(k) - math.lgamma(j + 1) + k * math.log(k / (k + 100.0))
                      + j * math.log(100.0 / (k + 100.0)))
             assert float(pmf[j]) == pytest.approx(math.exp(log_p), rel=1e-9), (k, j)
-        edges = table.cdf[:-1]
-        g = torch.Generator().manual_seed(5)
-        u = torch.cat([torch.rand(20_000, generator=g, dtype=torch.float64), edges,  # on a boundary, just below
-                       torch.nextafter(edges, torch.zeros(1, dtype=torch.float64)),  # and in the far tail
-                       1.0 - torch.rand(5_000, generator=g, dtype=torch.float64) * 1e-7,
-                       torch.tensor([0.0, 1.0 - 2.0**-53], dtype=torch.float64)])
+        u = hard_uniforms(table.cdf, torch.Generator().manual_seed(5), 20_000)
         drawn = draw_days(table, u).long() - 1
         assert torch.equal(drawn, torch.searchsorted(table.cdf, u, right=True))
         assert int(drawn.min()) >= 0 and int(drawn.max()) <= TRANSMISSIBILITY_MAX  # no int16 wrap
