@@ -49,7 +49,8 @@ def _current_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: int) -> dict[str, Any]:
+def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: int,
+          progress: bool = False) -> dict[str, Any]:
     """One process of a run: build its share, run ``days`` days; its figures."""
     import torch
 
@@ -63,6 +64,14 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
                      comm=comm if comm.world_size > 1 else None, **options)
     init = time.perf_counter() - t0
     after_init = _rss_bytes()
+    if progress and comm.rank == 0:  # a line every 10 days: a run stopped at a time limit still shows its pace
+        last_substep, started = sim.model.substeps[-1], time.perf_counter()
+
+        def report(s: Any, substep: Any) -> None:
+            if substep is last_substep and (s.state.step + 1) % 10 == 0:
+                print(f"  {n:,} people W={comm.world_size}: day {s.state.step + 1} after "
+                      f"{time.perf_counter() - started:.1f} s (init {init:.1f} s)", flush=True)
+        sim.trace = report
     result = sim.run(days)
     m = result.metrics
     infectious = (m["A"] + m["I"] + m["H"]).tolist()  # everyone who infects
@@ -71,18 +80,21 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
             "first_day_seconds": result.perf[0]["rank_step_seconds/max"] if result.perf else None,
             "later_days_median_seconds": statistics.median(p["rank_step_seconds/max"] for p in result.perf[1:])
             if len(result.perf) > 1 else None,
+            "day_seconds": [p["rank_step_seconds/max"] for p in result.perf],
             "comm_seconds": sum(result.comm_seconds), "baseline_rss_bytes": baseline,
             "peak_rss_after_init_bytes": after_init, "peak_rss_bytes": _rss_bytes(),
             "groups": result.groups, "final_size": int(n - m["S"][-1]), "peak_infectious": int(max(infectious)),
-            "peak_day": infectious.index(max(infectious)), "deaths": int(m["D"][-1])}
+            "peak_day": infectious.index(max(infectious)), "deaths": int(m["D"][-1]),
+            "infectious_by_day": [int(x) for x in infectious]}
 
 
-def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, threads: int) -> dict[str, Any]:
+def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, threads: int,
+            progress: bool = False) -> dict[str, Any]:
     """One run on ``world_size`` processes: the figures over ranks."""
     from agentsim.runner.launch import run_ranks
 
     t0 = time.perf_counter()
-    ranks = run_ranks(_rank, world_size, (n, days, seed, prevalence, threads), timeout=1800.0)
+    ranks = run_ranks(_rank, world_size, (n, days, seed, prevalence, threads, progress), timeout=1800.0)
     wall = time.perf_counter() - t0
     peak = sum(r["peak_rss_bytes"] for r in ranks)
     above = sum(r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
@@ -92,12 +104,13 @@ def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, th
             "seconds_per_day": max(r["seconds_per_day"] for r in ranks),
             "first_day_seconds": first["first_day_seconds"],
             "later_days_median_seconds": first["later_days_median_seconds"],
+            "day_seconds": first["day_seconds"],  # each day, slowest rank
             "comm_seconds_max": max(r["comm_seconds"] for r in ranks),
             "people_per_rank": [r["people"] for r in ranks],
             "peak_rss_bytes": peak, "peak_rss_bytes_per_agent": peak / n,
             "peak_rss_above_baseline_bytes_per_agent": above / n,
             "groups": first["groups"], "final_size": first["final_size"], "peak_infectious": first["peak_infectious"],
-            "peak_day": first["peak_day"], "deaths": first["deaths"],
+            "peak_day": first["peak_day"], "deaths": first["deaths"], "infectious_by_day": first["infectious_by_day"],
             "same_epidemic_on_every_rank": len({(r["final_size"], r["peak_infectious"]) for r in ranks}) == 1}
 
 
@@ -109,6 +122,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--prevalence", type=float, default=0.001, help="share exposed at day 0")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--progress", action="store_true", help="print the elapsed time every 10 days (rank 0)")
     p.add_argument("--note", default="", help="what the machine and the run were (kept in the file)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -121,7 +135,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for n in args.agents:
         for w in args.ranks:
-            row = measure(n, w, args.days, args.seed, args.prevalence, args.threads)
+            row = measure(n, w, args.days, args.seed, args.prevalence, args.threads, args.progress)
             base = next((r for r in rows if r["agents"] == n and r["world_size"] == 1), None)
             if base is not None and w > 1:
                 row["speedup"] = base["seconds_per_day"] / row["seconds_per_day"]
