@@ -391,14 +391,15 @@ def transmit(ctx: Context) -> None:
         betas["school"] = 0.0
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
+    layers = [layer for layer in LAYERS if betas[layer] != 0.0]  # in layer order: each person's sum in that order
+    # each place's infectiousness over every process: [G + 1] per layer (last: no place)
+    per_place = ctx.group_tables({f"person.{layer}": (sick, at_home if layer == "household" else away)
+                                  for layer in layers})
     forces, numbers = [], []  # per layer: the force of each place (and 0 for no place); each person's place
-    for layer in LAYERS:  # in layer order: each person's sum in that order
-        if betas[layer] == 0.0:
-            continue
+    for layer in layers:
         field = f"person.{layer}"
-        index = ctx.group_index(field)
-        units = at_home if layer == "household" else away
-        force = ops.to_float64_(ctx.group_table(field, sick, units))  # [G + 1] over every process; last: no place
+        force = ops.to_float64_(per_place.pop(field))
+        index = ctx.group_index(field)  # the places' numbering and sizes (known since the tables: no exchange)
         force *= betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))

@@ -4,6 +4,7 @@ through them, the same bits on 1-4 processes with both partitioners and accepted
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -365,3 +366,162 @@ def test_numbering_by_counting_windows_is_the_numbering_by_sorting(dtype, n, top
             assert numbered is not None and torch.equal(numbered[0], want_ids) and torch.equal(numbered[1], want_of)
             with pytest.raises(IndexError, match="outside"):
                 cpu_kernels.number_ids(field, start, top - 1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_id_ranges_cover_every_id_and_inside_is_the_brute_force(seed):
+    from agentsim.core import groups
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.unique(torch.randint(0, 300, (int(torch.randint(0, 120, (1,), generator=g)),), generator=g))
+    runs = [[ids[0].item(), ids[0].item()]] if ids.numel() else []
+    for x in ids[1:].tolist():
+        if x == runs[-1][1] + 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    for most in (1, 2, 3, 7, len(runs), 4096):
+        ranges = groups._id_ranges(ids, max(most, 1))
+        lo, hi = ranges["lo"].tolist(), ranges["hi"].tolist()
+        assert len(lo) <= max(most, 1) and all(a <= b for a, b in zip(lo, hi, strict=True))
+        assert all(any(a <= x <= b for a, b in zip(lo, hi, strict=True)) for x in ids.tolist())  # a cover
+        if len(runs) <= most:  # nothing to join: the runs themselves
+            assert [list(r) for r in zip(lo, hi, strict=True)] == runs
+        else:  # joined across the narrowest gaps: the widest gaps stay uncovered
+            gaps = sorted((b[0] - a[1] for a, b in itertools.pairwise(runs)), reverse=True)
+            kept = sorted(b - a for a, b in zip(hi, lo[1:], strict=False))[::-1]
+            assert kept == gaps[:len(kept)]
+    # which ids lie in some range of an unordered, overlapping set, against a loop
+    lo = torch.randint(0, 300, (15,), generator=g)
+    hi = lo + torch.randint(0, 40, (15,), generator=g)
+    probe = torch.randint(-5, 360, (500,), generator=g)
+    want = [any(a <= x <= b for a, b in zip(lo.tolist(), hi.tolist(), strict=True)) for x in probe.tolist()]
+    assert groups._inside(probe, {"lo": lo, "hi": hi}).tolist() == want
+    assert not groups._inside(probe, {"lo": lo[:0], "hi": hi[:0]}).any()
+
+
+def figures_on_a_rank(comm, blocks: bool, most: int) -> tuple[dict[str, int], dict[str, int], bool]:
+    """The cut's figures of 3000 agents in groups (ids by block of agents, or scattered) on ranks that
+    hold blocks of agents, with at most ``most`` id ranges per rank; the figures and totals by brute force."""
+    from agentsim.core import groups
+
+    groups._MAX_RANGES = most  # (a fresh process per rank)
+    n = 3000
+    uid = torch.arange(n)
+    group = uid // 7 * 3 + 11 if blocks else (uid * 7919) % 401 * 5
+    owner = uid * comm.world_size // n  # blocks of agents: groups at a block's edge are cut
+    mine = torch.nonzero(owner == comm.rank).reshape(-1)
+    sums = GroupSums(comm)
+    field = group.index_select(0, mine)
+    table = sums.table("a.group", field, torch.arange(mine.shape[0]), torch.ones(mine.shape[0], dtype=torch.int64))
+    index = sums.index("a.group", field)
+    sizes_ok = torch.equal(table[:-1].to(torch.int32), index.size)  # every member counted once, wherever it is
+    held = set(field.tolist())
+    per_rank = {}
+    for u in range(n):
+        per_rank.setdefault(int(group[u]), {}).setdefault(int(owner[u]), 0)
+        per_rank[int(group[u])][int(owner[u])] += 1
+    cut = {k for k, ranks in per_rank.items() if len(ranks) > 1}
+    here = {"members": mine.shape[0], "cut_members": sum(1 for u in mine.tolist() if int(group[u]) in cut),
+            "cut_groups": len(cut & held)}
+    everywhere = {"pairs": sum(sum(r.values()) * (sum(r.values()) - 1) // 2 for r in per_rank.values()),
+                  "crossing_pairs": sum((sum(r.values()) ** 2 - sum(m * m for m in r.values())) // 2
+                                        for r in per_rank.values())}
+    return sums.figures["a.group"], {**here, **everywhere}, sizes_ok
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("world_size", "blocks", "most"), [(2, True, 4096), (3, True, 2), (4, False, 4096),
+                                                            (4, False, 3), (3, True, 1)])
+def test_the_cut_found_through_id_ranges_is_the_brute_force_one(world_size, blocks, most):
+    got = run_ranks(figures_on_a_rank, world_size, (blocks, most), timeout=60.0)
+    for figures, want, sizes_ok in got:
+        assert sizes_ok
+        assert {k: figures[k] for k in ("members", "cut_members", "cut_groups")} == \
+            {k: want[k] for k in ("members", "cut_members", "cut_groups")}
+    for key in ("pairs", "crossing_pairs"):  # each group counted on one rank
+        assert sum(figures[key] for figures, _, _ in got) == got[0][1][key]
+
+
+def index_after_a_table_on_a_rank(comm) -> tuple[bool, bool, bool, list[int]]:
+    """``ctx.group_index`` after a ``ctx.group_table`` of the same field in one substep call: no exchange
+    where the substep may not write the field, an exchange where it may, an error after an
+    undeclared write; and the sizes over both ranks either way."""
+    from agentsim.core.context import Context
+    from agentsim.core.params import Params
+    from agentsim.core.random import CounterRNG
+    from agentsim.core.state import FieldSpec, Population, State
+    from agentsim.core.substep import Substep
+    from agentsim.errors import FieldAccessError
+
+    home = torch.tensor([4, 4, 1, 7]) + comm.rank * 3  # homes 4 and 7 are on both ranks
+    pop = Population("person", {"uid": FieldSpec(torch.int64), "home": FieldSpec(torch.int64)},
+                     {"uid": torch.arange(4) + 4 * comm.rank, "home": home})
+    groups, state = GroupSums(comm), State({"person": pop}, {})
+
+    def context(writes: list[str]) -> Context:
+        step = Substep(lambda ctx: None, name="mix", reads=["person.home"], writes=writes)
+        return Context(step, state, step=1, params=Params({}), rng=CounterRNG(0).at(1, "mix"), space=None,
+                       device=torch.device("cpu"), neighbors=None, groups=groups)
+
+    def table_then_index(ctx: Context) -> tuple[int, list[int]]:
+        ctx.group_table("person.home", torch.tensor([0]), torch.ones(1, dtype=torch.int64))
+        calls = comm.stats.calls
+        size = ctx.group_index("person.home").size.tolist()
+        return comm.stats.calls - calls, size
+
+    quiet, sizes = table_then_index(context([]))
+    exchanged, same_sizes = table_then_index(context(["person.home"]))  # the substep may move people
+    reader = context([])
+    reader.group_table("person.home", torch.tensor([0]), torch.ones(1, dtype=torch.int64))
+    pop["home"].add_(0)  # written in place by a substep that does not declare it
+    try:
+        reader.group_index("person.home")
+        caught = False
+    except FieldAccessError as e:
+        caught = "writes=" in str(e)
+    return quiet == 0, exchanged > 0 and same_sizes == sizes, caught, sizes
+
+
+@pytest.mark.timeout(120)
+def test_an_index_after_a_table_in_one_substep_call_needs_no_exchange():
+    (quiet0, exchanged0, caught0, sizes0), (quiet1, exchanged1, caught1, sizes1) = run_ranks(
+        index_after_a_table_on_a_rank, 2, (), timeout=60.0)
+    assert quiet0 and quiet1 and exchanged0 and exchanged1 and caught0 and caught1
+    assert sizes0 == [1, 3, 3] and sizes1 == [3, 3, 1]  # homes 1, 4, 7 on rank 0; 4, 7, 10 on rank 1
+
+
+def tables_on_a_rank(comm) -> tuple[bool, int, str]:
+    """Two fields' tables at once against one table at a time (another GroupSums), the collectives
+    the second ``tables`` needs, and the error when one rank's values of the second field are wider."""
+    group, rows, values = population(comm.world_size)
+    owner = torch.arange(N) * 7919 % comm.world_size
+    mine = torch.nonzero(owner == comm.rank).reshape(-1)
+    local_row = torch.full((N,), -1, dtype=torch.int64)
+    local_row[mine] = torch.arange(mine.shape[0])
+    here = owner.index_select(0, rows) == comm.rank
+    contributors, contribution = local_row.index_select(0, rows[here]), values[here]
+    home, block = group.index_select(0, mine), (mine // 50).to(torch.int32)  # a field of another dtype
+    requests = {"a.home": (home, contributors, contribution),
+                "a.block": (block, contributors.to(torch.int32), contribution[:, 0])}
+    together = GroupSums(comm)
+    got = together.tables(requests)
+    alone = GroupSums(comm)
+    same = all(torch.equal(got[name], alone.table(name, *request)) for name, request in requests.items())
+    calls = comm.stats.calls
+    again = together.tables(requests)
+    same = same and all(torch.equal(again[name], got[name]) for name in requests)
+    collectives = comm.stats.calls - calls
+    wider = contribution if comm.rank == 0 else contribution[:, 0]
+    message = config_error_of(lambda: together.tables({"a.home": requests["a.home"],
+                                                      "a.block": (block, contributors, wider)}))
+    return same, collectives, message
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_several_tables_at_once_are_the_tables_one_at_a_time(world_size):
+    for same, collectives, message in run_ranks(tables_on_a_rank, world_size, timeout=60.0):
+        assert same
+        assert collectives == 2  # one check that both fields are current, one all-to-all for both
+        assert "'a.block'" in message and "same shape" in message

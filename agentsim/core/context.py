@@ -233,6 +233,7 @@ class Context:
         self._per_agent_flags = per_agent_flags
         self._policies = policies or {}
         self._groups = groups if groups is not None else GroupSums(LocalComm())
+        self._agreed: set[str] = set()  # group fields every rank checked in this call, which it may not write
 
     # ctx["env"] (as in 0.1) is ctx.env; the overlap of "env" with str is intended.
     @overload
@@ -304,7 +305,9 @@ class Context:
             >>> groups.tolist(), totals.tolist()
             ([1, 4], [1, 2])
         """
-        return self._groups.totals(field, self._group_field("group_totals", field), rows, values)
+        out = self._groups.totals(field, self._group_field("group_totals", field), rows, values)
+        self._agree(field)
+        return out
 
     def group_table(self, field: str, rows: Tensor, values: Tensor) -> Tensor:
         """The integer sums of :meth:`group_totals` for every group of this rank's agents, as a
@@ -339,15 +342,65 @@ class Context:
             >>> per_home.tolist(), per_home[ctx.group_index("person.home").of].tolist()
             ([0, 2, 0], [2, 2, 0])
         """
-        return self._groups.table(field, self._group_field("group_table", field), rows, values)
+        out = self._groups.table(field, self._group_field("group_table", field), rows, values)
+        self._agree(field)
+        return out
+
+    def group_tables(self, requests: Mapping[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+        """:meth:`group_table` of several group fields at once (``field: (rows, values)``): the
+        same tables, with one exchange for all of them on several processes instead of one per
+        field. A collective step: every rank passes the same fields in the same order.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.params import Params
+            >>> from agentsim.core.random import CounterRNG
+            >>> from agentsim.core.state import FieldSpec, Population, State
+            >>> from agentsim.core.substep import Substep
+            >>> pop = Population("person", {"uid": FieldSpec(torch.int64), "home": FieldSpec(torch.int64),
+            ...                             "work": FieldSpec(torch.int64)},
+            ...                  {"uid": torch.arange(3), "home": torch.tensor([4, 4, 1]),
+            ...                   "work": torch.tensor([0, 2, 2])})
+            >>> step = Substep(lambda ctx: None, name="mix", reads=["person.home", "person.work"])
+            >>> ctx = Context(step, State({"person": pop}, {}), step=1, params=Params({}),
+            ...               rng=CounterRNG(0).at(1, "mix"), space=None, device=torch.device("cpu"), neighbors=None)
+            >>> sick, one = torch.tensor([0, 1]), torch.ones(2, dtype=torch.int64)
+            >>> tables = ctx.group_tables({"person.home": (sick, one), "person.work": (sick, one)})
+            >>> tables["person.home"].tolist(), tables["person.work"].tolist()
+            ([0, 2, 0], [1, 1, 0])
+        """
+        fields = {name: (self._group_field("group_tables", name), *contribution)
+                  for name, contribution in requests.items()}
+        out = self._groups.tables(fields)
+        for name in fields:
+            self._agree(name)
+        return out
 
     def group_index(self, field: str) -> GroupIndex:
         """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
         each agent's group number, each group's size over every rank, and its members here
         (:class:`~agentsim.core.groups.GroupIndex`). Built at the first call and again when the field
-        or its population changed; a collective step like :meth:`group_totals`.
+        or its population changed; a collective step like :meth:`group_totals`, except after a
+        :meth:`group_table` of the same field in the same call of a substep that does not write
+        it: every rank then knows its index is current, and nothing travels.
         """
-        return self._groups.index(field, self._group_field("group_index", field))
+        tensor = self._group_field("group_index", field)
+        if field in self._agreed and isinstance(self._groups, GroupSums):
+            index = self._groups.current_index(field, tensor)
+            if index is not None:
+                return index
+        out = self._groups.index(field, tensor)
+        self._agree(field)
+        return out
+
+    def _agree(self, field: str) -> None:
+        """After a collective group call on ``field``: every rank knows the field's groups as they are
+        now, and they stay so in this call if the substep may not write the field (an undeclared
+        write is an error).
+        """
+        population, _, name = field.partition(".")
+        if name not in self.substep.writable(population):
+            self._agreed.add(field)
 
     def _group_field(self, what: str, field: str) -> Tensor:
         """The declared group field ``"population.field"`` of this rank's agents."""

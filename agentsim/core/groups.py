@@ -13,15 +13,19 @@ sends almost nothing.
 
 How it runs on ``W`` ranks (every rank calls it: it is a collective step):
 
-- **once per field** (again after the field or its population changed): each rank sends its
-  distinct groups to their *owner* rank, ``group % W``; an owner finds the groups held by
-  several ranks and tells each holder of such a cut group the other holders;
+- **once per field** (again after the field or its population changed): the ranks share the
+  ranges their groups' ids lie in (at most 4096 per rank); each rank sends its groups that lie
+  in another rank's ranges to their *owner* rank, ``group % W``; an owner finds the groups held
+  by several ranks and tells each holder of such a cut group the other holders. Groups numbered
+  by locality, with whole localities per rank, send almost nothing;
 - **per call**: one all-reduce of a few integers (whether any rank's field changed, and that
   every rank sums values of the same width); each rank adds its contributions per group
   (``index_add`` of int64: exact) and sends the partial sums of its cut groups to the other
   holders of each, in one all-to-all whose sizes every rank knows; each holder adds what it
-  receives (exact, so the order of ranks does not matter). ``ctx.group_index`` once built costs
-  the all-reduce only.
+  receives (exact, so the order of ranks does not matter). ``ctx.group_tables`` does this for
+  several fields with one all-reduce and one all-to-all. ``ctx.group_index`` once built costs
+  the all-reduce only, and nothing after a table of the same field in the same substep call
+  (when the substep does not write the field, every rank knows that its index is current).
 
 Integers only: a float sum would depend on how the agents are split. Totals are therefore the
 same bits on any number of ranks and for any partition of the agents. On one process it is a
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +59,7 @@ from agentsim._native import kernels as cpu_kernels
 from agentsim.core import ops
 from agentsim.core.comm import Comm
 from agentsim.core.ops import expand_ranges, tensor_version
-from agentsim.errors import ConfigError
+from agentsim.errors import ConfigError, FieldAccessError
 
 __all__ = ["GroupIndex", "GroupSums"]
 
@@ -75,8 +80,10 @@ class _Cut:
         members: This rank's agents that have a group.
         peer_numbers: ``[s]`` int64 the numbers in the group index of the groups of ``peer_pos``
             (once the index is built: what :meth:`GroupSums.table` sends and adds).
-        pairs, crossing_pairs: Over the groups this rank owns, the pairs of members (contacts
-            within a group: ``m (m - 1) / 2``) and those whose members are on two ranks.
+        numbering: This rank's groups numbered when the cut was found (``ids``, ``of``), until the
+            index takes them.
+        pairs, crossing_pairs: Over the groups this rank owns or holds alone, the pairs of members
+            (contacts within a group: ``m (m - 1) / 2``) and those whose members are on two ranks.
     """
 
     field: Any
@@ -90,6 +97,7 @@ class _Cut:
     pairs: int = 0
     crossing_pairs: int = 0
     peer_numbers: Tensor | None = None
+    numbering: tuple[Tensor, Tensor] | None = None
 
     def describes(self, field: Tensor) -> bool:
         """Whether it was built from ``field`` as it is now (the same tensor, not modified since)."""
@@ -160,6 +168,61 @@ def _lexorder(major: Tensor, minor: Tensor) -> Tensor:
     """
     order = torch.argsort(minor, stable=True)
     return order.index_select(0, torch.argsort(major.index_select(0, order), stable=True))
+
+
+def _number(field: Tensor) -> tuple[Tensor, Tensor]:
+    """The groups of ``field`` (``[n]`` integers, negative: no group) numbered ``0 .. G - 1``:
+    ``(ids [G] int64 sorted, of [n] int32)``, ``of`` ``G`` for no group.
+    """
+    n = field.shape[0]
+    if n >= 2**31:
+        raise ConfigError(f"group field: {n} agents on one process; at most 2**31 - 1 (numbers are int32)")
+    top = int(field.max()) if n else -1
+    lo = max(int(field.min()), 0) if n else 0  # (0 where some agent is in no group)
+    dense = 0 <= top and top - lo < _COUNTING_WINDOWS * max(n, _MIN_WINDOW)
+    numbered = cpu_kernels.number_ids(field, lo, top) if dense else None  # a bitmap of the ids
+    if numbered is not None:
+        return numbered
+    if dense:
+        return _number_by_counting(field, lo, top)
+    return _number_by_sorting(field)
+
+
+_MAX_RANGES = 1 << 12  # id ranges a rank describes its groups by when it looks for cut groups
+
+
+def _id_ranges(ids: Tensor, most: int) -> dict[str, Tensor]:
+    """At most ``most`` ranges ``[lo, hi]`` (inclusive) that cover the sorted distinct ``ids``
+    (``[h]`` int64): the runs of consecutive ids, joined across the narrowest gaps where there are
+    more runs than ``most``. Place ids numbered place by place within localities give a few
+    runs per locality a rank holds.
+
+    Returns:
+        ``{"lo": [r] int64, "hi": [r] int64}``, ``r <= most``.
+    """
+    if ids.numel() == 0:
+        return {"lo": ids[:0], "hi": ids[:0]}
+    gaps = ids[1:] - ids[:-1]
+    breaks = torch.nonzero(gaps > 1).reshape(-1)  # a run ends at ids[b] and the next starts at ids[b + 1]
+    if breaks.numel() > most - 1:  # keep the widest gaps (ties: the first ones), join across the others
+        widest = torch.argsort(gaps.index_select(0, breaks), descending=True, stable=True)[:most - 1]
+        breaks = torch.sort(breaks.index_select(0, widest)).values
+    lo = torch.cat([ids[:1], ids.index_select(0, breaks + 1)])
+    hi = torch.cat([ids.index_select(0, breaks), ids[-1:]])
+    return {"lo": lo, "hi": hi}
+
+
+def _inside(ids: Tensor, ranges: dict[str, Tensor]) -> Tensor:
+    """``[h]`` bool: which ``ids`` lie in one of ``ranges`` (``{"lo": [r], "hi": [r]}``, inclusive,
+    possibly overlapping, any order).
+    """
+    if ranges["lo"].numel() == 0:
+        return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    order = torch.argsort(ranges["lo"], stable=True)
+    lo = ranges["lo"].index_select(0, order)
+    reach = torch.cummax(ranges["hi"].index_select(0, order), 0).values  # the furthest hi of the ranges so far
+    last = torch.searchsorted(lo, ids, right=True) - 1  # the last range that starts at or before each id
+    return (last >= 0) & (reach.index_select(0, last.clamp(min=0)) >= ids)
 
 
 def _sorted_member(values: Tensor, sorted_set: Tensor) -> Tensor:
@@ -252,8 +315,9 @@ class GroupSums:
     def figures(self) -> dict[str, dict[str, int]]:
         """Per group field (``"person.household"``), on this rank: ``members`` (agents in a group),
         ``cut_members`` (agents whose group has members on another rank), ``cut_groups`` (groups
-        shared with another rank: the ghost places), and over the groups it owns ``pairs`` (pairs
-        of members: the contacts a group stands for) and ``crossing_pairs`` (those split over ranks).
+        shared with another rank: the ghost places), and over the groups it owns or holds alone ``pairs``
+        (pairs of members: the contacts a group stands for) and ``crossing_pairs`` (those split over
+        ranks); each group is counted on one rank.
         """
         return {name: {"members": c.members, "cut_members": c.cut_members, "cut_groups": int(c.cut.numel()),
                        "pairs": c.pairs, "crossing_pairs": c.crossing_pairs}
@@ -314,23 +378,63 @@ class GroupSums:
             >>> sums.table("person.household", household, torch.tensor([0, 1, 3]), torch.tensor([1, 1, 5])).tolist()
             [0, 2, 5, 0]
         """
-        flat = self._check_values("group_table", name, field, rows, values)
-        width = flat.shape[1]
-        cut = self._cut(name, field, width=width) if self.comm.world_size > 1 else self._local(name, field)
-        index = self._index_of(cut, field)
-        groups = index.ids.shape[0]
-        number = index.of.index_select(0, rows)  # G: in no group, added to a row dropped below
-        sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
-        if width == 1:
-            sums.view(-1).index_add_(0, number, flat.view(-1))
-        else:
-            sums.index_add_(0, number, flat)
-        sums[groups] = 0  # what agents in no group added
+        return self.tables({name: (field, rows, values)})[name]
+
+    def tables(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+        """:meth:`table` of several fields at once (``name: (field, rows, values)``, in the same
+        order on every rank): one check that the fields are current, and one all-to-all for all
+        of them, instead of one of each per field.
+
+        Returns:
+            ``name`` to its table, as :meth:`table` gives it.
+
+        Raises:
+            ConfigError: As :meth:`table`, naming the field.
+        """
+        names = list(requests)
+        if not names:
+            return {}
+        flats = [self._check_values("group_table", name, *requests[name]) for name in names]
+        fields = [requests[name][0] for name in names]
         if self.comm.world_size > 1:
-            if cut.peer_numbers is None:
-                cut.peer_numbers = index.find(cut.cut).index_select(0, cut.peer_pos)
-            self._add_peer_rows(cut, sums, cut.peer_numbers)
-        return sums.reshape((groups + 1, *values.shape[1:]))
+            cuts = self._cuts_of(names, fields, [flat.shape[1] for flat in flats])
+        else:
+            cuts = [self._local(name, field) for name, field in zip(names, fields, strict=True)]
+        out: dict[str, Tensor] = {}
+        peers: list[tuple[_Cut, Tensor, Tensor]] = []
+        for name, field, cut, flat in zip(names, fields, cuts, flats, strict=True):
+            index = self._index_of(cut, field)
+            groups, width = index.ids.shape[0], flat.shape[1]
+            number = index.of.index_select(0, requests[name][1])  # G: in no group, added to a row dropped below
+            sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
+            if width == 1:
+                sums.view(-1).index_add_(0, number, flat.view(-1))
+            else:
+                sums.index_add_(0, number, flat)
+            sums[groups] = 0  # what agents in no group added
+            if self.comm.world_size > 1:
+                if cut.peer_numbers is None:
+                    cut.peer_numbers = index.find(cut.cut).index_select(0, cut.peer_pos)
+                peers.append((cut, sums, cut.peer_numbers))
+            out[name] = sums.reshape((groups + 1, *requests[name][2].shape[1:]))
+        if peers:
+            self._add_peer_rows(peers)
+        return out
+
+    def current_index(self, name: str, field: Tensor) -> GroupIndex | None:
+        """The index of ``field`` if it was built and ``field`` is unchanged since (no collective: the
+        caller knows that every rank's field is unchanged too); None if it was never built.
+
+        Raises:
+            FieldAccessError: ``field`` changed since its groups were last found.
+        """
+        known = self._cuts.get(name)
+        if known is None or known.index is None:
+            return None
+        if not known.describes(field):
+            raise FieldAccessError(f"group field {name!r} changed during a substep that does not declare it in "
+                                   "writes=")
+        return known.index
 
     def _check_values(self, what: str, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
         """``values`` as ``[m, k]`` int64, after checking the field, ``rows`` and ``values``."""
@@ -359,24 +463,41 @@ class GroupSums:
         at = torch.searchsorted(cut.cut, groups[shared])
         mine[at, :k] = partial[shared]
         mine[at, k] = 1
-        self._add_peer_rows(cut, mine, cut.peer_pos)
+        self._add_peer_rows([(cut, mine, cut.peer_pos)])
         reached = mine[:, k] > 0
         every = torch.cat([groups[~shared], cut.cut[reached]])
         sums = torch.cat([partial[~shared], mine[reached, :k]])
         order = torch.argsort(every)
         return every.index_select(0, order), sums.index_select(0, order)
 
-    def _add_peer_rows(self, cut: _Cut, table: Tensor, rows: Tensor) -> None:
-        """``table[rows]`` (``[c, k]`` int64; ``rows``: this rank's cut groups in ``cut.peer_pos``'s
-        order) sent to the peers that share each group, and what they send for the same groups
-        added at the same rows, in place: one all-to-all whose sizes every rank knows.
+    def _add_peer_rows(self, parts: list[tuple[_Cut, Tensor, Tensor]]) -> None:
+        """For each ``(cut, table, rows)`` of ``parts``: ``table[rows]`` (``[c, k]`` int64; ``rows``: this
+        rank's cut groups in ``cut.peer_pos``'s order) sent to the peers that share each group, and
+        what they send for the same groups added at the same rows, in place: one all-to-all for
+        every part, whose sizes every rank knows (each peer's message: part by part).
         """
-        k = table.shape[1]
-        splits = [int(c) * k * 8 for c in cut.peer_counts]
-        send = table.index_select(0, rows)
-        got, work = self.comm.post_all_to_all(send.reshape(-1).view(torch.uint8), splits, splits)
+        world = self.comm.world_size
+        sends = [table.index_select(0, rows) for _, table, rows in parts]
+        widths = [table.shape[1] for _, table, _ in parts]
+        counts = [[int(c) for c in cut.peer_counts] for cut, _, _ in parts]  # [part][peer] rows
+        if len(parts) == 1:  # already peer by peer
+            send = sends[0].reshape(-1)
+        else:
+            chunks = [torch.split(s, c) for s, c in zip(sends, counts, strict=True)]
+            send = torch.cat([chunks[j][p].reshape(-1) for p in range(world) for j in range(len(parts))])
+        splits = [8 * sum(c[p] * k for c, k in zip(counts, widths, strict=True)) for p in range(world)]
+        got, work = self.comm.post_all_to_all(send.view(torch.uint8), splits, splits)
         self.comm.wait(work)
-        table.index_add_(0, rows, got.view(torch.int64).reshape(-1, k).to(table.device))
+        values = got.view(torch.int64).to(parts[0][1].device)
+        if len(parts) == 1:
+            received = [values]
+        else:
+            pieces = torch.split(values, [n // 8 for n in splits])
+            per_peer = [torch.split(pieces[p], [c[p] * k for c, k in zip(counts, widths, strict=True)])
+                        for p in range(world)]
+            received = [torch.cat([per_peer[p][j] for p in range(world)]) for j in range(len(parts))]
+        for (_, table, rows), k, part in zip(parts, widths, received, strict=True):
+            table.index_add_(0, rows, part.reshape(-1, k))
 
     def index(self, name: str, field: Tensor) -> GroupIndex:
         """The groups of this rank's agents in ``field`` with their sizes over every rank and their
@@ -408,19 +529,10 @@ class GroupSums:
         """Number the groups of ``field`` here and count their members over every rank (the member
         lists are made when first asked for).
         """
-        n = field.shape[0]
-        if n >= 2**31:
-            raise ConfigError(f"group field: {n} agents on one process; at most 2**31 - 1 (numbers are int32)")
-        top = int(field.max()) if n else -1
-        lo = max(int(field.min()), 0) if n else 0  # (0 where some agent is in no group)
-        dense = 0 <= top and top - lo < _COUNTING_WINDOWS * max(n, _MIN_WINDOW)
-        numbered = cpu_kernels.number_ids(field, lo, top) if dense else None  # a bitmap of the ids
-        if numbered is not None:
-            ids, of = numbered
-        elif dense:
-            ids, of = _number_by_counting(field, lo, top)
+        if cut.numbering is not None:  # numbered as the cut was found
+            (ids, of), cut.numbering = cut.numbering, None
         else:
-            ids, of = _number_by_sorting(field)
+            ids, of = _number(field)
         size = torch.bincount(of, minlength=ids.shape[0] + 1)[:ids.shape[0]]
         if self.comm.world_size > 1:
             _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
@@ -449,20 +561,41 @@ class GroupSums:
         """The cut groups of ``field``, rebuilt (on every rank together) when any rank's changed.
         ``width``: the columns of the values summed (the same on every rank, else every rank raises).
         """
-        known = self._cuts.get(name)
-        fresh = known is not None and known.describes(field)
+        return self._cuts_of([name], [field], [width])[0]
+
+    def _cuts_of(self, names: list[str], fields: list[Tensor], widths: list[int]) -> list[_Cut]:
+        """:meth:`_cut` of several fields, with one all-reduce for all of them."""
+        known = [self._cuts.get(name) for name in names]
+        fresh = [k is not None and k.describes(f) for k, f in zip(known, fields, strict=True)]
+        world, m = self.comm.world_size, len(names)
+        flags = torch.tensor([0 if f else 1 for f in fresh] + widths + [w * w for w in widths], dtype=torch.int64)
+        summed = self.comm.sum_int64(flags.to(fields[0].device)).tolist()
+        for j, name in enumerate(names):
+            total, squares = summed[m + j], summed[2 * m + j]
+            if total * total != world * squares:  # not every rank has the same width (Cauchy-Schwarz)
+                raise ConfigError(f"group sums of {name!r}: the values have {widths[j]} column(s) here but not on "
+                                  "every process; pass values of the same shape [m, k] on every process (also with "
+                                  "m = 0)")
+        cuts = []
+        for j, (name, field) in enumerate(zip(names, fields, strict=True)):
+            k = known[j]
+            cuts.append(k if k is not None and summed[j] == 0 else self._find_cut(name, field))
+        return cuts
+
+    def _find_cut(self, name: str, field: Tensor) -> _Cut:
+        """Find the cut groups of ``field`` (on every rank together)."""
         world = self.comm.world_size
-        stale, widths, width_squares = (int(v) for v in self.comm.sum_int64(torch.tensor(
-            [0 if fresh else 1, width, width * width], dtype=torch.int64, device=field.device)).tolist())
-        if widths * widths != world * width_squares:  # not every rank has the same width (Cauchy-Schwarz)
-            raise ConfigError(f"group sums of {name!r}: the values have {width} column(s) here but not on every "
-                              "process; pass values of the same shape [m, k] on every process (also with m = 0)")
-        if known is not None and stale == 0:
-            return known
         comm, rank = self.comm, self.comm.rank
-        held, held_members = torch.unique(field.to(torch.int64), return_counts=True)
-        some = held >= 0  # no group
-        held, held_members = held[some], held_members[some]
+        numbering = _number(field)  # (kept for the index, which numbers the groups the same way)
+        held = numbering[0]
+        held_members = torch.bincount(numbering[1], minlength=held.shape[0] + 1)[:held.shape[0]]
+        members = int(held_members.sum())
+        # Only the groups inside another rank's id ranges can be held there too: the others are
+        # this rank's alone (not cut), and their pairs are counted here.
+        shared = _inside(held, comm.all_gather_rows(_id_ranges(held, _MAX_RANGES), include_self=False))
+        alone = held_members[~shared]
+        alone_pairs = int((alone * (alone - 1)).sum()) // 2
+        held, held_members = held[shared], held_members[shared]
         # each group's owner (group % W) learns which ranks hold it, and how many members each
         owner = torch.remainder(held, world)
         mine, away = owner == rank, owner != rank
@@ -497,8 +630,8 @@ class GroupSums:
         pp, pg = pp.index_select(0, order), pg.index_select(0, order)
         peer_pos = torch.searchsorted(cut_groups, pg)
         peer_counts = torch.bincount(pp, minlength=world).tolist()
-        cut_members = int(torch.count_nonzero(_sorted_member(field.to(torch.int64), cut_groups)))
+        cut_members = int(held_members[_sorted_member(held, cut_groups)].sum())  # (cut groups are among held)
         made = _Cut(weakref.ref(field), tensor_version(field), None, cut_groups, peer_pos, peer_counts,
-                    cut_members, int(held_members.sum()), pairs, crossing)
+                    cut_members, members, pairs + alone_pairs, crossing, numbering=numbering)
         self._cuts[name] = made
         return made

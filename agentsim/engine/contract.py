@@ -42,7 +42,7 @@ Nothing of it runs when it is off.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -355,6 +355,10 @@ class _PartGroups:
         every, counts = torch.unique(self.split.whole[population][key].to(torch.int64), return_counts=True)
         size = counts.index_select(0, torch.searchsorted(every, index.ids)).to(index.size.device, torch.int32)
         return GroupIndex(index.ids, index.of, size)
+
+    def tables(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+        """:meth:`table` of each field, in order."""
+        return {name: self.table(name, *request) for name, request in requests.items()}
 
     def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
         """The part's totals (with the other part's contributions) as a table of its own groups."""
