@@ -94,8 +94,8 @@ covid)
     facts
     # Each configuration in fresh processes; the JSON is rewritten after each run (a cut-off run keeps the
     # rest) and rank 0 prints its pace every 10 days. 10M people over the whole epidemic (120 days) on
-    # W = 1..16 processes, one thread each; then the US (330M people) on 16 processes over 120 days.
-    timeout 200 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 2 4 8 16 --days 120 --progress \
+    # W = 1, 8, 16, 2, 4 processes (the target first), one thread each; then the US (330M people) on 16 processes over 120 days.
+    timeout 200 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 16 2 4 --days 120 --progress \
         --out "$RESULTS/covid-ranks-10m.json"
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-ranks-10m.json" "$OUT/"; fi
     timeout 340 $PY benchmarks/bench_covid_scale.py --agents 330000000 --ranks 16 --days 120 --progress \
