@@ -41,10 +41,11 @@ MODEL = ["wolfsheep", "--agents", "600", "--seed", "3"]
 
 def _workers(pid: int) -> list[int]:
     """The worker processes under ``pid`` (Linux /proc): descendants that run agentsim steps
-    (multiprocessing spawn children, or torchrun's ``-m agentsim`` workers), not helpers."""
-    out, todo = [], [pid]
+    (children of multiprocessing's fork server or spawn children, or torchrun's ``-m agentsim``
+    workers), not helpers (the fork server itself, the resource tracker)."""
+    out, todo = [], [(pid, "")]
     while todo:
-        p = todo.pop()
+        p, parent_cmd = todo.pop()
         try:
             children = []
             for task in os.listdir(f"/proc/{p}/task"):
@@ -60,9 +61,10 @@ def _workers(pid: int) -> list[int]:
                 continue
             if "resource_tracker" in cmd:
                 continue
-            if "spawn_main" in cmd or "-m agentsim" in cmd:
+            forked = "multiprocessing.forkserver" in cmd and "multiprocessing.forkserver" in parent_cmd
+            if "spawn_main" in cmd or "-m agentsim" in cmd or forked:
                 out.append(c)
-            todo.append(c)
+            todo.append((c, cmd))
     return sorted(set(out))
 
 

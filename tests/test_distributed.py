@@ -149,6 +149,48 @@ def test_a_rank_that_exits_is_named_with_its_exit_code():
         run_ranks(exit_on_rank_1, 2, timeout=30.0)
 
 
+def register_cleanup(comm, folder):
+    """Leave, at exit, a file written by an atexit handler and one by a finalizer of garbage."""
+    import atexit
+    import weakref
+
+    atexit.register(lambda: open(os.path.join(folder, f"atexit-{comm.rank}"), "w").close())
+
+    class Cycle:  # unreachable at exit, in a reference cycle: only a collection finalizes it
+        pass
+
+    cycle = Cycle()
+    cycle.me = cycle
+    collected = weakref.finalize(cycle, lambda: open(os.path.join(folder, f"collected-{comm.rank}"), "w").close())
+    collected.atexit = False  # (else atexit would call it)
+    print(f"rank {comm.rank} done", flush=False)
+    return comm.rank
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_reported_runs_its_exit_handlers_and_flushes_its_output(tmp_path, capfd):
+    assert run_ranks(register_cleanup, 2, (str(tmp_path),), timeout=30.0) == [0, 1]
+    assert sorted(os.listdir(tmp_path)) == ["atexit-0", "atexit-1", "collected-0", "collected-1"]
+    out = capfd.readouterr().out
+    assert "rank 0 done" in out and "rank 1 done" in out
+
+
+def global_state(comm):
+    """What a worker starts with: its global generators' draws and an environment variable."""
+    return torch.initial_seed(), float(np.random.random()), os.environ.get("AGENTSIM_TEST_CALL")
+
+
+@pytest.mark.timeout(60)
+def test_workers_start_with_fresh_generators_and_the_callers_environment_now(monkeypatch):
+    seen = []
+    for call in ("first", "second"):  # (the fork server, once started, keeps its own environment)
+        monkeypatch.setenv("AGENTSIM_TEST_CALL", call)
+        ranks = run_ranks(global_state, 2, timeout=30.0)
+        assert [env for _, _, env in ranks] == [call, call]
+        seen += [(seed, draw) for seed, draw, _ in ranks]
+    assert len({seed for seed, _ in seen}) == 4 and len({draw for _, draw in seen}) == 4
+
+
 def stuck_on_rank_1(comm):
     comm.sum_int64(torch.tensor([1]))
     if comm.rank == 1:

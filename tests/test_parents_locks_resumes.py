@@ -131,6 +131,37 @@ def test_a_process_that_called_die_with_parent_dies_with_its_parent(fallback):
             pytest.fail("the child outlived its parent")
 
 
+@pytest.mark.parametrize("fallback", [False, True], ids=["pidfd", "poll"])
+def test_a_process_that_called_die_with_dies_with_the_process_it_follows(fallback):
+    """A process started by one (its parent, alive) that follows another, as a worker started by the
+    fork server follows the launcher."""
+    followed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=_env())
+    follower = ("import os, sys, time, agentsim.runner.lifeline as l\n"
+                f"if {fallback}: del os.pidfd_open\n"
+                "print(l.die_with(int(sys.argv[1])), flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", follower, str(followed.pid)], stdout=subprocess.PIPE, text=True,
+                            env=_env())
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == ("poll" if fallback else "pidfd")
+        followed.kill()
+        followed.wait()
+        assert proc.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        for p in (followed, proc):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_die_with_exits_at_once_when_the_process_is_already_gone():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # (reaped: its pid names no process, until the system reuses it)
+    code = f"import agentsim.runner.lifeline as l; l.die_with({gone.pid}); print('survived')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert done.returncode == 1 and "survived" not in done.stdout
+
+
 def test_die_with_parent_exits_at_once_when_the_parent_is_already_gone():
     code = "import agentsim.runner.lifeline as l; l.die_with_parent(1); print('survived')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)

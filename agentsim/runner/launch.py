@@ -5,9 +5,14 @@ on every rank (the tests use it to run several models in one job).
 
 How it works: the calling process hosts the group's TCPStore on a port the OS picks
 (port 0, so no hard-coded ports and no race for a free one), then starts the workers
-with the ``spawn`` start method. Each worker sets one torch thread, joins the group
+from multiprocessing's fork server, which has imported torch once (``spawn`` where there is no
+fork server): as with ``spawn``, a worker imports the caller's script as ``__mp_main__``, so a
+script starts runs under ``if __name__ == "__main__":``, and it runs with the caller's
+environment variables as they are at the call. Each worker sets one torch thread, joins the group
 (:func:`agentsim.distributed.process_group.init`), calls ``fn`` and sends back its
-return value, or its traceback if it raises, over its own pipe.
+return value, or its traceback if it raises, over its own pipe. A worker that has reported
+exits at once: its atexit handlers run, the interpreter's teardown (a second or more with
+torch loaded) does not.
 
 Failure handling: the launcher waits on the workers' pipes and process handles at
 once. When a worker reports an exception or exits without reporting, the launcher
@@ -21,6 +26,8 @@ comes raises after the group's ``timeout``, so a run never hangs.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import pickle
 import signal
@@ -48,7 +55,7 @@ from agentsim.engine.spec import RunOptions, RunSpec, make_simulation, model_ref
 from agentsim.errors import AgentsimError, ConfigError
 from agentsim.io.checkpoint import checkpoint_step, latest_checkpoint, resolve_checkpoint
 from agentsim.io.locks import lock_run
-from agentsim.runner.lifeline import die_with_parent, refuse_unguarded_start
+from agentsim.runner.lifeline import die_with, refuse_unguarded_start
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack from Python 3.11
@@ -70,8 +77,16 @@ def _describe_error(e: BaseException) -> dict[str, Any]:
 
 
 def _worker(rank: int, world_size: int, port: int, timeout: float, device: str | None,
-            fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection, parent: int) -> None:
-    die_with_parent(parent)  # a launcher killed with SIGKILL takes its workers with it
+            fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection, launcher: int,
+            environ: dict[str, str]) -> None:
+    die_with(launcher)  # a launcher killed with SIGKILL takes its workers with it (not the fork server)
+    os.environ.clear()  # the launcher's environment now, not the fork server's at its start
+    os.environ.update(environ)
+    _write_where_the_launcher_writes(launcher)
+    # Fresh global generators, as a new process has (a fork would share the server's): unkeyed
+    # draws differ between processes, and the engine's checks see them do so.
+    torch.seed()
+    np.random.seed()
     torch.set_num_threads(1)
     try:
         comm = init(rank, world_size, "127.0.0.1", port, timeout=timeout, device=device, host_store=False)
@@ -88,6 +103,48 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, device: str |
         sys.exit(1)
     conn.send(("ok", payload))
     conn.close()
+    _exit_at_once()
+
+
+def _write_where_the_launcher_writes(launcher: int) -> None:
+    """Point this worker's stdout and stderr (fds 1 and 2) at the launcher's as they are now: the
+    fork server's are those of the launcher when the server started (Linux, through ``/proc``;
+    elsewhere they stay as inherited). Regular files are opened to append.
+    """
+    for fd in (1, 2):
+        target = f"/proc/{launcher}/fd/{fd}"
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(target)):
+                continue
+            opened = os.open(target, os.O_WRONLY | os.O_APPEND)
+        except OSError:
+            continue
+        (sys.stdout if fd == 1 else sys.stderr).flush()
+        os.dup2(opened, fd)
+        os.close(opened)
+
+
+def _context() -> Any:
+    """The start method of the workers: a fork server that has imported torch (a worker starts
+    in a fraction of a second instead of importing torch for 2 s or more), or spawn where there
+    is none (Windows).
+    """
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])
+    return ctx
+
+
+def _exit_at_once() -> None:
+    """End a worker that has reported: the atexit handlers and the collection of unreferenced
+    objects run, the interpreter's teardown (a second or more with torch loaded) does not.
+    """
+    gc.collect()
+    atexit._run_exitfuncs()  # noqa: SLF001 (CPython's own exit runs them so; no public equivalent)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -170,7 +227,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank).
         started: Called with the workers' pids once they are all started.
 
-    The workers die with this process (:func:`agentsim.runner.lifeline.die_with_parent`): a launcher
+    The workers die with this process (:func:`agentsim.runner.lifeline.die_with`): a launcher
     killed with SIGKILL leaves no worker running.
 
     Returns:
@@ -185,7 +242,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
     world_size = int(world_size)
     timeout = check_timeout(timeout)
     args = tuple(args)
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     store = dist.TCPStore("127.0.0.1", 0, world_size=world_size, is_master=True,
                           timeout=timedelta(seconds=timeout), wait_for_workers=False)
     procs, conns = [], []
@@ -194,7 +251,8 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
         for rank in range(world_size):
             parent, child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker, name=f"agentsim-rank-{rank}", daemon=True,
-                            args=(rank, world_size, store.port, timeout, device, fn, args, child, os.getpid()))
+                            args=(rank, world_size, store.port, timeout, device, fn, args, child, os.getpid(),
+                                  dict(os.environ)))
             p.start()
             child.close()
             procs.append(p)

@@ -1,12 +1,16 @@
 """Worker processes that die with the process that started them.
 
 A worker started by :func:`agentsim.runner.launch.run_ranks` (``agentsim run --nprocs W``,
-``agentsim train --nprocs W``) calls :func:`die_with_parent` first thing: on Linux the kernel then
-sends it SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a launcher killed
-with SIGKILL leaves no worker writing on into its output file and checkpoints. The parent may have
-died before the call: the worker checks ``os.getppid()`` right after setting it. Where ``prctl`` is
-not available (not Linux), a daemon thread polls ``os.getppid()`` every
-:data:`PARENT_POLL_SECONDS` and ends the process when the parent is gone.
+``agentsim train --nprocs W``) calls :func:`die_with` first thing with the launcher's pid: on
+Linux a thread waits on the launcher's process descriptor (``pidfd_open``: it refers to that
+process only, never to a later one with the same pid) and sends the worker SIGKILL when the
+launcher ends, so a launcher killed with SIGKILL leaves no worker writing on into its output
+file and checkpoints. Elsewhere the thread polls the pid every :data:`PARENT_POLL_SECONDS`. (The
+workers' parent is multiprocessing's fork server, which outlives the launcher while workers
+remain, so the parent death signal alone would not do.) :func:`die_with_parent` does the same
+for a process whose parent is the one to follow: the kernel sends it SIGKILL when its parent
+dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``); the parent may have died before the call, so the
+process checks ``os.getppid()`` right after setting it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import ctypes
 import ctypes.util
 import inspect
 import os
+import select
 import signal
 import sys
 import threading
@@ -23,7 +28,7 @@ import time
 
 from agentsim.errors import ConfigError
 
-__all__ = ["PARENT_POLL_SECONDS", "die_with_parent", "parent_death_signal", "refuse_unguarded_start",
+__all__ = ["PARENT_POLL_SECONDS", "die_with", "die_with_parent", "parent_death_signal", "refuse_unguarded_start",
            "script_being_imported_by_worker", "unguarded_script_line"]
 
 PARENT_POLL_SECONDS = 0.5
@@ -58,6 +63,48 @@ def die_with_parent(parent: int) -> str:
 
         threading.Thread(target=watch, name="agentsim-parent-watch", daemon=True).start()
     return how
+
+
+def die_with(pid: int) -> str:
+    """End this process (SIGKILL) when process ``pid``, not necessarily its parent, ends; returns
+    how it watches: ``"pidfd"`` (Linux: a thread that waits on the process's descriptor, which
+    refers to that process only) or ``"poll"`` (every :data:`PARENT_POLL_SECONDS`). Exits at once
+    if ``pid`` is already gone.
+    """
+    try:
+        handle = os.pidfd_open(pid)  # type: ignore[attr-defined,unused-ignore]
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):  # not Linux 5.3+: poll
+        handle = None
+    if handle is not None:
+        def wait() -> None:
+            select.select([handle], [], [])  # readable once the process has ended
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=wait, name="agentsim-launcher-watch", daemon=True).start()
+        return "pidfd"
+    if not _exists(pid):
+        os._exit(1)
+
+    def poll() -> None:
+        while _exists(pid):
+            time.sleep(PARENT_POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=poll, name="agentsim-launcher-watch", daemon=True).start()
+    return "poll"
+
+
+def _exists(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by another user
+        return True
+    return True
 
 
 def script_being_imported_by_worker() -> str | None:
