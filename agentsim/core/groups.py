@@ -477,25 +477,19 @@ class GroupSums:
         every part, whose sizes every rank knows (each peer's message: part by part).
         """
         world = self.comm.world_size
-        sends = [table.index_select(0, rows) for _, table, rows in parts]
         widths = [table.shape[1] for _, table, _ in parts]
         counts = [[int(c) for c in cut.peer_counts] for cut, _, _ in parts]  # [part][peer] rows
-        if len(parts) == 1:  # already peer by peer
-            send = sends[0].reshape(-1)
-        else:
-            chunks = [torch.split(s, c) for s, c in zip(sends, counts, strict=True)]
-            send = torch.cat([chunks[j][p].reshape(-1) for p in range(world) for j in range(len(parts))])
-        splits = [8 * sum(c[p] * k for c, k in zip(counts, widths, strict=True)) for p in range(world)]
+        chunks = [torch.split(table.index_select(0, rows), c)  # [part][peer] rows to send
+                  for (_, table, rows), c in zip(parts, counts, strict=True)]
+        send = torch.cat([chunks[j][p].reshape(-1) for p in range(world) for j in range(len(parts))])
+        sizes = [[c[p] * k for c, k in zip(counts, widths, strict=True)] for p in range(world)]  # [peer][part] int64s
+        splits = [8 * sum(n) for n in sizes]
         got, work = self.comm.post_all_to_all(send.view(torch.uint8), splits, splits)
         self.comm.wait(work)
         values = got.view(torch.int64).to(parts[0][1].device)
-        if len(parts) == 1:
-            received = [values]
-        else:
-            pieces = torch.split(values, [n // 8 for n in splits])
-            per_peer = [torch.split(pieces[p], [c[p] * k for c, k in zip(counts, widths, strict=True)])
-                        for p in range(world)]
-            received = [torch.cat([per_peer[p][j] for p in range(world)]) for j in range(len(parts))]
+        per_peer = [torch.split(piece, n) for piece, n in zip(torch.split(values, [sum(n) for n in sizes]), sizes,
+                                                              strict=True)]
+        received = [torch.cat([per_peer[p][j] for p in range(world)]) for j in range(len(parts))]
         for (_, table, rows), k, part in zip(parts, widths, received, strict=True):
             table.index_add_(0, rows, part.reshape(-1, k))
 

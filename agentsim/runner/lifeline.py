@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from agentsim.errors import ConfigError
 
@@ -56,13 +57,20 @@ def die_with_parent(parent: int) -> str:
     if os.getppid() != parent:  # died before prctl took effect: the signal will never come
         os._exit(1)
     if how == "watchdog":
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(PARENT_POLL_SECONDS)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        threading.Thread(target=watch, name="agentsim-parent-watch", daemon=True).start()
+        _poll_until_gone(lambda: os.getppid() == parent, "agentsim-parent-watch")
     return how
+
+
+def _poll_until_gone(present: Callable[[], bool], name: str) -> None:
+    """A daemon thread that checks ``present()`` every :data:`PARENT_POLL_SECONDS` and sends this
+    process SIGKILL once it is false.
+    """
+    def watch() -> None:
+        while present():
+            time.sleep(PARENT_POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name=name, daemon=True).start()
 
 
 def die_with(pid: int) -> str:
@@ -86,13 +94,7 @@ def die_with(pid: int) -> str:
         return "pidfd"
     if not _exists(pid):
         os._exit(1)
-
-    def poll() -> None:
-        while _exists(pid):
-            time.sleep(PARENT_POLL_SECONDS)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=poll, name="agentsim-launcher-watch", daemon=True).start()
+    _poll_until_gone(lambda: _exists(pid), "agentsim-launcher-watch")
     return "poll"
 
 
