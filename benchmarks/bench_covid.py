@@ -139,12 +139,18 @@ def write_covasim_tables(tables: dict[str, Any], folder: Path) -> dict[str, str]
     return {"age_pyramid": str(ages), "household_sizes": str(households)}
 
 
-# agentsim's population beside Covasim's hybrid one, whose school and work layers are random networks
-# over all pupils and all workers (20 and 16 contacts each, no places): the same people in them (school
-# from 6 to 21 years, work everyone from 22 to 64), one school per locality (10,000 people), workplaces
-# of flat sizes (exponent 0.5: most workers in places of hundreds). Disease parameters: the defaults.
-COMPARABLE: dict[str, Any] = {"school_size": 100_000, "school_ages": "6-21", "adult_age": 22,
-                              "workplace_exponent": 0.5, "employment_rate": 1.0}
+# agentsim's population beside Covasim's hybrid one, which has no geography and whose school, work
+# and community layers are random networks over all pupils, all workers and everyone (20, 16 and 20
+# contacts each, no places): one locality (people_per_locality, set to the population), the same
+# people at school (6 to 21 years) and at work (everyone from 22 to 64), one school and one community
+# venue for everyone, workplaces of flat sizes (exponent 0.5: most workers in places of hundreds).
+# Disease parameters: the defaults.
+COMPARABLE: dict[str, Any] = {"school_size": 10**9, "school_ages": "6-21", "adult_age": 22,
+                              "workplace_exponent": 0.5, "employment_rate": 1.0, "community_size": 10**9}
+# Covasim's contacts are fixed for the run: in agentsim, fixed contact groups of one other person,
+# 20 per person and layer (about Covasim's 20 contacts, a random network); with Covasim's contacts
+# redrawn every day (--covasim-dynamic), agentsim's mixing within the whole place.
+FIXED_CONTACTS: dict[str, Any] = {"contact_groups": 20, "contacts_per_group": 1.0}
 
 
 def _run(python: str, code: str, args: list[Any], env: dict[str, str]) -> dict[str, Any]:
@@ -184,7 +190,8 @@ def main() -> None:
     tables: dict[str, Any] = {}
     if not args.own_tables:
         tables = _run(str(COVASIM), COVASIM_TABLES, [args.location], theirs)
-    params = {**COMPARABLE, **(write_covasim_tables(tables, folder) if tables else {}),
+    params = {**COMPARABLE, "people_per_locality": args.agents, **({} if args.covasim_dynamic else FIXED_CONTACTS),
+              **(write_covasim_tables(tables, folder) if tables else {}),
               **({"transmissibility_dispersion": 0} if args.no_superspreading else {}),
               **{k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}}
     rounds = []

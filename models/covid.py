@@ -15,6 +15,16 @@ exposed with probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
   ``beta_l`` is the daily rate of a person whose every place-mate is infectious),
 - ``v = 1 - vaccine_efficacy`` for the vaccinated, 1 otherwise.
 
+With ``contact_groups = k > 0``, a person meets only fixed contacts in their school, workplace
+and community venue, as in a contact network (Covasim's random layers): on the first day each
+member of a place of ``m`` members joins ``k`` of its ``max(1, round(k (m - 1) / g))`` groups
+(``g = contacts_per_group``), each drawn keyed by uid, so that a person has about ``g`` others in
+each group and ``k g`` contacts in the layer. The places' terms are then
+``f_l = beta_l * c / (k g)`` per contact group (``c`` the group's infectiousness): each contact is
+infected at the rate ``beta_l / (k g)``, and ``beta_l`` is the daily rate of a person whose
+expected ``k g`` contacts are all infectious. Contacts, unlike place-mates, are used up as they
+recover: final sizes are smaller than with mixing in the whole place.
+
 The course of an infection: each state lasts a number of days drawn when it begins, from
 Covasim's lognormal durations rounded to whole days (mean and standard deviation in days are
 parameters; the defaults are Covasim's):
@@ -144,6 +154,10 @@ model = Model(
         "locality_partition": Param("rcb", "how processes share the localities: rcb (regions of the map) or metis "
                                     "(a graph partition; the metis extra)", choices=PARTITION_METHODS),
         "community_size": Param(200, "mean people per community venue", ge=1),
+        "contact_groups": Param(0, "fixed groups of contacts of each person in their school, workplace and venue (0: "
+                                "they mix with the whole place)", ge=0, le=64),
+        "contacts_per_group": Param(2.0, "mean other members of a contact group (contact_groups > 0)", gt=0,
+                                    le=1e6),
         "adult_age": Param(18, "youngest age of a household's head and of a worker; younger people are children, "
                            "and may go to school (years)", ge=1, le=127),
         "school_ages": Param("5-10,11-13,14-17", "school levels as inclusive age ranges that do not overlap, each "
@@ -355,8 +369,40 @@ LOAD_BITS = 24  # infectiousness is counted per place in integer units of 2**-24
 BLOCK = 1 << 21  # people whose exposure is drawn together (each person's draw is keyed by uid: any block gives it)
 
 
+CONTACT_LAYERS = ("school", "work", "community")  # the layers whose places may be split into contact groups
+
+
+@model.substep(reads=["person.uid", *(f"person.{layer}" for layer in CONTACT_LAYERS)],
+               writes=[f"person.{layer}_contacts" for layer in CONTACT_LAYERS])
+def meet(ctx: Context) -> None:
+    """On the first day, with ``contact_groups = k > 0``: each person's ``k`` contact groups in each
+    of their school, workplace and venue (``person.<layer>_contacts``, ``[n, k]`` int64 ids,
+    ``place * 2**32 + group``; -1 without a place), each drawn keyed by uid among the
+    ``max(1, round(k (m - 1) / g))`` groups of a place of ``m`` members (its size over every process).
+    """
+    k = int(ctx.params["contact_groups"])
+    if ctx.step != 1 or k == 0:
+        return
+    people, per_group = ctx["person"], float(ctx.params["contacts_per_group"])
+    for layer in CONTACT_LAYERS:
+        place = people[layer]
+        index = ctx.group_index(f"person.{layer}")
+        if index.ids.shape[0] and int(index.ids[-1]) >= 2**31:
+            raise ConfigError(f"covid: contact_groups: {layer} ids reach {int(index.ids[-1])}; contact groups need "
+                              f"ids below 2**31 (a smaller population, or contact_groups = 0)")
+        groups = torch.clamp(torch.round(k * (index.size.to(torch.float64) - 1) / per_group), min=1)
+        has = ops.flatnonzero(place >= 0)
+        u = ctx.rng.uniform(people["uid"].index_select(0, has), layer, draws=k, dtype=torch.float64)  # [m, k]
+        count = groups.index_select(0, index.of.index_select(0, has).to(torch.int64)).unsqueeze(1)
+        which = torch.minimum(torch.floor(u * count), count - 1).to(torch.int64)
+        contacts = people[f"{layer}_contacts"]
+        contacts.fill_(-1)
+        contacts.index_copy_(0, has, place.index_select(0, has).to(torch.int64).unsqueeze(1) * 2**32 + which)
+
+
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated", "person.early_days",
-                      "person.transmissibility", *(f"person.{layer}" for layer in LAYERS)],
+                      "person.transmissibility", *(f"person.{layer}" for layer in LAYERS),
+                      *(f"person.{layer}_contacts" for layer in CONTACT_LAYERS)],
                writes=["person.state"])
 def transmit(ctx: Context) -> None:
     """S -> E with probability ``1 - exp(-hazard)``, the hazard summed over the person's places."""
@@ -392,15 +438,24 @@ def transmit(ctx: Context) -> None:
     if active(day, p["work_from_home_day"]):
         betas["work"] *= p["work_from_home"]
     layers = [layer for layer in LAYERS if betas[layer] != 0.0]  # in layer order: each person's sum in that order
-    # each place's infectiousness over every process: [G + 1] per layer (last: no place)
-    per_place = ctx.group_tables({f"person.{layer}": (sick, at_home if layer == "household" else away)
+    k = int(p["contact_groups"])  # > 0: school, work and community through fixed contact groups
+    fields = {layer: f"person.{layer}_contacts" if k and layer in CONTACT_LAYERS else f"person.{layer}"
+              for layer in layers}
+    # each place's (or contact group's) infectiousness over every process: [G + 1] per layer (last: none)
+    per_place = ctx.group_tables({fields[layer]: (sick, at_home if layer == "household" else away)
                                   for layer in layers})
-    forces, numbers = [], []  # per layer: the force of each place (and 0 for no place); each person's place
+    forces: list[torch.Tensor] = []
+    numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
     for layer in layers:
-        field = f"person.{layer}"
+        field = fields[layer]
         force = ops.to_float64_(per_place.pop(field))
         index = ctx.group_index(field)  # the places' numbering and sizes (known since the tables: no exchange)
         force *= betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
+        if index.of.dim() == 2:  # contact groups: per contact, of k * contacts_per_group
+            force.div_(k * p["contacts_per_group"])
+            forces.extend([force] * k)
+            numbers.extend(index.of.t().contiguous().unbind(0))
+            continue
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))
         forces.append(force)
@@ -524,7 +579,9 @@ def init(ic: InitContext) -> Grid:
            outcome=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),
            early_days=torch.zeros(len(pop), dtype=torch.int8, device=ic.device),  # days left of high infectiousness
            transmissibility=transmissibility.to(ic.device),  # hundredths of the mean infectiousness, for life
-           **{k: v.to(ic.device) for k, v in places.items()})  # place ids, -1 for none
+           **{k: v.to(ic.device) for k, v in places.items()},  # place ids, -1 for none
+           **{f"{layer}_contacts": torch.full((len(pop), int(p["contact_groups"])), -1, dtype=torch.int64,
+                                              device=ic.device) for layer in CONTACT_LAYERS})  # drawn by meet
     return Grid(grid.shape, periodic=False)  # a person's cell: their locality
 
 

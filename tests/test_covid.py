@@ -98,6 +98,38 @@ def test_same_days_on_one_to_four_processes():
     assert int(np.max(one["H"])) >= 5 and int(np.max(one["isolated"])) > 0
 
 
+@pytest.mark.timeout(300)
+def test_contact_groups_give_the_same_days_on_one_to_four_processes():
+    params = {"initial_prevalence": 0.05, "contact_groups": 3, "contacts_per_group": 2.0, "people_per_locality": 300,
+              "community_size": 40}  # small localities: workplaces (and so contact groups) span processes
+    report = check_model("covid", agents=1500, steps=8, world_sizes=(1, 2, 3, 4), params=params)
+    assert report.identical, report.summary()
+
+
+def test_contact_groups_split_each_place_into_groups_of_about_the_contacts_asked():
+    k, g = 4, 3.0
+    sim = Simulation(get_model("covid"), agents=6000, seed=3, params={"contact_groups": k, "contacts_per_group": g,
+                                                                       "people_per_locality": 3000})
+    sim.run(1)
+    people = sim.state["person"]
+    for layer in ("school", "work", "community"):
+        place, contacts = people[layer].to(torch.int64), people[f"{layer}_contacts"]
+        assert contacts.shape == (6000, k)
+        has = place >= 0
+        assert bool((contacts[~has] == -1).all()) and bool((contacts[has] >= 0).all())
+        assert torch.equal(contacts[has] >> 32, place[has].unsqueeze(1).expand(-1, k))  # within the person's place
+        places, size = torch.unique(place[has], return_counts=True)
+        groups, members = torch.unique(contacts[has], return_counts=True)
+        want = torch.clamp(torch.round(k * (size - 1).double() / g), min=1)  # groups per place, at most
+        per_place = torch.bincount(torch.searchsorted(places, groups >> 32), minlength=places.shape[0])
+        assert bool((per_place <= want).all())
+        big = (size.index_select(0, torch.searchsorted(places, groups >> 32)) > 50)  # places of more than 50
+        others = (members[big].double() ** 2).sum() / members[big].sum() - 1  # a member's others, on average
+        assert abs(float(others) - g) < 0.15 * g, (layer, float(others))
+    none = Simulation(get_model("covid"), agents=600, seed=3).run(1)
+    assert none.state["person"]["work_contacts"].shape == (600, 0)  # no contact groups: no memory
+
+
 def test_exposure_drawn_block_by_block_gives_the_same_days(baseline, monkeypatch):
     """transmit draws the exposure of a block of people at a time: any block size, the same bits."""
     import agentsim.models.covid as covid

@@ -81,6 +81,56 @@ def test_group_totals_match_brute_force_on_any_number_of_ranks(world_size):
             assert got == want
 
 
+def memberships_on_a_rank(comm, seed: int) -> list[tuple[object, object]]:
+    """A field of 3 groups per agent (some -1, some repeated) beside a field of one, read in one
+    ``tables`` call by a scattered share of the agents: tables, sizes and member lists vs brute force."""
+    group, rows, values = population(seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    several = torch.randint(0, 50, (N, 3), generator=g) * 3 + 1
+    several[torch.rand(N, 3, generator=g) < 0.1] = -1  # no group in that slot
+    several[::17, 2] = several[::17, 0]  # the same group twice
+    owner = torch.arange(N) * 7919 % comm.world_size
+    mine = torch.nonzero(owner == comm.rank).reshape(-1)
+    local_row = torch.full((N,), -1, dtype=torch.int64)
+    local_row[mine] = torch.arange(mine.shape[0])
+    here = owner.index_select(0, rows) == comm.rank
+    sums = GroupSums(comm)
+    fields = {"a.group": group.index_select(0, mine), "a.several": several.index_select(0, mine)}
+    out: list[tuple[object, object]] = []
+    for _ in range(2):  # (twice: the cuts cached)
+        tables = sums.tables({name: (field, local_row.index_select(0, rows[here]), values[here])
+                              for name, field in fields.items()})
+        ids = sums.index("a.several", fields["a.several"]).ids
+        want: dict[int, list[int]] = {k: [0, 0] for k in ids.tolist()}
+        for r, v in zip(rows.tolist(), values.tolist(), strict=True):
+            for k in several[r].tolist():
+                if k in want:
+                    want[k] = [want[k][0] + v[0], want[k][1] + v[1]]
+        got = tables["a.several"]
+        out.append((dict(zip(ids.tolist(), got[:-1].tolist(), strict=True)), want))
+        out.append((got[-1].tolist(), [0, 0]))
+        one = sums.index("a.group", fields["a.group"]).ids
+        out.append((dict(zip(one.tolist(), tables["a.group"][:-1].tolist(), strict=True)),
+                    {k: brute_force(group, rows, values, mine).get(k, [0, 0]) for k in one.tolist()}))
+    index = sums.index("a.several", fields["a.several"])
+    flat = several.reshape(-1)
+    out.append((index.size.tolist(), [int((flat == k).sum()) for k in index.ids.tolist()]))
+    out.append((list(index.of.shape), [mine.shape[0], 3]))
+    members, which = index.members(torch.arange(index.ids.shape[0]))
+    listed = sorted(zip(index.ids.index_select(0, which).tolist(), mine.index_select(0, members).tolist()))
+    out.append((listed, sorted((k, int(mine[r])) for r in range(mine.shape[0]) for k in several[mine[r]].tolist()
+                               if k >= 0)))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_several_groups_per_agent_match_brute_force_on_any_number_of_ranks(world_size):
+    for rank_results in run_ranks(memberships_on_a_rank, world_size, (world_size + 10,), timeout=60.0):
+        for got, want in rank_results:
+            assert got == want
+
+
 def test_one_process_sums_without_communication():
     group, rows, values = population(3)
     groups, totals = GroupSums(LocalComm()).totals("a.group", group, rows, values)

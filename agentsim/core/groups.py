@@ -3,6 +3,9 @@
 A *group field* is an integer field of a population whose value names the agent's group: a
 household, a school, a workplace (any int >= 0; the agents of one group share the value; a
 negative value: the agent is in no group of that field, contributes nothing and gets nothing).
+A field of shape ``[n, k]`` gives each agent ``k`` memberships (several fixed groups of contacts,
+say): an agent's contribution is added to each of its groups, and a group's size counts its
+memberships.
 :meth:`Context.group_totals <agentsim.core.context.Context.group_totals>` sums integer values
 contributed by some of this rank's agents over each of their groups, adds the contributions of
 the same groups' members on every other rank, and returns the totals of the groups this rank's
@@ -113,12 +116,14 @@ class GroupIndex:
         ids: ``[G]`` int64 sorted ids of the groups of this rank's agents.
         of: ``[n]`` int32 number of each agent's group (its position in ``ids``); ``G`` for an
             agent in no group, so that a per-group table of ``G + 1`` entries (the last for "none")
-            can be read at ``of`` directly.
-        size: ``[G]`` int32 members of each group over every rank.
+            can be read at ``of`` directly. ``[n, k]`` for a field of ``k`` memberships per agent.
+        size: ``[G]`` int32 members of each group over every rank (memberships, for a field of
+            several per agent).
         start: ``[G + 1]`` int64: the rows of group ``k``'s members here are ``order[start[k]:start[k + 1]]``
             (made at the first use of ``start``, ``order`` or :meth:`members`).
         order: ``[m]`` int32 (int64 beyond 2**31 agents) rows of this rank's members, group by group
-            (row order within a group).
+            (row order within a group; an agent with several memberships of one group appears once
+            for each).
     """
 
     def __init__(self, ids: Tensor, of: Tensor, size: Tensor) -> None:
@@ -137,13 +142,15 @@ class GroupIndex:
     @functools.cached_property
     def _member_lists(self) -> tuple[Tensor, Tensor]:
         """``(start, order)``: this rank's members group by group (a stable sort by number)."""
-        groups, of = self.ids.shape[0], self.of
+        groups, of = self.ids.shape[0], self.of.reshape(-1)
+        per_agent = self.of.shape[1] if self.of.dim() == 2 else 1
         counts = torch.bincount(of, minlength=groups + 1)[:groups]
         start = torch.zeros(groups + 1, dtype=torch.int64, device=of.device)
         torch.cumsum(counts, 0, out=start[1:])
-        rows_dtype = torch.int32 if of.shape[0] < 2**31 else torch.int64
+        rows_dtype = torch.int32 if self.of.shape[0] < 2**31 else torch.int64
         has = torch.nonzero(of < groups).reshape(-1)
-        return start, has.index_select(0, torch.argsort(of.index_select(0, has), stable=True)).to(rows_dtype)
+        slots = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True))
+        return start, (torch.div(slots, per_agent, rounding_mode="floor") if per_agent > 1 else slots).to(rows_dtype)
 
     def find(self, groups: Tensor) -> Tensor:
         """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
@@ -162,6 +169,13 @@ class GroupIndex:
         return int((self.start.index_select(0, numbers + 1) - self.start.index_select(0, numbers)).sum())
 
 
+def _per_membership(field: Tensor, values: Tensor) -> Tensor:
+    """``values`` (``[m, w]``, one row per contributing agent) repeated for each of the agent's
+    memberships of a field of several per agent (``[n, k]``: ``[m * k, w]``, agent by agent).
+    """
+    return values.repeat_interleave(field.shape[1], 0) if field.dim() == 2 else values
+
+
 def _lexorder(major: Tensor, minor: Tensor) -> Tensor:
     """``[m]`` int64 the order of ``major`` and ``minor`` (``[m]`` int64) by ``major``, then ``minor``
     (two stable sorts: no products that overflow).
@@ -171,9 +185,12 @@ def _lexorder(major: Tensor, minor: Tensor) -> Tensor:
 
 
 def _number(field: Tensor) -> tuple[Tensor, Tensor]:
-    """The groups of ``field`` (``[n]`` integers, negative: no group) numbered ``0 .. G - 1``:
-    ``(ids [G] int64 sorted, of [n] int32)``, ``of`` ``G`` for no group.
+    """The groups of ``field`` (``[n]`` or ``[n, k]`` integers, negative: no group) numbered
+    ``0 .. G - 1``: ``(ids [G] int64 sorted, of int32 shaped as field)``, ``of`` ``G`` for no group.
     """
+    if field.dim() == 2:
+        ids, of = _number(field.reshape(-1))
+        return ids, of.view(field.shape)
     n = field.shape[0]
     if n >= 2**31:
         raise ConfigError(f"group field: {n} agents on one process; at most 2**31 - 1 (numbers are int32)")
@@ -341,7 +358,8 @@ class GroupSums:
             ConfigError: float or bool ``values``, or shapes that do not fit.
         """
         flat = self._check_values("group_totals", name, field, rows, values)
-        of = field.index_select(0, rows).to(torch.int64)
+        of = field.index_select(0, rows).to(torch.int64).reshape(-1)
+        flat = _per_membership(field, flat)
         if of.numel() and int(of.min()) < 0:  # agents in no group contribute nothing
             some = torch.nonzero(of >= 0).reshape(-1)
             of, flat = of.index_select(0, some), flat.index_select(0, some)
@@ -405,7 +423,8 @@ class GroupSums:
         for name, field, cut, flat in zip(names, fields, cuts, flats, strict=True):
             index = self._index_of(cut, field)
             groups, width = index.ids.shape[0], flat.shape[1]
-            number = index.of.index_select(0, requests[name][1])  # G: in no group, added to a row dropped below
+            number = index.of.index_select(0, requests[name][1]).reshape(-1)  # G: in no group (row dropped below)
+            flat = _per_membership(field, flat)
             sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
             if width == 1:
                 sums.view(-1).index_add_(0, number, flat.view(-1))
@@ -527,7 +546,7 @@ class GroupSums:
             (ids, of), cut.numbering = cut.numbering, None
         else:
             ids, of = _number(field)
-        size = torch.bincount(of, minlength=ids.shape[0] + 1)[:ids.shape[0]]
+        size = torch.bincount(of.reshape(-1), minlength=ids.shape[0] + 1)[:ids.shape[0]]
         if self.comm.world_size > 1:
             _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
             size = summed.reshape(-1)
@@ -548,8 +567,9 @@ class GroupSums:
 
     @staticmethod
     def _check_field(name: str, field: Tensor) -> None:
-        if field.dim() != 1 or field.dtype.is_floating_point or field.dtype == torch.bool:
-            raise ConfigError(f"group field {name!r}: expected [n] integers (got {field.dtype} {list(field.shape)})")
+        if field.dim() not in (1, 2) or field.dtype.is_floating_point or field.dtype == torch.bool:
+            raise ConfigError(f"group field {name!r}: expected [n] integers, or [n, k] for k groups per agent (got "
+                              f"{field.dtype} {list(field.shape)})")
 
     def _cut(self, name: str, field: Tensor, width: int) -> _Cut:
         """The cut groups of ``field``, rebuilt (on every rank together) when any rank's changed.
@@ -582,7 +602,7 @@ class GroupSums:
         comm, rank = self.comm, self.comm.rank
         numbering = _number(field)  # (kept for the index, which numbers the groups the same way)
         held = numbering[0]
-        held_members = torch.bincount(numbering[1], minlength=held.shape[0] + 1)[:held.shape[0]]
+        held_members = torch.bincount(numbering[1].reshape(-1), minlength=held.shape[0] + 1)[:held.shape[0]]
         members = int(held_members.sum())
         # Only the groups inside another rank's id ranges can be held there too: the others are
         # this rank's alone (not cut), and their pairs are counted here.

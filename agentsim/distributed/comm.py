@@ -68,6 +68,8 @@ def pack_rows(fields: Mapping[str, Tensor]) -> Tensor:
         >>> back = unpack_rows(packed, f)
         >>> bool(torch.equal(back["pos"], f["pos"])) and bool(torch.equal(back["uid"], f["uid"]))
         True
+        >>> unpack_rows(pack_rows({"none": torch.zeros(2, 0)}), {"none": torch.zeros(2, 0)})["none"].shape
+        torch.Size([2, 0])
     """
     tensors = list(fields.values())
     if not tensors:
@@ -89,6 +91,9 @@ def unpack_rows(packed: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]
         nb = _row_bytes(t)
         # A fresh dense buffer: a column slice may look contiguous (n <= 1) with a stride
         # or storage offset that a view as a wider dtype rejects.
+        if nb == 0:  # a field of no columns ([n, 0]): nothing to view
+            out[name] = torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=packed.device)
+            continue
         column = packed.new_empty((n, nb)).copy_(packed[:, offset:offset + nb])
         out[name] = column.view(t.dtype).reshape(n, *t.shape[1:])
         offset += nb
