@@ -3,8 +3,10 @@
 Both start from Covasim's default disease parameters (agentsim's betas are Covasim's per-contact
 beta times its layer weights and contacts, its durations Covasim's lognormals, see
 ``models/covid.py``), immunity for life after an infection (Covasim's ``use_waning=False``), the
-same population size, days and share of people infected at day 0, and a population made
-comparable to Covasim's hybrid one (``COMPARABLE`` below) and drawn from Covasim's own tables: its
+same population size, days and share of people infected at day 0, the same kind of contacts
+(fixed contacts against Covasim's fixed random networks, ``FIXED_CONTACTS`` below; mixing in
+whole places against Covasim's contacts redrawn every day, ``--covasim-dynamic``), and a
+population made comparable to Covasim's hybrid one (``COMPARABLE`` below) and drawn from Covasim's own tables: its
 age distribution and its households' sizes (a Poisson number of persons, empty households skipped),
 read from the Covasim installation and given to agentsim as the CSV files of its ``age_pyramid`` and
 ``household_sizes`` parameters (``--own-tables``: agentsim's shipped US tables instead); each seed runs
@@ -24,7 +26,7 @@ Usage::
     python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --location usa \
         --out benchmarks/results/covid-100k-usa.json     # both sides with Covasim's US ages and household sizes
     python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --covasim-dynamic \
-        --out benchmarks/results/covid-100k-dynamic.json     # Covasim's contacts redrawn every day
+        --out benchmarks/results/covid-100k-dynamic.json     # Covasim's contacts redrawn every day, agentsim's places
     python benchmarks/bench_covid.py --agents 100000 --days 180 --seeds 10 --no-superspreading \
         --out benchmarks/results/covid-100k-alike.json     # everyone equally infectious, on both sides
 """

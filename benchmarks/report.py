@@ -719,6 +719,10 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
             params = {k: v for k, v in params.items() if k not in ("age_pyramid", "household_sizes")}
         drawn = (f" agentsim's people drawn from Covasim's age distribution and its households of "
                  f"Poisson({tables['household_poisson_mean']}) persons, empty households skipped." if tables else "")
+        if params is not None and params.get("contact_groups"):
+            drawn += (f" agentsim's school, work and community contacts fixed, as Covasim's are: "
+                      f"{params['contact_groups']} contact groups of {params.get('contacts_per_group')} other "
+                      f"person(s) per person and layer.")
         if d.get("covasim_dynamic"):
             drawn += " Covasim's school, work and community contacts redrawn every day (`--covasim-dynamic`)."
         if d.get("no_superspreading"):

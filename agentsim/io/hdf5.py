@@ -87,6 +87,7 @@ from torch import Tensor
 from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from agentsim.io.faults import FailingFile, Fault, write_fault
+from agentsim.io.locks import process_exists
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
 
@@ -116,13 +117,9 @@ def _remove_stale_temporaries(directory: str, name: str) -> None:
         pid = entry[len(prefix):]
         if not (entry.startswith(prefix) and pid.isdigit()):
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
+        if not process_exists(int(pid)):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, entry))
-        except PermissionError:  # a live process of another user
-            pass
 
 
 # HDF5 writes data when a handle is released too (a dataset's chunk cache on its last close), and

@@ -70,13 +70,20 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
-def _alive(pid: int, start: str | None) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether process ``pid`` exists (perhaps a zombie, or another user's: signal 0 tells)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # it exists, owned by another user
         return True
+    return True
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    if not process_exists(pid):
+        return False
     if start is None:
         return True
     now = _process_start(pid)

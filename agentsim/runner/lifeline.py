@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from agentsim.errors import ConfigError
+from agentsim.io.locks import process_exists
 
 __all__ = ["PARENT_POLL_SECONDS", "die_with", "die_with_parent", "parent_death_signal", "refuse_unguarded_start",
            "script_being_imported_by_worker", "unguarded_script_line"]
@@ -92,21 +93,10 @@ def die_with(pid: int) -> str:
 
         threading.Thread(target=wait, name="agentsim-launcher-watch", daemon=True).start()
         return "pidfd"
-    if not _exists(pid):
+    if not process_exists(pid):
         os._exit(1)
-    _poll_until_gone(lambda: _exists(pid), "agentsim-launcher-watch")
+    _poll_until_gone(lambda: process_exists(pid), "agentsim-launcher-watch")
     return "poll"
-
-
-def _exists(pid: int) -> bool:
-    """Whether process ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by another user
-        return True
-    return True
 
 
 def script_being_imported_by_worker() -> str | None:
