@@ -446,25 +446,29 @@ def transmit(ctx: Context) -> None:
                                   for layer in layers})
     forces: list[torch.Tensor] = []
     numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
+    contacts: list[tuple[torch.Tensor, torch.Tensor, float]] = []  # per contact layer: units, groups, rate per unit
     for layer in layers:
         field = fields[layer]
-        force = ops.to_float64_(per_place.pop(field))
-        index = ctx.group_index(field)  # the places' numbering and sizes (known since the tables: no exchange)
-        force *= betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
-        if index.of.dim() == 2:  # contact groups: per contact, of k * contacts_per_group
-            force.div_(k * p["contacts_per_group"])
-            forces.extend([force] * k)
-            numbers.extend(index.of.t().contiguous().unbind(0))
+        units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
+        rate = betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
+        if index.of.dim() == 2:  # contact groups: per contact, of k * contacts_per_group (summed later)
+            contacts.append((units, index.of, rate / (k * p["contacts_per_group"])))
             continue
+        force = ops.to_float64_(units)
+        force *= rate
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))
         forces.append(force)
         numbers.append(index.of)
-    if not forces:
+    if not layers:
         return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
         who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
-        hazard = ops.gather_sum(forces, numbers, who)
+        hazard = ops.gather_sum(forces, numbers, who) if forces else torch.zeros(who.shape[0], dtype=torch.float64)
+        for units, groups, rate in contacts:  # each person's k groups' units added as integers (exact), then scaled
+            mine = groups.index_select(0, who)  # [m, k]
+            total = units.index_select(0, mine.view(-1)).view(mine.shape).sum(1, dtype=torch.int64)
+            hazard += ops.to_float64_(total) * rate
         exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
         if exposed.shape[0] < who.shape[0]:
             who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)
