@@ -386,11 +386,10 @@ def meet(ctx: Context) -> None:
     people, per_group = ctx["person"], float(ctx.params["contacts_per_group"])
     for layer in CONTACT_LAYERS:
         place = people[layer]
-        index = ctx.group_index(f"person.{layer}")
-        if index.ids.shape[0] and int(index.ids[-1]) >= 2**31:
-            raise ConfigError(f"covid: contact_groups: {layer} ids reach {int(index.ids[-1])}; contact groups need "
-                              f"ids below 2**31 (a smaller population, or contact_groups = 0)")
+        index = ctx.group_index(f"person.{layer}")  # (place ids are int32: init checked)
         groups = torch.clamp(torch.round(k * (index.size.to(torch.float64) - 1) / per_group), min=1)
+        ctx.flag(f"contact_groups: a {layer} place would have 2**32 contact groups or more (raise contacts_per_group)",
+                 groups >= 2**32)  # (their numbers would reach the next place's ids)
         has = ops.flatnonzero(place >= 0)
         u = ctx.rng.uniform(people["uid"].index_select(0, has), layer, draws=k, dtype=torch.float64)  # [m, k]
         count = groups.index_select(0, index.of.index_select(0, has).to(torch.int64)).unsqueeze(1)
@@ -464,7 +463,8 @@ def transmit(ctx: Context) -> None:
         return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
         who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
-        hazard = ops.gather_sum(forces, numbers, who) if forces else torch.zeros(who.shape[0], dtype=torch.float64)
+        hazard = ops.gather_sum(forces, numbers, who) if forces else torch.zeros(who.shape[0], dtype=torch.float64,
+                                                                                  device=who.device)
         for units, groups, rate in contacts:  # each person's k groups' units added as integers (exact), then scaled
             mine = groups.index_select(0, who)  # [m, k]
             total = units.index_select(0, mine.view(-1)).view(mine.shape).sum(1, dtype=torch.int64)
@@ -574,6 +574,11 @@ def init(ic: InitContext) -> Grid:
         u = ic.rng.uniform(uid[first:first + BLOCK], "transmissibility", dtype=torch.float64)
         transmissibility[first:first + BLOCK] = draw_days(law, u) - 1
     places = {layer: pop.compact(layer) for layer in LAYERS}  # int32 ids where they fit (the columns themselves)
+    wide = [layer for layer in CONTACT_LAYERS if places[layer].dtype != torch.int32]  # (the same on every process)
+    if p["contact_groups"] and wide:
+        raise ConfigError(f"covid: contact_groups: the {', '.join(wide)} ids of {n:,} people in "
+                          f"{grid.n_localities:,} localities do not fit int32, which contact groups need; use "
+                          f"contact_groups = 0, or fewer people per locality")
     cell = pop.locality.to(torch.int16 if grid.n_localities <= 2**15 else torch.int32)  # narrow where it fits
     ic.add("person", uid=uid.to(ic.device), age=pop.age.to(ic.device), cell=cell.to(ic.device),
            state=torch.where(exposed, E, S).to(torch.int8).to(ic.device),

@@ -130,6 +130,34 @@ def test_contact_groups_split_each_place_into_groups_of_about_the_contacts_asked
     assert none.state["person"]["work_contacts"].shape == (600, 0)  # no contact groups: no memory
 
 
+@pytest.mark.parametrize("groups", [0, 2])
+def test_a_run_records_its_people_with_or_without_contact_groups(tmp_path, groups):
+    from agentsim.io import read_trajectory
+
+    out = tmp_path / "covid.h5"
+    Simulation(get_model("covid"), agents=800, seed=1, params={"contact_groups": groups}).run(2, out=str(out))
+    traj = read_trajectory(out)
+    recorded = traj.fields("person")
+    assert ("work_contacts" in recorded) == bool(groups)  # a field of no columns has nothing to record
+    if groups:
+        assert traj.agents("person", "work_contacts")["work_contacts"].shape == (800, groups)
+
+
+def test_contact_groups_without_households_or_with_ids_too_wide_for_them(monkeypatch):
+    params = {"contact_groups": 2, "beta_household": 0.0, "initial_prevalence": 0.05}
+    m = Simulation(get_model("covid"), agents=1500, seed=2, params=params).run(10).metrics
+    assert int(m["S"][0] - m["S"][-1]) > 20  # infected through contact groups alone
+    from agentsim.population import synthetic
+
+    with monkeypatch.context() as patched:  # place ids of int64, as beyond about 10M people in 10,000 localities
+        patched.setattr(synthetic, "_compact_dtype", lambda layer, localities: torch.int64)
+        with pytest.raises(ConfigError, match=r"contact_groups: the school, work, community ids .*do not fit int32"):
+            Simulation(get_model("covid"), agents=1500, seed=2, params={"contact_groups": 2})
+    with pytest.raises(Exception, match=r"2\*\*32 contact groups or more"):
+        Simulation(get_model("covid"), agents=1500, seed=2,
+                   params={"contact_groups": 64, "contacts_per_group": 1e-9}).run(1)
+
+
 def test_exposure_drawn_block_by_block_gives_the_same_days(baseline, monkeypatch):
     """transmit draws the exposure of a block of people at a time: any block size, the same bits."""
     import agentsim.models.covid as covid

@@ -112,6 +112,28 @@ def memberships_on_a_rank(comm, seed: int) -> list[tuple[object, object]]:
         one = sums.index("a.group", fields["a.group"]).ids
         out.append((dict(zip(one.tolist(), tables["a.group"][:-1].tolist(), strict=True)),
                     {k: brute_force(group, rows, values, mine).get(k, [0, 0]) for k in one.tolist()}))
+    mine_rows = local_row.index_select(0, rows[here])
+    groups, totals = sums.totals("a.several", fields["a.several"], mine_rows, values[here])
+    want = {}
+    for r, v in zip(rows.tolist(), values.tolist(), strict=True):
+        for k in several[r].tolist():
+            if k >= 0:
+                old = want.get(k, [0, 0])
+                want[k] = [old[0] + v[0], old[1] + v[1]]
+    held = set(several.index_select(0, mine).reshape(-1).tolist())
+    out.append((dict(zip(groups.tolist(), totals.tolist(), strict=True)),
+                {k: v for k, v in sorted(want.items()) if k in held}))
+    if comm.rank == 0:  # a change on one rank only: every rank finds the groups again
+        fields["a.several"][:, 1] = -1
+    several[(owner == 0), 1] = -1
+    tables = sums.tables({"a.several": (fields["a.several"], mine_rows, values[here])})
+    ids = sums.index("a.several", fields["a.several"]).ids
+    want = {k: [0, 0] for k in ids.tolist()}
+    for r, v in zip(rows.tolist(), values.tolist(), strict=True):
+        for k in several[r].tolist():
+            if k in want:
+                want[k] = [want[k][0] + v[0], want[k][1] + v[1]]
+    out.append((dict(zip(ids.tolist(), tables["a.several"][:-1].tolist(), strict=True)), want))
     index = sums.index("a.several", fields["a.several"])
     flat = several.reshape(-1)
     out.append((index.size.tolist(), [int((flat == k).sum()) for k in index.ids.tolist()]))
@@ -129,6 +151,16 @@ def test_several_groups_per_agent_match_brute_force_on_any_number_of_ranks(world
     for rank_results in run_ranks(memberships_on_a_rank, world_size, (world_size + 10,), timeout=60.0):
         for got, want in rank_results:
             assert got == want
+
+
+def test_a_field_of_no_groups_per_agent_gives_empty_tables():
+    sums = GroupSums(LocalComm())
+    none = torch.zeros((5, 0), dtype=torch.int64)
+    assert sums.table("a.none", none, torch.tensor([0, 3]), torch.tensor([4, 2])).tolist() == [0]
+    index = sums.index("a.none", none)
+    assert index.ids.numel() == 0 and list(index.of.shape) == [5, 0] and index.members(index.ids)[0].numel() == 0
+    groups, totals = sums.totals("a.none", none, torch.tensor([1]), torch.tensor([[1, 2]]))
+    assert groups.numel() == 0 and list(totals.shape) == [0, 2]
 
 
 def test_one_process_sums_without_communication():

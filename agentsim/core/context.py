@@ -271,8 +271,10 @@ class Context:
         """Integer sums over groups of agents, whatever rank their members are on.
 
         ``field`` (``"population.field"``, declared in ``reads``) holds each agent's group: a
-        household, a school (ints >= 0). The agents ``rows`` of this rank contribute ``values``;
-        the contributions of every rank are added per group. A model that reads other agents
+        household, a school (ints >= 0; negative: none); a field ``[n, k]`` holds ``k`` groups per
+        agent (several venues, fixed groups of contacts), each of which gets the agent's values.
+        The agents ``rows`` of this rank contribute ``values``; the contributions of every rank
+        are added per group. A model that reads other agents
         only through such sums (infectious members per place) needs no ``neighbors`` at all.
         Every rank must call it, with empty ``rows`` when it has nothing to add, in the same
         order (it is a collective step, as ``ctx.spawn``). See :mod:`agentsim.core.groups`.
@@ -313,7 +315,8 @@ class Context:
         """The integer sums of :meth:`group_totals` for every group of this rank's agents, as a
         table in the numbering of :meth:`group_index` (row ``g``: group ``ctx.group_index(field).ids[g]``;
         0 where nothing was added; the last row, 0, for agents in no group), so that
-        ``table[index.of]`` is each agent's group total. Faster than :meth:`group_totals` where many
+        ``table[index.of]`` is each agent's group total (``[n, k]`` for a field of ``k`` groups per
+        agent: ``.sum(1)`` adds them). Faster than :meth:`group_totals` where many
         groups get a contribution (no sort); several fields' tables are read at once with
         :func:`agentsim.core.ops.gather_sum`. A collective step like :meth:`group_totals`.
 
@@ -378,7 +381,8 @@ class Context:
 
     def group_index(self, field: str) -> GroupIndex:
         """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
-        each agent's group number, each group's size over every rank, and its members here
+        each agent's group number (``[n, k]`` numbers for a field of ``k`` groups per agent), each
+        group's size over every rank (memberships), and its members here
         (:class:`~agentsim.core.groups.GroupIndex`). Built at the first call and again when the field
         or its population changed; a collective step like :meth:`group_totals`, except after a
         :meth:`group_table` of the same field in the same call of a substep that does not write

@@ -189,6 +189,9 @@ def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     ``0 .. G - 1``: ``(ids [G] int64 sorted, of int32 shaped as field)``, ``of`` ``G`` for no group.
     """
     if field.dim() == 2:
+        if field.numel() >= 2**31:
+            raise ConfigError(f"group field: {field.shape[0]} agents of {field.shape[1]} groups each on one process "
+                              f"({field.numel()} memberships); at most 2**31 - 1 memberships (numbers are int32)")
         ids, of = _number(field.reshape(-1))
         return ids, of.view(field.shape)
     n = field.shape[0]
@@ -330,7 +333,8 @@ class GroupSums:
 
     @property
     def figures(self) -> dict[str, dict[str, int]]:
-        """Per group field (``"person.household"``), on this rank: ``members`` (agents in a group),
+        """Per group field (``"person.household"``), on this rank: ``members`` (agents in a group;
+        memberships, for a field of several groups per agent),
         ``cut_members`` (agents whose group has members on another rank), ``cut_groups`` (groups
         shared with another rank: the ghost places), and over the groups it owns or holds alone ``pairs``
         (pairs of members: the contacts a group stands for) and ``crossing_pairs`` (those split over
@@ -345,7 +349,8 @@ class GroupSums:
 
         Args:
             name: The field's reference, ``"population.field"`` (the cache key).
-            field: ``[n]`` integer group of each of this rank's agents (< 0: none).
+            field: ``[n]`` integer group of each of this rank's agents (< 0: none), or ``[n, k]``: the
+                ``k`` groups of each (a contribution is added to each of them).
             rows: ``[m]`` int64 or int32 the agents that contribute (rows of ``field``; repeats allowed).
             values: ``[m]`` or ``[m, k]`` integer contribution of each (summed as int64).
 

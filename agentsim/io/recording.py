@@ -217,8 +217,8 @@ class Recorder:
         """A frame gathered on rank 0 (None on the other ranks)."""
         if self.writer is None or frame is None:
             return
-        for population, rows in frame.agents.items():
-            self.writer.write_agents(step, population, rows)
+        for population, rows in frame.agents.items():  # (a field of no columns, [n, 0], has nothing to record)
+            self.writer.write_agents(step, population, {k: v for k, v in rows.items() if 0 not in v.shape[1:]})
         if frame.env:
             self.writer.write_env(step, frame.env)
 
