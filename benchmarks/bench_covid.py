@@ -65,7 +65,8 @@ sim = Simulation(get_model("covid"), agents=n, seed=seed, params=params)
 t1 = time.perf_counter()
 m = sim.run(days).metrics
 t2 = time.perf_counter()
-infectious = (m["A"] + m["I"] + m["H"]).tolist()  # severe cases infect too (as Covasim's)
+infectious = (m["A"] + m["I"] + m["H"]).tolist()[1:]  # after day 0, 1, ... (row 0: before the first day), as
+# Covasim's results (index t: after day t); severe cases infect too (as Covasim's)
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
                   "deaths": int(m["D"][-1]),
@@ -83,9 +84,9 @@ if alike:  # every person's transmissibility 1: no superspreading
     layers["beta_dist"] = {"dist": "uniform", "par1": 1.0, "par2": 1.0}
 cv.options.set(verbose=0, show=False)
 t0 = time.perf_counter()
-sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days, rand_seed=seed, pop_infected=max(1, round(prevalence * n)),
+sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days - 1, rand_seed=seed, pop_infected=max(1, round(prevalence * n)),
              use_waning=False, location=location or None, verbose=0, **layers)  # immunity for life, as agentsim's
-sim.initialize()
+sim.initialize()  # (days 0 .. n_days: the same number of days as agentsim's run)
 t1 = time.perf_counter()
 sim.run()
 t2 = time.perf_counter()
