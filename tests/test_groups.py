@@ -31,23 +31,32 @@ def population(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def brute_force(group: torch.Tensor, rows: torch.Tensor, values: torch.Tensor,
                 mine: torch.Tensor) -> dict[int, list[int]]:
-    """Group id to its total over all contributors, for the groups of the agents ``mine`` that got one."""
+    """Group id to its total over all contributors, for the groups of the agents ``mine`` that got one
+    (``group`` ``[N]``, or ``[N, k]``: each agent's contribution reaches each of its groups >= 0)."""
     totals: dict[int, list[int]] = {}
     for r, v in zip(rows.tolist(), values.tolist(), strict=True):
-        old = totals.get(group[r].item(), [0, 0])
-        totals[int(group[r])] = [old[0] + v[0], old[1] + v[1]]
-    held = set(group[mine].tolist())
+        for k in group[r].reshape(-1).tolist():
+            if k >= 0:
+                old = totals.get(k, [0, 0])
+                totals[k] = [old[0] + v[0], old[1] + v[1]]
+    held = set(group[mine].reshape(-1).tolist())
     return {k: v for k, v in sorted(totals.items()) if k in held}
+
+
+def scattered_share(comm, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's share of the ``N`` agents (uid * 7919 % W): each agent's owner ``[N]``, this rank's
+    agents ``[n]``, each agent's row here ``[N]`` (-1 elsewhere), and which of ``rows`` are here."""
+    owner = torch.arange(N) * 7919 % comm.world_size
+    mine = torch.nonzero(owner == comm.rank).reshape(-1)
+    local_row = torch.full((N,), -1, dtype=torch.int64)
+    local_row[mine] = torch.arange(mine.shape[0])
+    return owner, mine, local_row, owner.index_select(0, rows) == comm.rank
 
 
 def sums_on_a_rank(comm, seed: int) -> list[tuple[dict[int, list[int]], dict[int, list[int]]]]:
     """This rank's agents are a scattered share (uid * 7919 % W): totals, twice (the cut is cached), vs brute force."""
     group, rows, values = population(seed)
-    owner = torch.arange(N) * 7919 % comm.world_size
-    mine = torch.nonzero(owner == comm.rank).reshape(-1)
-    local_row = torch.full((N,), -1, dtype=torch.int64)
-    local_row[mine] = torch.arange(mine.shape[0])
-    here = owner.index_select(0, rows) == comm.rank
+    _, mine, local_row, here = scattered_share(comm, rows)
     sums = GroupSums(comm)
     field = group.index_select(0, mine)
     out = []
@@ -89,11 +98,7 @@ def memberships_on_a_rank(comm, seed: int) -> list[tuple[object, object]]:
     several = torch.randint(0, 50, (N, 3), generator=g) * 3 + 1
     several[torch.rand(N, 3, generator=g) < 0.1] = -1  # no group in that slot
     several[::17, 2] = several[::17, 0]  # the same group twice
-    owner = torch.arange(N) * 7919 % comm.world_size
-    mine = torch.nonzero(owner == comm.rank).reshape(-1)
-    local_row = torch.full((N,), -1, dtype=torch.int64)
-    local_row[mine] = torch.arange(mine.shape[0])
-    here = owner.index_select(0, rows) == comm.rank
+    owner, mine, local_row, here = scattered_share(comm, rows)
     sums = GroupSums(comm)
     fields = {"a.group": group.index_select(0, mine), "a.several": several.index_select(0, mine)}
     out: list[tuple[object, object]] = []
@@ -101,39 +106,26 @@ def memberships_on_a_rank(comm, seed: int) -> list[tuple[object, object]]:
         tables = sums.tables({name: (field, local_row.index_select(0, rows[here]), values[here])
                               for name, field in fields.items()})
         ids = sums.index("a.several", fields["a.several"]).ids
-        want: dict[int, list[int]] = {k: [0, 0] for k in ids.tolist()}
-        for r, v in zip(rows.tolist(), values.tolist(), strict=True):
-            for k in several[r].tolist():
-                if k in want:
-                    want[k] = [want[k][0] + v[0], want[k][1] + v[1]]
+        want = brute_force(several, rows, values, mine)
         got = tables["a.several"]
-        out.append((dict(zip(ids.tolist(), got[:-1].tolist(), strict=True)), want))
+        out.append((dict(zip(ids.tolist(), got[:-1].tolist(), strict=True)),
+                    {k: want.get(k, [0, 0]) for k in ids.tolist()}))
         out.append((got[-1].tolist(), [0, 0]))
         one = sums.index("a.group", fields["a.group"]).ids
+        want = brute_force(group, rows, values, mine)
         out.append((dict(zip(one.tolist(), tables["a.group"][:-1].tolist(), strict=True)),
-                    {k: brute_force(group, rows, values, mine).get(k, [0, 0]) for k in one.tolist()}))
+                    {k: want.get(k, [0, 0]) for k in one.tolist()}))
     mine_rows = local_row.index_select(0, rows[here])
     groups, totals = sums.totals("a.several", fields["a.several"], mine_rows, values[here])
-    want = {}
-    for r, v in zip(rows.tolist(), values.tolist(), strict=True):
-        for k in several[r].tolist():
-            if k >= 0:
-                old = want.get(k, [0, 0])
-                want[k] = [old[0] + v[0], old[1] + v[1]]
-    held = set(several.index_select(0, mine).reshape(-1).tolist())
-    out.append((dict(zip(groups.tolist(), totals.tolist(), strict=True)),
-                {k: v for k, v in sorted(want.items()) if k in held}))
+    out.append((dict(zip(groups.tolist(), totals.tolist(), strict=True)), brute_force(several, rows, values, mine)))
     if comm.rank == 0:  # a change on one rank only: every rank finds the groups again
         fields["a.several"][:, 1] = -1
     several[(owner == 0), 1] = -1
     tables = sums.tables({"a.several": (fields["a.several"], mine_rows, values[here])})
     ids = sums.index("a.several", fields["a.several"]).ids
-    want = {k: [0, 0] for k in ids.tolist()}
-    for r, v in zip(rows.tolist(), values.tolist(), strict=True):
-        for k in several[r].tolist():
-            if k in want:
-                want[k] = [want[k][0] + v[0], want[k][1] + v[1]]
-    out.append((dict(zip(ids.tolist(), tables["a.several"][:-1].tolist(), strict=True)), want))
+    want = brute_force(several, rows, values, mine)
+    out.append((dict(zip(ids.tolist(), tables["a.several"][:-1].tolist(), strict=True)),
+                {k: want.get(k, [0, 0]) for k in ids.tolist()}))
     index = sums.index("a.several", fields["a.several"])
     flat = several.reshape(-1)
     out.append((index.size.tolist(), [int((flat == k).sum()) for k in index.ids.tolist()]))
