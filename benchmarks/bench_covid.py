@@ -14,7 +14,8 @@ both, alternating (Covasim first),
 each in a fresh process with one thread. Reported per side: init seconds (population and
 contacts), seconds per simulated day (the run over days), peak resident memory of the process,
 and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic,
-symptomatic and severe; Covasim's ``n_infectious``), deaths.
+symptomatic and severe; Covasim's ``n_infectious``), deaths, and the peak of the severe (in hospital:
+agentsim's H; Covasim's ``n_severe``, its critical cases included).
 
 Covasim runs from its own virtual environment (``benchmarks/peers/venvs/covasim``, Python 3.12,
 ``pip install covasim==4.0.1``), not installed with agentsim.
@@ -69,7 +70,7 @@ infectious = (m["A"] + m["I"] + m["H"]).tolist()[1:]  # after day 0, 1, ... (row
 # Covasim's results (index t: after day t); severe cases infect too (as Covasim's)
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
-                  "deaths": int(m["D"][-1]),
+                  "deaths": int(m["D"][-1]), "peak_severe": int(m["H"][1:].max()),
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -95,6 +96,7 @@ infectious = [float(x) for x in r["n_infectious"].values]
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
                   "final_size": int(r["cum_infections"].values[-1]), "peak_infectious": max(infectious),
                   "peak_day": infectious.index(max(infectious)), "deaths": int(r["cum_deaths"].values[-1]),
+                  "peak_severe": max(float(x) for x in r["n_severe"].values),  # (critical cases are severe too)
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "version": cv.__version__}))
 """
@@ -211,7 +213,8 @@ def main() -> None:
         summary[side] = {k: {"median": statistics.median(x[k] for x in ok), "min": min(x[k] for x in ok),
                              "max": max(x[k] for x in ok)} for k in ("init_seconds", "seconds_per_day", "final_size",
                                                                       "peak_infectious", "peak_day", "deaths",
-                                                                      "peak_rss_mib")} if ok else {}
+                                                                      "peak_severe", "peak_rss_mib")
+                             if all(k in x for x in ok)} if ok else {}
     ratios = [r["covasim"]["seconds_per_day"] / r["agentsim"]["seconds_per_day"] for r in rounds
               if "error" not in r["covasim"] and "error" not in r["agentsim"]]
     summary["speedup_per_day_median"] = statistics.median(ratios) if ratios else None

@@ -710,7 +710,7 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     lines = provenance(files)
     keys = [("seconds_per_day", "s per day"), ("init_seconds", "init s"), ("peak_rss_mib", "peak RSS MiB"),
             ("final_size", "ever infected"), ("peak_infectious", "peak infectious"), ("peak_day", "peak day"),
-            ("deaths", "deaths")]
+            ("deaths", "deaths"), ("peak_severe", "peak severe")]
     for rel, d in files:
         params = d.get("agentsim_params")
         where = d.get("covasim_location") or "its default ages and household sizes"
