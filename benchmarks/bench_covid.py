@@ -15,7 +15,8 @@ each in a fresh process with one thread. Reported per side: init seconds (popula
 contacts), seconds per simulated day (the run over days), peak resident memory of the process,
 and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic,
 symptomatic and severe; Covasim's ``n_infectious``), deaths, and the peak of the severe (in hospital:
-agentsim's H; Covasim's ``n_severe``, its critical cases included).
+agentsim's H; Covasim's ``n_severe``, its critical cases included); and the numbers of infectious and
+severe after each day (the curves).
 
 Covasim runs from its own virtual environment (``benchmarks/peers/venvs/covasim``, Python 3.12,
 ``pip install covasim==4.0.1``), not installed with agentsim.
@@ -71,6 +72,7 @@ infectious = (m["A"] + m["I"] + m["H"]).tolist()[1:]  # after day 0, 1, ... (row
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
                   "deaths": int(m["D"][-1]), "peak_severe": int(m["H"][1:].max()),
+                  "infectious_by_day": infectious, "severe_by_day": m["H"].tolist()[1:],
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -97,6 +99,7 @@ print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
                   "final_size": int(r["cum_infections"].values[-1]), "peak_infectious": max(infectious),
                   "peak_day": infectious.index(max(infectious)), "deaths": int(r["cum_deaths"].values[-1]),
                   "peak_severe": max(float(x) for x in r["n_severe"].values),  # (critical cases are severe too)
+                  "infectious_by_day": infectious, "severe_by_day": [float(x) for x in r["n_severe"].values],
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "version": cv.__version__}))
 """
@@ -206,7 +209,9 @@ def main() -> None:
                                                      int(args.no_superspreading)], theirs)
         agentsim = _run(sys.executable, AGENTSIM, [*run_args, json.dumps(params)], mine)
         rounds.append({"seed": seed, "covasim": covasim, "agentsim": agentsim})
-        print(json.dumps(rounds[-1]), flush=True)
+        brief = {side: {k: v for k, v in rounds[-1][side].items() if not k.endswith("_by_day")}  # (no curves)
+                 for side in ("covasim", "agentsim")}
+        print(json.dumps({"seed": seed, **brief}), flush=True)
     summary: dict[str, Any] = {}
     for side in ("covasim", "agentsim"):
         ok = [r[side] for r in rounds if "error" not in r[side]]

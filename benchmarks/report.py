@@ -752,6 +752,56 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                    "milliseconds per simulated day, agentsim and Covasim")
 
 
+def _count(x: float) -> str:
+    """A number of people (a median of two may end in .5)."""
+    return f"{x:,.0f}" if x == int(x) else f"{x:,.1f}"
+
+
+def _daily(d: dict[str, Any], side: str, key: str) -> list[list[float]]:
+    """Each seed's numbers after each day (``key``, e.g. ``infectious_by_day``) on one side of a covid file."""
+    return [r[side][key] for r in d["rounds"] if key in r[side]]
+
+
+def covid_curves_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """The epidemic curves of ``bench_covid.py``'s files that recorded them: both sides, day by day."""
+    lines = ["The number of infectious people (asymptomatic, symptomatic and severe) and of severe ones "
+             "(agentsim's H; Covasim's `n_severe`, critical cases included) after each day: medians over the "
+             "seeds (min - max). The plot shows the infectious per 1,000 people, the band the range over the seeds.",
+             ""]
+    for rel, d in files:
+        n_days = min(len(c) for side in ("covasim", "agentsim") for c in _daily(d, side, "infectious_by_day"))
+        days = [day for day in (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150) if day < n_days]
+        rows = []
+        for side in ("covasim", "agentsim"):
+            for key, label in (("infectious_by_day", "infectious"), ("severe_by_day", "severe")):
+                at = [[c[day] for c in _daily(d, side, key)] for day in days]  # per day: each seed's number
+                rows.append([f"{side} {label}",
+                             *(f"{_count(statistics.median(x))} ({_count(min(x))} - {_count(max(x))})" for x in at)])
+        lines += [f"`{rel}`: {int(d['agents']):,} people, {len(d['rounds'])} seeds"
+                  f"{', Covasim contacts redrawn daily' if d.get('covasim_dynamic') else ''}.", ""]
+        lines += table(["after day", *(str(day) for day in days)], rows)
+
+    def plot(ax: Any) -> None:
+        styles = ["-", "--", ":", "-."]
+        for j, (rel, d) in enumerate(files):
+            per = 1000.0 / int(d["agents"])
+            for side, color in (("covasim", "#e45756"), ("agentsim", "#4c78a8")):
+                seeds = _daily(d, side, "infectious_by_day")
+                n_days = min(len(c) for c in seeds)
+                x = list(range(n_days))
+                ax.plot(x, [statistics.median(c[t] for c in seeds) * per for t in x], styles[j % len(styles)],
+                        color=color, label=f"{side}, {Path(rel).stem}", linewidth=1.2)
+                ax.fill_between(x, [min(c[t] for c in seeds) * per for t in x],
+                                [max(c[t] for c in seeds) * per for t in x], color=color, alpha=0.2, linewidth=0)
+        ax.set_xlabel("day")
+        ax.set_ylabel("infectious per 1,000 people")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    return Section("covid-curves", "Covid epidemic curves beside Covasim (`bench_covid.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 3.6),
+                   "infectious per 1,000 people by day, agentsim and Covasim, median and range over the seeds")
+
+
 def covid_scale_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     """The covid model and its synthetic population at 1M to 100M people on one process."""
     lines = provenance(files)
@@ -858,7 +908,12 @@ def render(results: Path) -> Report:
         peers.setdefault(str(d["suite"]), []).append((rel, d))
     for suite in sorted(peers, key=lambda s: (PEER_ORDER.index(s) if s in PEER_ORDER else len(PEER_ORDER), s)):
         report.sections.append(peers_section(suite, peers[suite]))
-    for key, build in (("gpu", gpu_section), ("covid", covid_section),
+    curves = [(rel, d) for rel, d in by_suite.get("covid", [])  # the files whose every seed has its curves
+              if d["rounds"] and all(len(_daily(d, side, key)) == len(d["rounds"]) for side in ("covasim", "agentsim")
+                                     for key in ("infectious_by_day", "severe_by_day"))]
+    if curves:
+        by_suite["covid-curves"] = curves
+    for key, build in (("gpu", gpu_section), ("covid", covid_section), ("covid-curves", covid_curves_section),
                        ("covid-scale", covid_scale_section), ("covid-ranks", covid_ranks_section),
                        ("partition", partition_section), ("roofline", roofline_section),
                        ("models", models_section), ("neighbors", neighbors_section),

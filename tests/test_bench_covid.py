@@ -1,6 +1,7 @@
 """benchmarks/bench_covid.py: Covasim's tables written as agentsim's CSV files (Covasim itself is
 not installed in the default test run; no timing is asserted)."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -25,3 +26,14 @@ def test_covasim_tables_become_the_csv_files_of_agentsims_parameters(tmp_path):
     lam = 2.0  # a Poisson number of persons, households of none skipped: its mean is lam / (1 - e**-lam)
     assert math.isclose(households.mean, lam / -math.expm1(-lam), rel_tol=1e-9)
     assert math.isclose(households.weight[1] / households.weight[0], lam / 2, rel_tol=1e-12)  # p(2) / p(1)
+
+
+def test_agentsims_side_reports_its_curves_and_their_peaks():
+    got = bench_covid._run(sys.executable, bench_covid.AGENTSIM,
+                           [3000, 30, 2, 0.01, json.dumps({**bench_covid.COMPARABLE, "people_per_locality": 3000})],
+                           bench_covid.checkout_env(ROOT))
+    assert "error" not in got, got
+    infectious, severe = got["infectious_by_day"], got["severe_by_day"]
+    assert len(infectious) == len(severe) == 30  # after day 0 .. 29
+    assert got["peak_infectious"] == max(infectious) > 0 and got["peak_day"] == infectious.index(max(infectious))
+    assert got["peak_severe"] == max(severe) and all(s <= i for s, i in zip(severe, infectious, strict=True))
