@@ -36,7 +36,10 @@ parameters; the defaults are Covasim's):
   to hospital (H) after ``presymptomatic_days + onset_to_severe_days``, a mild one recovers
   after ``presymptomatic_days + infectious_days``;
 - H dies (D) with probability ``death(a) / severe(a)``, decided as H begins, after
-  ``dying_days``; else recovers after ``severe_days``. A case in hospital infects its places
+  ``dying_days`` (Covasim's days to intensive care, then to death); else recovers, after
+  ``critical_days`` if the case is critical (probability ``critical(a) / severe(a)``, the dying
+  included; Covasim's days to intensive care, then to recovery), else after ``severe_days``.
+  A case in hospital infects its places
   until H ends, as in Covasim (``severe_factor``; 0 for hospitals that isolate their patients).
 
 Infectiousness is higher early in an infection (Covasim's viral load): over the first
@@ -113,6 +116,7 @@ STATES = ("S", "E", "A", "I", "H", "R", "D")
 SUSCEPTIBILITY = (0.34, 0.67, 1.00, 1.00, 1.00, 1.00, 1.24, 1.47, 1.47, 1.47)
 SYMPTOMATIC = (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80, 0.85, 0.90, 0.90)
 SEVERE = (0.00050, 0.00165, 0.00720, 0.02080, 0.03430, 0.07650, 0.13280, 0.20655, 0.24570, 0.24570)
+CRITICAL = (0.00003, 0.00008, 0.00036, 0.00104, 0.00216, 0.00933, 0.03639, 0.08923, 0.17420, 0.17420)
 DEATH = (0.00002, 0.00002, 0.00010, 0.00032, 0.00098, 0.00265, 0.00766, 0.02439, 0.08292, 0.16190)
 
 model = Model(
@@ -140,8 +144,13 @@ model = Model(
         "infectious_sd": Param(2.0, "standard deviation of the infectious days", ge=0, le=1000),
         "onset_to_severe_days": Param(6.6, "mean days from symptoms to hospital (H) in a severe case", gt=0, le=1000),
         "onset_to_severe_sd": Param(4.9, "standard deviation of the days from symptoms to hospital", ge=0, le=1000),
-        "severe_days": Param(18.1, "mean days in hospital (H) before recovery", gt=0, le=1000),
+        "severe_days": Param(18.1, "mean days in hospital (H) before recovery, a case that is not critical", gt=0,
+                             le=1000),
         "severe_sd": Param(6.3, "standard deviation of the days in hospital before recovery", ge=0, le=1000),
+        "critical_days": Param(19.6, "mean days in hospital (H) before recovery, a critical case (Covasim's "
+                               "sev2crit + crit2rec)", gt=0, le=1000),
+        "critical_sd": Param(6.6, "standard deviation of the days in hospital before recovery, a critical case",
+                             ge=0, le=1000),
         "dying_days": Param(12.2, "mean days in hospital (H) before death", gt=0, le=1000),
         "dying_sd": Param(5.2, "standard deviation of the days in hospital before death", ge=0, le=1000),
         "initial_prevalence": Param(0.001, "share of people exposed at day 0", ge=0, le=1),
@@ -339,6 +348,7 @@ def progress(ctx: Context) -> None:
     v = ctx.rng.uniform(uid.index_select(0, rows), draw=1, draws=4, dtype=torch.float64)
     branch, symptomatic, presymptomatic_u, days_u = v[:, 0], v[:, 1], v[:, 2], v[:, 3]
     symp, severe, death = per_age(SYMPTOMATIC, a), per_age(SEVERE, a), per_age(DEATH, a)
+    critical = per_age(CRITICAL, a)
     fate = outcome.index_select(0, rows)
     becomes_severe = branch < severe / symp  # the branch of a case that becomes symptomatic now
     dies = branch < death / severe  # the branch of a severe case now in hospital
@@ -352,7 +362,8 @@ def progress(ctx: Context) -> None:
         after == A, infectious,
         torch.where(after == I, days("presymptomatic", presymptomatic_u) + torch.where(
             new_fate == SEVERE_NEXT, days("onset_to_severe", days_u), infectious),
-            torch.where(new_fate == DIES, days("dying", days_u), days("severe", days_u))))
+            torch.where(new_fate == DIES, days("dying", days_u),
+                        torch.where(branch < critical / severe, days("critical", days_u), days("severe", days_u)))))
     next_days = torch.where((after == R) | (after == D), 0, next_days)
     left.index_copy_(0, rows, next_days.to(left.dtype))
     # early days of an infectious period of D days: ceil(min(early_share * D, early_max_days))

@@ -346,3 +346,28 @@ def test_school_ages_and_adult_age_define_who_goes_to_school():
     with pytest.raises(ConfigError, match=r"^covid: school_ages: '10-12' overlaps 5-10 in '5-10,10-12'; expected "
                                           "levels that do not overlap$"):
         run(school_ages="5-10,10-12")
+
+
+def test_critical_cases_stay_in_hospital_for_the_critical_days(monkeypatch):
+    """Every case severe, half of them critical, none dying: each stay in hospital lasts
+    severe_days or critical_days, about half of each."""
+    import agentsim.models.covid as covid
+
+    monkeypatch.setattr(covid, "SYMPTOMATIC", (1.0,) * 10)
+    monkeypatch.setattr(covid, "SEVERE", (1.0,) * 10)
+    monkeypatch.setattr(covid, "CRITICAL", (0.5,) * 10)
+    monkeypatch.setattr(covid, "DEATH", (0.0,) * 10)
+    sim = run(severe_days=6.0, severe_sd=0.0, critical_days=11.0, critical_sd=0.0)
+    state = sim.state["person"]["state"]
+    days_in_hospital = torch.zeros(state.shape[0], dtype=torch.int64)
+    admitted = torch.full((state.shape[0],), DAYS, dtype=torch.int64)  # the day each person came to hospital
+    for day in range(DAYS):
+        sim.run(1)
+        in_hospital = state == covid.H
+        admitted = torch.where(in_hospital & (admitted == DAYS), day, admitted)
+        days_in_hospital += in_hospital
+    stays = days_in_hospital[admitted < DAYS - 11]  # the stays that ended, whatever their length
+    assert stays.shape[0] > 200
+    assert set(stays.unique().tolist()) == {6, 11}
+    assert 0.4 < float((stays == 11).double().mean()) < 0.6
+    assert not torch.any(state == covid.D)
