@@ -15,6 +15,10 @@ exposed with probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
   ``beta_l`` is the daily rate of a person whose every place-mate is infectious),
 - ``v = 1 - vaccine_efficacy`` for the vaccinated, 1 otherwise.
 
+The rates of all of a person's infectious contacts are summed before the one draw of the day.
+Covasim instead tries each contact separately (``1 - prod(1 - p)``), which is more likely for
+very infectious contacts: 0.65 rather than 0.48 for one contact at ``p = 0.65``.
+
 With ``contact_groups = k > 0``, a person meets only fixed contacts in their school, workplace
 and community venue, as in a contact network (Covasim's random layers): on the first day each
 member of a place of ``m`` members joins ``k`` of its ``max(1, round(k (m - 1) / g))`` groups
