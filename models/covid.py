@@ -15,9 +15,11 @@ exposed with probability ``1 - exp(-sus(a) * v * sum_l f_l(p))``, where
   ``beta_l`` is the daily rate of a person whose every place-mate is infectious),
 - ``v = 1 - vaccine_efficacy`` for the vaccinated, 1 otherwise.
 
-The rates of all of a person's infectious contacts are summed before the one draw of the day.
-Covasim instead tries each contact separately (``1 - prod(1 - p)``), which is more likely for
-very infectious contacts: 0.65 rather than 0.48 for one contact at ``p = 0.65``.
+Each contact's daily chance of infection (``q``, in Covasim's terms) is used here as a rate: the
+rates of a person's infectious contacts are added, and the person is infected with probability
+``1 - exp(-sum q)``. Covasim uses the chance itself: one contact infects with probability ``q``,
+several with ``1 - prod(1 - q)``. The two agree for small ``q`` and part for very infectious
+housemates: 0.48 here against 0.65 in Covasim for one contact at ``q = 0.65``.
 
 With ``contact_groups = k > 0``, a person meets only fixed contacts in their school, workplace
 and community venue, as in a contact network (Covasim's random layers): on the first day each
@@ -148,12 +150,13 @@ model = Model(
         "infectious_sd": Param(2.0, "standard deviation of the infectious days", ge=0, le=1000),
         "onset_to_severe_days": Param(6.6, "mean days from symptoms to hospital (H) in a severe case", gt=0, le=1000),
         "onset_to_severe_sd": Param(4.9, "standard deviation of the days from symptoms to hospital", ge=0, le=1000),
-        "severe_days": Param(18.1, "mean days in hospital (H) before recovery, a case that is not critical", gt=0,
-                             le=1000),
-        "severe_sd": Param(6.3, "standard deviation of the days in hospital before recovery", ge=0, le=1000),
-        "critical_days": Param(19.6, "mean days in hospital (H) before recovery, a critical case (Covasim's "
+        "severe_days": Param(18.1, "mean days in hospital (H) before recovery of a case that is not critical",
+                             gt=0, le=1000),
+        "severe_sd": Param(6.3, "standard deviation of the days in hospital before recovery of a case that is not "
+                           "critical", ge=0, le=1000),
+        "critical_days": Param(19.6, "mean days in hospital (H) before recovery of a critical case (Covasim's "
                                "sev2crit + crit2rec)", gt=0, le=1000),
-        "critical_sd": Param(6.6, "standard deviation of the days in hospital before recovery, a critical case",
+        "critical_sd": Param(6.6, "standard deviation of the days in hospital before recovery of a critical case",
                              ge=0, le=1000),
         "dying_days": Param(12.2, "mean days in hospital (H) before death", gt=0, le=1000),
         "dying_sd": Param(5.2, "standard deviation of the days in hospital before death", ge=0, le=1000),
@@ -329,8 +332,10 @@ def progress(ctx: Context) -> None:
 
     E -> I (symptomatic, probability ``symp(a)``) or A; A -> R; I -> H if the case is severe
     (probability ``severe(a) / symp(a)``, decided as I begins: its duration depends on it), else
-    R; H -> D (probability ``death(a) / severe(a)``, decided as H begins) or R. A person exposed
-    yesterday (no days drawn yet) starts the latent period today.
+    R; H -> D (probability ``death(a) / severe(a)``, decided as H begins) or R, after
+    ``critical_days`` for a critical case (probability ``critical(a) / severe(a)``, the same draw:
+    the dying are critical too), else ``severe_days``. A person exposed yesterday (no days drawn
+    yet) starts the latent period today.
     """
     p, people = ctx.params, ctx["person"]
     state, left, outcome, uid = people["state"], people["days_left"], people["outcome"], people["uid"]

@@ -349,15 +349,15 @@ def test_school_ages_and_adult_age_define_who_goes_to_school():
 
 
 def test_critical_cases_stay_in_hospital_for_the_critical_days(monkeypatch):
-    """Every case severe, half of them critical, none dying: each stay in hospital lasts
-    severe_days or critical_days, about half of each."""
+    """Half the cases severe; of those, 60% critical and 20% dying (one draw decides both): the
+    dying stay dying_days, the critical who recover critical_days, the others severe_days."""
     import agentsim.models.covid as covid
 
     monkeypatch.setattr(covid, "SYMPTOMATIC", (1.0,) * 10)
-    monkeypatch.setattr(covid, "SEVERE", (1.0,) * 10)
-    monkeypatch.setattr(covid, "CRITICAL", (0.5,) * 10)
-    monkeypatch.setattr(covid, "DEATH", (0.0,) * 10)
-    sim = run(severe_days=6.0, severe_sd=0.0, critical_days=11.0, critical_sd=0.0)
+    monkeypatch.setattr(covid, "SEVERE", (0.5,) * 10)
+    monkeypatch.setattr(covid, "CRITICAL", (0.3,) * 10)
+    monkeypatch.setattr(covid, "DEATH", (0.1,) * 10)
+    sim = run(severe_days=6.0, severe_sd=0.0, critical_days=11.0, critical_sd=0.0, dying_days=3.0, dying_sd=0.0)
     state = sim.state["person"]["state"]
     days_in_hospital = torch.zeros(state.shape[0], dtype=torch.int64)
     admitted = torch.full((state.shape[0],), DAYS, dtype=torch.int64)  # the day each person came to hospital
@@ -366,8 +366,9 @@ def test_critical_cases_stay_in_hospital_for_the_critical_days(monkeypatch):
         in_hospital = state == covid.H
         admitted = torch.where(in_hospital & (admitted == DAYS), day, admitted)
         days_in_hospital += in_hospital
-    stays = days_in_hospital[admitted < DAYS - 11]  # the stays that ended, whatever their length
-    assert stays.shape[0] > 200
-    assert set(stays.unique().tolist()) == {6, 11}
-    assert 0.4 < float((stays == 11).double().mean()) < 0.6
-    assert not torch.any(state == covid.D)
+    ended = admitted < DAYS - 11  # the stays that ended, whatever their length
+    died, recovered = days_in_hospital[ended & (state == covid.D)], days_in_hospital[ended & (state == covid.R)]
+    assert died.shape[0] + recovered.shape[0] == int(ended.sum()) > 300
+    assert set(died.unique().tolist()) == {3} and set(recovered.unique().tolist()) == {6, 11}
+    assert 0.15 < died.shape[0] / int(ended.sum()) < 0.25  # death / severe = 0.2
+    assert 0.4 < float((recovered == 11).double().mean()) < 0.6  # (critical - death) / (severe - death) = 0.5
