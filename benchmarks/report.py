@@ -764,10 +764,11 @@ def _daily(d: dict[str, Any], side: str, key: str) -> list[list[float]]:
 
 def covid_curves_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     """The epidemic curves of ``bench_covid.py``'s files that recorded them: both sides, day by day."""
-    lines = ["The number of infectious people (asymptomatic, symptomatic and severe) and of severe ones "
-             "(agentsim's H; Covasim's `n_severe`, critical cases included) after each day: medians over the "
-             "seeds (min - max). The plot shows the infectious per 1,000 people, the band the range over the seeds.",
-             ""]
+    lines = provenance(files)
+    lines += ["The number of infectious people (asymptomatic, symptomatic and severe) and of severe ones "
+              "(agentsim's H; Covasim's `n_severe`, critical cases included) after each day: medians over the "
+              "seeds (min - max). The plot shows the infectious per 1,000 people, the band the range over the seeds.",
+              ""]
     for rel, d in files:
         n_days = min(len(c) for side in ("covasim", "agentsim") for c in _daily(d, side, "infectious_by_day"))
         days = [day for day in (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150) if day < n_days]
@@ -777,7 +778,11 @@ def covid_curves_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                 at = [[c[day] for c in _daily(d, side, key)] for day in days]  # per day: each seed's number
                 rows.append([f"{side} {label}",
                              *(f"{_count(statistics.median(x))} ({_count(min(x))} - {_count(max(x))})" for x in at)])
-        lines += [f"`{rel}`: {int(d['agents']):,} people, {len(d['rounds'])} seeds"
+        seeds = {side: len(_daily(d, side, "infectious_by_day")) for side in ("covasim", "agentsim")}
+        counted = (f"{seeds['covasim']} seeds" if seeds["covasim"] == seeds["agentsim"] == len(d["rounds"]) else
+                   f"the curves of {seeds['covasim']} (Covasim) and {seeds['agentsim']} (agentsim) of "
+                   f"{len(d['rounds'])} seeds")
+        lines += [f"`{rel}`: {int(d['agents']):,} people, {counted}"
                   f"{', Covasim contacts redrawn daily' if d.get('covasim_dynamic') else ''}.", ""]
         lines += table(["after day", *(str(day) for day in days)], rows)
 
@@ -908,9 +913,9 @@ def render(results: Path) -> Report:
         peers.setdefault(str(d["suite"]), []).append((rel, d))
     for suite in sorted(peers, key=lambda s: (PEER_ORDER.index(s) if s in PEER_ORDER else len(PEER_ORDER), s)):
         report.sections.append(peers_section(suite, peers[suite]))
-    curves = [(rel, d) for rel, d in by_suite.get("covid", [])  # the files whose every seed has its curves
-              if d["rounds"] and all(len(_daily(d, side, key)) == len(d["rounds"]) for side in ("covasim", "agentsim")
-                                     for key in ("infectious_by_day", "severe_by_day"))]
+    curves = [(rel, d) for rel, d in by_suite.get("covid", [])  # the files with curves on both sides
+              if all(_daily(d, side, "infectious_by_day") and _daily(d, side, "severe_by_day")
+                     for side in ("covasim", "agentsim"))]
     if curves:
         by_suite["covid-curves"] = curves
     for key, build in (("gpu", gpu_section), ("covid", covid_section), ("covid-curves", covid_curves_section),

@@ -102,28 +102,39 @@ def test_covid_curves_from_the_files_that_recorded_them(report, tmp_path):
     results = tmp_path / "results"
     results.mkdir()
 
-    def side(scale: float, with_curves: bool) -> dict:
+    def side(scale: float, severe_every: int, with_curves: bool) -> dict:
         got = {"seconds_per_day": 0.01 * scale, "init_seconds": 1.0, "peak_rss_mib": 100.0, "final_size": 800,
                "peak_infectious": 30.0 * scale, "peak_day": 12, "deaths": 4, "peak_severe": 3.0}
-        if with_curves:  # 25 days: day t has t * scale infectious and t // 10 severe
-            got |= {"infectious_by_day": [t * scale for t in range(25)], "severe_by_day": [t // 10 for t in range(25)]}
+        if with_curves:  # 20 days (0 .. 19): day t has t * scale infectious and t // severe_every severe
+            got |= {"infectious_by_day": [t * scale for t in range(20)],
+                    "severe_by_day": [t // severe_every for t in range(20)]}
         return got
 
     def bench(seeds: list[tuple[float, float]], with_curves: bool) -> dict:
-        rounds = [{"seed": j, "covasim": side(c, with_curves), "agentsim": side(a, with_curves)}
+        rounds = [{"seed": j, "covasim": side(c, 5, with_curves), "agentsim": side(a, 2, with_curves)}
                   for j, (c, a) in enumerate(seeds, 1)]
-        return {"agents": 1000, "days": 25, "rounds": rounds, "summary": {"covasim": {}, "agentsim": {}}}
+        return {"agents": 1000, "days": 20, "rounds": rounds, "summary": {"covasim": {}, "agentsim": {}},
+                "commit": "abc1234"}
 
-    (results / "covid-curves.json").write_text(json.dumps(bench([(1.0, 2.0), (3.0, 4.0), (2.0, 3.0)], True)))
+    curves = bench([(1.0, 2.0), (3.0, 4.0), (2.0, 3.0), (4.0, 6.0)], True)
+    curves["rounds"][3]["agentsim"] = {"error": "out of memory"}  # a seed that failed on one side
+    (results / "covid-curves.json").write_text(json.dumps(curves))
     (results / "covid-old.json").write_text(json.dumps(bench([(1.0, 1.0)], False)))  # recorded before the curves
     got = report.write(results, tmp_path / "out" / "page.md", tmp_path / "out" / "plots")
     assert got.suites == ["covid", "covid-curves"]
-    curves = got.sections[1]
-    assert curves.files == ["covid-curves.json"]
-    text = "\n".join(curves.lines)
-    assert "| after day | 10 | 20 |" in text
-    # day 10: Covasim's seeds 10, 30, 20, agentsim's 20, 40, 30; day 20 twice that; severe t // 10 on every seed
-    assert "| covasim infectious | 20 (10 - 30) | 40 (20 - 60) |" in text
-    assert "| agentsim infectious | 30 (20 - 40) | 60 (40 - 80) |" in text
-    assert "| agentsim severe | 1 (1 - 1) | 2 (2 - 2) |" in text
+    section = got.sections[1]
+    assert section.files == ["covid-curves.json"]
+    text = "\n".join(section.lines)
+    assert "| `covid-curves.json` |" in text and "abc1234" in text  # provenance
+    assert "the curves of 4 (Covasim) and 3 (agentsim) of 4 seeds" in text
+    assert "| after day | 10 |\n" in text  # day 20 is past the run's 20 days
+    # day 10: Covasim's four seeds 10, 30, 20, 40 (median 25), agentsim's three 20, 40, 30; severe 10 // 5, 10 // 2
+    assert "| covasim infectious | 25 (10 - 40) |" in text
+    assert "| covasim severe | 2 (2 - 2) |" in text
+    assert "| agentsim infectious | 30 (20 - 40) |" in text
+    assert "| agentsim severe | 5 (5 - 5) |" in text
     assert (tmp_path / "out" / "plots" / "covid-curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_half_people_in_a_median_of_two(report):
+    assert [report._count(x) for x in (22727.0, 1895.5, 1234567)] == ["22,727", "1,895.5", "1,234,567"]
