@@ -258,6 +258,27 @@ def test_group_index_numbers_places_and_lists_their_members():
     assert index.local_members(torch.tensor([0])) == 3
 
 
+@pytest.mark.parametrize("nonzero_share", [0.02, 0.5, 1.0])  # a map of the nonzero groups first, or not
+@pytest.mark.parametrize("k", [0, 1, 5])  # k = 0: a field of one group per agent ([n])
+def test_each_agents_sum_over_its_groups_is_the_brute_force(k, nonzero_share):
+    gen = torch.Generator().manual_seed(k + int(100 * nonzero_share))
+    n = 500
+    field = torch.randint(-1, 60, (n, k) if k else (n,), generator=gen)  # -1: no group in that slot
+    field[:3] = -1  # agents in no group at all
+    index = GroupSums(LocalComm()).index("a.groups", field)
+    groups = index.ids.shape[0]
+    table = torch.randint(1, 1000, (groups + 1,), generator=gen, dtype=torch.int64)
+    table[torch.rand(groups + 1, generator=gen) >= nonzero_share] = 0
+    table[groups] = 0
+    rows = torch.randperm(n, generator=gen)[:300]
+    value = {int(i): int(v) for i, v in zip(index.ids, table[:groups], strict=True)}
+    expected = [sum(value.get(int(g), 0) for g in (field[r] if k else field[r:r + 1])) for r in rows.tolist()]
+    got = index.sums(table, rows.to(torch.int32))
+    assert got.dtype == torch.int64 and got.tolist() == expected
+    with pytest.raises(ValueError, match=f"expected a table \\[{groups + 1}\\] int64"):
+        index.sums(table.to(torch.int32), rows)
+
+
 def test_every_negative_id_means_no_group():
     index = GroupSums(LocalComm()).index("a.group", torch.tensor([5, -1, -3, 5, 2, -1]))
     assert index.ids.tolist() == [2, 5] and index.of.tolist() == [1, 2, 2, 1, 0, 2] and index.size.tolist() == [1, 2]

@@ -316,9 +316,10 @@ class Context:
         table in the numbering of :meth:`group_index` (row ``g``: group ``ctx.group_index(field).ids[g]``;
         0 where nothing was added; the last row, 0, for agents in no group), so that
         ``table[index.of]`` is each agent's group total (``[n, k]`` for a field of ``k`` groups per
-        agent: ``.sum(1)`` adds them). Faster than :meth:`group_totals` where many
-        groups get a contribution (no sort); several fields' tables are read at once with
-        :func:`agentsim.core.ops.gather_sum`. A collective step like :meth:`group_totals`.
+        agent: ``.sum(1)`` adds them, or ``index.sums(table, rows)`` for some rows). Faster than
+        :meth:`group_totals` where many groups get a contribution (no sort); several fields' tables
+        are read at once with :func:`agentsim.core.ops.gather_sum`. A collective step like
+        :meth:`group_totals`.
 
         Args:
             field: The group field, e.g. ``"person.household"`` (declared in ``reads``).

@@ -107,6 +107,9 @@ class _Cut:
         return self.field() is field and self.version == tensor_version(field)
 
 
+_SPARSE_SHARE = 4  # GroupIndex.sums maps the nonzero groups first where fewer than 1 in this many are nonzero
+
+
 class GroupIndex:
     """This rank's groups of one field, numbered ``0 .. G - 1``, with their sizes over every rank and
     their members here (from :meth:`GroupSums.index`, ``ctx.group_index``). The numbers are this
@@ -167,6 +170,47 @@ class GroupIndex:
     def local_members(self, numbers: Tensor) -> int:
         """How many of this rank's agents the groups ``numbers`` have (the length of :meth:`members`)."""
         return int((self.start.index_select(0, numbers + 1) - self.start.index_select(0, numbers)).sum())
+
+    def sums(self, table: Tensor, rows: Tensor) -> Tensor:
+        """Each agent's sum of a per-group table over its groups, exact: ``table[of[r]]`` for each
+        row ``r`` of ``rows``, added over the ``k`` memberships of a field of several per agent.
+
+        Where few groups have a nonzero entry (a table of the infectious, early or late in an
+        epidemic), the memberships are first looked up in a map of those groups (one byte a group,
+        small enough to stay in the CPU's cache), and only their entries are read and added.
+
+        Args:
+            table: ``[G + 1]`` int64 per-group values, the last (agents in no group) 0, e.g. a
+                ``ctx.group_table`` of this field.
+            rows: ``[m]`` int64 or int32 rows of agents here.
+
+        Returns:
+            ``[m]`` int64.
+
+        Raises:
+            ValueError: A table that is not ``[G + 1]`` int64.
+
+        Examples:
+            >>> index = GroupIndex(torch.tensor([3, 7]), torch.tensor([[0, 1], [1, 2], [0, 0]], dtype=torch.int32),
+            ...                    torch.tensor([3, 2], dtype=torch.int32))
+            >>> index.sums(torch.tensor([10, 1, 0]), torch.tensor([0, 1, 2])).tolist()
+            [11, 1, 20]
+        """
+        groups = self.ids.shape[0]
+        if table.shape != (groups + 1,) or table.dtype != torch.int64:
+            raise ValueError(f"GroupIndex.sums: expected a table [{groups + 1}] int64 (one entry per group and one "
+                             f"for no group), got {table.dtype} {list(table.shape)}")
+        mine = self.of.index_select(0, rows.to(torch.int64))  # [m] or [m, k] int32
+        if mine.dim() == 1:
+            return table.index_select(0, mine)
+        flat = mine.reshape(-1)
+        nonzero = table != 0
+        if int(torch.count_nonzero(nonzero)) * _SPARSE_SHARE > groups:  # many nonzero: read every entry
+            return table.index_select(0, flat).view(mine.shape).sum(1, dtype=torch.int64)
+        hit = ops.flatnonzero(nonzero.index_select(0, flat))  # the memberships of nonzero groups, in order
+        total = torch.zeros(mine.shape[0], dtype=torch.int64, device=table.device)
+        return total.index_add_(0, torch.div(hit, mine.shape[1], rounding_mode="floor"),
+                                table.index_select(0, flat.index_select(0, hit)))
 
 
 def _per_membership(field: Tensor, values: Tensor) -> Tensor:
