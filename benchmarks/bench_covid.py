@@ -69,10 +69,11 @@ m = sim.run(days).metrics
 t2 = time.perf_counter()
 infectious = (m["A"] + m["I"] + m["H"]).tolist()[1:]  # after day 0, 1, ... (row 0: before the first day), as
 # Covasim's results (index t: after day t); severe cases infect too (as Covasim's)
+severe = m["H"].tolist()[1:]
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
-                  "deaths": int(m["D"][-1]), "peak_severe": int(m["H"][1:].max()),
-                  "infectious_by_day": infectious, "severe_by_day": m["H"].tolist()[1:],
+                  "deaths": int(m["D"][-1]), "peak_severe": max(severe),
+                  "infectious_by_day": infectious, "severe_by_day": severe,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -95,11 +96,11 @@ sim.run()
 t2 = time.perf_counter()
 r = sim.results
 infectious = [float(x) for x in r["n_infectious"].values]
+severe = [float(x) for x in r["n_severe"].values]  # (critical cases are severe too)
 print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
                   "final_size": int(r["cum_infections"].values[-1]), "peak_infectious": max(infectious),
                   "peak_day": infectious.index(max(infectious)), "deaths": int(r["cum_deaths"].values[-1]),
-                  "peak_severe": max(float(x) for x in r["n_severe"].values),  # (critical cases are severe too)
-                  "infectious_by_day": infectious, "severe_by_day": [float(x) for x in r["n_severe"].values],
+                  "peak_severe": max(severe), "infectious_by_day": infectious, "severe_by_day": severe,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "version": cv.__version__}))
 """

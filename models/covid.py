@@ -466,13 +466,14 @@ def transmit(ctx: Context) -> None:
                                   for layer in layers})
     forces: list[torch.Tensor] = []
     numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
-    contacts: list[tuple[torch.Tensor, GroupIndex, float]] = []  # per contact layer: units, groups, rate per unit
+    # per contact layer: units, groups, the groups with units (mapped once for every block), rate per unit
+    contacts: list[tuple[torch.Tensor, GroupIndex, torch.Tensor, float]] = []
     for layer in layers:
         field = fields[layer]
         units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
         rate = betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
         if index.of.dim() == 2:  # contact groups: per contact, of k * contacts_per_group (summed later)
-            contacts.append((units, index, rate / (k * p["contacts_per_group"])))
+            contacts.append((units, index, units != 0, rate / (k * p["contacts_per_group"])))
             continue
         force = ops.to_float64_(units)
         force *= rate
@@ -486,8 +487,8 @@ def transmit(ctx: Context) -> None:
         who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
         hazard = ops.gather_sum(forces, numbers, who) if forces else torch.zeros(who.shape[0], dtype=torch.float64,
                                                                                   device=who.device)
-        for units, groups, rate in contacts:  # each person's k groups' units added as integers (exact), then scaled
-            hazard += ops.to_float64_(groups.sums(units, who)) * rate
+        for units, groups, infectious, rate in contacts:  # each person's k groups' units added exactly, then scaled
+            hazard += ops.to_float64_(groups.sums(units, who, infectious)) * rate
         exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
         if exposed.shape[0] < who.shape[0]:
             who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)

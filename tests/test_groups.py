@@ -275,6 +275,10 @@ def test_each_agents_sum_over_its_groups_is_the_brute_force(k, nonzero_share):
     expected = [sum(value.get(int(g), 0) for g in (field[r] if k else field[r:r + 1])) for r in rows.tolist()]
     got = index.sums(table, rows.to(torch.int32))
     assert got.dtype == torch.int64 and got.tolist() == expected
+    assert index.sums(table, rows, table != 0).tolist() == expected  # the map made once by the caller
+    if k:
+        with pytest.raises(ValueError, match="expected nonzero = table != 0"):
+            index.sums(table, rows, (table != 0)[:-1])
     with pytest.raises(ValueError, match=f"expected a table \\[{groups + 1}\\] int64"):
         index.sums(table.to(torch.int32), rows)
 

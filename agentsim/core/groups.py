@@ -171,7 +171,7 @@ class GroupIndex:
         """How many of this rank's agents the groups ``numbers`` have (the length of :meth:`members`)."""
         return int((self.start.index_select(0, numbers + 1) - self.start.index_select(0, numbers)).sum())
 
-    def sums(self, table: Tensor, rows: Tensor) -> Tensor:
+    def sums(self, table: Tensor, rows: Tensor, nonzero: Tensor | None = None) -> Tensor:
         """Each agent's sum of a per-group table over its groups, exact: ``table[of[r]]`` for each
         row ``r`` of ``rows``, added over the ``k`` memberships of a field of several per agent.
 
@@ -183,12 +183,14 @@ class GroupIndex:
             table: ``[G + 1]`` int64 per-group values, the last (agents in no group) 0, e.g. a
                 ``ctx.group_table`` of this field.
             rows: ``[m]`` int64 or int32 rows of agents here.
+            nonzero: ``table != 0`` (``[G + 1]`` bool), from a caller that reads one table for
+                several batches of rows and maps it once; None: mapped here.
 
         Returns:
             ``[m]`` int64.
 
         Raises:
-            ValueError: A table that is not ``[G + 1]`` int64.
+            ValueError: A table that is not ``[G + 1]`` int64, or a map of another shape.
 
         Examples:
             >>> index = GroupIndex(torch.tensor([3, 7]), torch.tensor([[0, 1], [1, 2], [0, 0]], dtype=torch.int32),
@@ -204,7 +206,11 @@ class GroupIndex:
         if mine.dim() == 1:
             return table.index_select(0, mine)
         flat = mine.reshape(-1)
-        nonzero = table != 0
+        if nonzero is None:
+            nonzero = table != 0
+        elif nonzero.shape != table.shape or nonzero.dtype != torch.bool:
+            raise ValueError(f"GroupIndex.sums: expected nonzero = table != 0, [{groups + 1}] bool, got "
+                             f"{nonzero.dtype} {list(nonzero.shape)}")
         if int(torch.count_nonzero(nonzero)) * _SPARSE_SHARE > groups:  # many nonzero: read every entry
             return table.index_select(0, flat).view(mine.shape).sum(1, dtype=torch.int64)
         hit = ops.flatnonzero(nonzero.index_select(0, flat))  # the memberships of nonzero groups, in order
