@@ -11,8 +11,10 @@ age distribution and its households' sizes (a Poisson number of persons, empty h
 read from the Covasim installation and given to agentsim as the CSV files of its ``age_pyramid`` and
 ``household_sizes`` parameters (``--own-tables``: agentsim's shipped US tables instead); each seed runs
 both, alternating (Covasim first),
-each in a fresh process with one thread. Reported per side: init seconds (population and
-contacts), seconds per simulated day (the run over days), peak resident memory of the process,
+each in a fresh process with one thread. Reported per side: init seconds (the population, and
+Covasim's contacts), the seconds of the first day apart (agentsim draws and indexes its fixed
+contact groups then), seconds per simulated day over the days after the first, the same over
+every day (``seconds_per_day_all_days``), peak resident memory of the process,
 and the epidemic: final size (everyone ever infected), peak of the infectious (asymptomatic,
 symptomatic and severe; Covasim's ``n_infectious``), deaths, and the peak of the severe (in hospital:
 agentsim's H; Covasim's ``n_severe``, its critical cases included); and the numbers of infectious and
@@ -65,12 +67,16 @@ params = {"initial_prevalence": prevalence, **json.loads(sys.argv[5])}
 t0 = time.perf_counter()
 sim = Simulation(get_model("covid"), agents=n, seed=seed, params=params)
 t1 = time.perf_counter()
-m = sim.run(days).metrics
+first = sim.run(1).metrics  # the first day apart: it draws the fixed contact groups and indexes them
 t2 = time.perf_counter()
+rest = sim.run(days - 1).metrics  # (its row 0: the state after the first day)
+t3 = time.perf_counter()
+m = {k: torch.cat([torch.as_tensor(first[k]), torch.as_tensor(rest[k])[1:]]) for k in first}
 infectious = (m["A"] + m["I"] + m["H"]).tolist()[1:]  # after day 0, 1, ... (row 0: before the first day), as
 # Covasim's results (index t: after day t); severe cases infect too (as Covasim's)
 severe = m["H"].tolist()[1:]
-print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days, "final_size": int(n - m["S"][-1]),
+print(json.dumps({"init_seconds": t1 - t0, "first_day_seconds": t2 - t1, "seconds_per_day": (t3 - t2) / (days - 1),
+                  "seconds_per_day_all_days": (t3 - t1) / days, "final_size": int(n - m["S"][-1]),
                   "peak_infectious": max(infectious), "peak_day": infectious.index(max(infectious)),
                   "deaths": int(m["D"][-1]), "peak_severe": max(severe),
                   "infectious_by_day": infectious, "severe_by_day": severe,
@@ -92,13 +98,16 @@ sim = cv.Sim(pop_size=n, pop_type="hybrid", n_days=days - 1, rand_seed=seed, pop
              use_waning=False, location=location or None, verbose=0, **layers)  # immunity for life, as agentsim's
 sim.initialize()  # (days 0 .. n_days: the same number of days as agentsim's run)
 t1 = time.perf_counter()
-sim.run()
+sim.run(until=1)  # the first day apart, as agentsim's (the same results as one run)
 t2 = time.perf_counter()
+sim.run()
+t3 = time.perf_counter()
 r = sim.results
 infectious = [float(x) for x in r["n_infectious"].values]
 severe = [float(x) for x in r["n_severe"].values]  # (critical cases are severe too)
-print(json.dumps({"init_seconds": t1 - t0, "seconds_per_day": (t2 - t1) / days,
-                  "final_size": int(r["cum_infections"].values[-1]), "peak_infectious": max(infectious),
+print(json.dumps({"init_seconds": t1 - t0, "first_day_seconds": t2 - t1, "seconds_per_day": (t3 - t2) / (days - 1),
+                  "seconds_per_day_all_days": (t3 - t1) / days, "final_size": int(r["cum_infections"].values[-1]),
+                  "peak_infectious": max(infectious),
                   "peak_day": infectious.index(max(infectious)), "deaths": int(r["cum_deaths"].values[-1]),
                   "peak_severe": max(severe), "infectious_by_day": infectious, "severe_by_day": severe,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -162,6 +171,10 @@ COMPARABLE: dict[str, Any] = {"school_size": 10**9, "school_ages": "6-21", "adul
 FIXED_CONTACTS: dict[str, Any] = {"contact_groups": 20, "contacts_per_group": 1.0}
 
 
+SUMMARIZED = ("init_seconds", "first_day_seconds", "seconds_per_day", "seconds_per_day_all_days", "final_size",
+              "peak_infectious", "peak_day", "deaths", "peak_severe", "peak_rss_mib")  # per side: medians, ranges
+
+
 def _run(python: str, code: str, args: list[Any], env: dict[str, str]) -> dict[str, Any]:
     return child_json([python, "-W", "ignore", "-c", code, *map(str, args)], env=env)
 
@@ -217,13 +230,12 @@ def main() -> None:
     for side in ("covasim", "agentsim"):
         ok = [r[side] for r in rounds if "error" not in r[side]]
         summary[side] = {k: {"median": statistics.median(x[k] for x in ok), "min": min(x[k] for x in ok),
-                             "max": max(x[k] for x in ok)} for k in ("init_seconds", "seconds_per_day", "final_size",
-                                                                      "peak_infectious", "peak_day", "deaths",
-                                                                      "peak_severe", "peak_rss_mib")
-                             if all(k in x for x in ok)} if ok else {}
-    ratios = [r["covasim"]["seconds_per_day"] / r["agentsim"]["seconds_per_day"] for r in rounds
-              if "error" not in r["covasim"] and "error" not in r["agentsim"]]
-    summary["speedup_per_day_median"] = statistics.median(ratios) if ratios else None
+                             "max": max(x[k] for x in ok)} for k in SUMMARIZED if all(k in x for x in ok)} if ok else {}
+    both = [r for r in rounds if "error" not in r["covasim"] and "error" not in r["agentsim"]]
+    for key, ratio in (("seconds_per_day", "speedup_per_day_median"),
+                       ("seconds_per_day_all_days", "speedup_all_days_median")):
+        ratios = [r["covasim"][key] / r["agentsim"][key] for r in both]
+        summary[ratio] = statistics.median(ratios) if ratios else None
     out = {"machine": platform.node(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),

@@ -104,7 +104,6 @@ import torch
 
 from agentsim import ConfigError, Context, Grid, InitContext, MetricsContext, Model, Param
 from agentsim.core import ops, portable
-from agentsim.core.groups import GroupIndex
 from agentsim.population import (
     LAYERS,
     PARTITION_METHODS,
@@ -414,7 +413,7 @@ def meet(ctx: Context) -> None:
         has = ops.flatnonzero(place >= 0)
         u = ctx.rng.uniform(people["uid"].index_select(0, has), layer, draws=k, dtype=torch.float64)  # [m, k]
         count = groups.index_select(0, index.of.index_select(0, has).to(torch.int64)).unsqueeze(1)
-        which = torch.minimum(torch.floor(u * count), count - 1).to(torch.int64)
+        which = torch.minimum((u * count).to(torch.int64), count.to(torch.int64) - 1)  # floor(u * count), below count
         contacts = people[f"{layer}_contacts"]
         contacts.fill_(-1)
         contacts.index_copy_(0, has, place.index_select(0, has).to(torch.int64).unsqueeze(1) * 2**32 + which)
@@ -461,20 +460,25 @@ def transmit(ctx: Context) -> None:
     k = int(p["contact_groups"])  # > 0: school, work and community through fixed contact groups
     fields = {layer: f"person.{layer}_contacts" if k and layer in CONTACT_LAYERS else f"person.{layer}"
               for layer in layers}
-    # each place's (or contact group's) infectiousness over every process: [G + 1] per layer (last: none)
+    contact_layers = [layer for layer in layers if fields[layer].endswith("_contacts")]
+    # each place's infectiousness over every process: [G + 1] per layer (last: none)
     per_place = ctx.group_tables({fields[layer]: (sick, at_home if layer == "household" else away)
-                                  for layer in layers})
+                                  for layer in layers if layer not in contact_layers})
+    # each person's infectious contacts' units, summed over their contact groups: [n] per contact layer
+    per_person = ctx.group_sums({fields[layer]: (sick, away) for layer in contact_layers})
     forces: list[torch.Tensor] = []
     numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
-    # per contact layer: units, groups, the groups with units (mapped once for every block), rate per unit
-    contacts: list[tuple[torch.Tensor, GroupIndex, torch.Tensor, float]] = []
-    for layer in layers:
+    everyone = torch.arange(state.shape[0] if contact_layers else 0, dtype=torch.int32, device=state.device)
+    for layer in layers:  # (the household first: the places' layers before the contacts')
         field = fields[layer]
-        units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
         rate = betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
-        if index.of.dim() == 2:  # contact groups: per contact, of k * contacts_per_group (summed later)
-            contacts.append((units, index, units != 0, rate / (k * p["contacts_per_group"])))
+        if layer in contact_layers:  # each person's force: per contact, of k * contacts_per_group
+            force = ops.to_float64_(per_person.pop(field))
+            force *= rate / (k * p["contacts_per_group"])
+            forces.append(force)
+            numbers.append(everyone)  # (read at each person's own row)
             continue
+        units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
         force = ops.to_float64_(units)
         force *= rate
         if layer != "household":  # frequency dependent: per place-mate
@@ -485,10 +489,7 @@ def transmit(ctx: Context) -> None:
         return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
         who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
-        hazard = ops.gather_sum(forces, numbers, who) if forces else torch.zeros(who.shape[0], dtype=torch.float64,
-                                                                                  device=who.device)
-        for units, groups, infectious, rate in contacts:  # each person's k groups' units added exactly, then scaled
-            hazard += ops.to_float64_(groups.sums(units, who, infectious)) * rate
+        hazard = ops.gather_sum(forces, numbers, who)
         exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
         if exposed.shape[0] < who.shape[0]:
             who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)

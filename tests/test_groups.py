@@ -624,3 +624,103 @@ def test_several_tables_at_once_are_the_tables_one_at_a_time(world_size):
         assert same
         assert collectives == 2  # one check that both fields are current, one all-to-all for both
         assert "'a.block'" in message and "same shape" in message
+
+
+def each_agents_sum(group: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> list[int]:
+    """Brute force: each agent's sum over its groups (``[N]`` or ``[N, k]``, < 0 none) of every
+    contribution to each group (``values`` ``[m]``, repeated rows add again)."""
+    totals: dict[int, int] = {}
+    for r, v in zip(rows.tolist(), values.tolist(), strict=True):
+        for g in group[r].reshape(-1).tolist():
+            if g >= 0:
+                totals[g] = totals.get(g, 0) + v
+    return [sum(totals.get(g, 0) for g in group[i].reshape(-1).tolist() if g >= 0) for i in range(group.shape[0])]
+
+
+def small_groups(seed: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``N`` agents in ``k`` small groups each (``[N]`` for k = 0; some slots empty, some groups held
+    twice by one agent, ids sparse), contributors (some repeated) and their values (some negative)."""
+    g = torch.Generator().manual_seed(seed)
+    field = torch.randint(0, N, (N, k) if k else (N,), generator=g) * 1_000_003 + 11
+    field[torch.rand(field.shape, generator=g) < 0.1] = -1
+    if k > 1:
+        field[::13, 1] = field[::13, 0]  # the same group twice
+    rows = torch.randint(0, N, (N // 3,), generator=g)
+    rows[-5:] = rows[:5]  # repeated contributors
+    return field, rows, torch.randint(-50, 1000, (rows.shape[0],), generator=g)
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_sums_over_each_agents_groups_pushed_or_tabled_are_the_brute_force(k, monkeypatch):
+    field, rows, values = small_groups(k, k)
+    want = each_agents_sum(field, rows, values)
+    sums = GroupSums(LocalComm())
+    index = sums.index("a.clubs", field)
+    got = sums.spread({"a.clubs": (field, rows.to(torch.int32), values)})["a.clubs"]
+    assert got.dtype == torch.int64 and got.tolist() == want
+    if cpu_kernels._kernels() is not None:  # pushed along co-member lists: their rows are the group-mates
+        indptr, indices = index.co_members
+        for i in (0, 1, 13, N - 1):
+            mates = [j for g in field[i].reshape(-1).tolist() if g >= 0
+                     for j in range(N) for h in field[j].reshape(-1).tolist() if h == g]
+            for g in field[i].reshape(-1).tolist():
+                if g >= 0:
+                    mates.remove(i)  # the membership itself
+            assert sorted(indices[indptr[i]:indptr[i + 1]].tolist()) == sorted(mates)
+    monkeypatch.setattr(cpu_kernels, "co_members", lambda *args: None)  # no lists: the table is read instead
+    tabled = GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values)})["a.clubs"]
+    assert tabled.tolist() == want
+
+
+def test_large_groups_are_tabled_and_give_the_same_sums():
+    g = torch.Generator().manual_seed(7)
+    field = torch.randint(0, 3, (N, 2), generator=g)  # 3 groups of ~270 memberships: m (m - 1) lists
+    rows, values = torch.arange(0, N, 5), torch.arange(0, N, 5) % 7
+    sums = GroupSums(LocalComm())
+    got = sums.spread({"a.big": (field, rows, values)})["a.big"]
+    assert sums.index("a.big", field).co_members is None
+    assert got.tolist() == each_agents_sum(field, rows, values)
+
+
+def test_sums_over_groups_refuse_values_of_several_columns_and_floats():
+    field, rows, values = small_groups(3, 2)
+    with pytest.raises(ConfigError, match=r"expected values \[m\]"):
+        GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values.reshape(-1, 1))})
+    with pytest.raises(ConfigError, match="values must be integers"):
+        GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values.double())})
+
+
+def test_the_push_kernel_names_a_row_outside_the_lists():
+    indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([1, 0], dtype=torch.int32)
+    out = torch.zeros(2, dtype=torch.int64)
+    if cpu_kernels._kernels() is None:
+        pytest.skip("no kernel library")
+    with pytest.raises(IndexError, match="node id 2 out of range"):
+        cpu_kernels.push_add(indptr, indices, torch.tensor([0, 2]), torch.tensor([1, 1]), out)
+    assert out.tolist() == [0, 0]  # nothing added
+
+
+def spread_on_a_rank(comm, seed: int) -> list[tuple[list[int], list[int]]]:
+    """A scattered share of agents in small groups (``[N, 3]``) and in one group each (``[N]``): each
+    agent's sums over its groups in one call, twice, vs brute force."""
+    several, rows, values = small_groups(seed, 3)
+    single = population(seed)[0]
+    _, mine, local_row, here = scattered_share(comm, rows)
+    sums = GroupSums(comm)
+    fields = {"a.several": several.index_select(0, mine), "a.single": single.index_select(0, mine)}
+    out = []
+    for _ in range(2):
+        got = sums.spread({name: (field, local_row.index_select(0, rows[here]), values[here])
+                           for name, field in fields.items()})
+        for name, whole in (("a.several", several), ("a.single", single)):
+            want = each_agents_sum(whole, rows, values)
+            out.append((got[name].tolist(), [want[i] for i in mine.tolist()]))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_sums_over_each_agents_groups_match_brute_force_on_any_number_of_ranks(world_size):
+    for rank_results in run_ranks(spread_on_a_rank, world_size, (world_size + 20,), timeout=60.0):
+        for got, want in rank_results:
+            assert got == want

@@ -50,8 +50,9 @@ from agentsim._native import build as native
 from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
-__all__ = ["add_columns", "add_wrap", "cell_sort", "csr_from_pair_chunks", "exp", "fixed_sum", "gather_sum", "is_iota",
-           "number_ids", "periodic_grid_sum", "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
+__all__ = ["add_columns", "add_wrap", "cell_sort", "co_members", "csr_from_pair_chunks", "exp", "fixed_sum",
+           "gather_sum", "is_iota", "number_ids", "periodic_grid_sum", "push_add", "push_count", "radius_expand",
+           "squared_norm", "squared_norm_fixed_sum"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -69,6 +70,10 @@ class _Kernels:
         self.csr_place = lib["agentsim_csr_place"]
         self.csr_sort_rows = lib["agentsim_csr_sort_rows"]
         self.csr_compact = lib["agentsim_csr_compact"]
+        self.group_members = lib["agentsim_group_members"]
+        self.co_member_degrees = lib["agentsim_co_member_degrees"]
+        self.co_member_place = lib["agentsim_co_member_place"]
+        self.push_add = lib["agentsim_push_add"]
         self.fixed_sum = _by_dtype(lib, "agentsim_fixed_sum")
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
         self.expand = _by_dtypes(lib, "agentsim_expand")
@@ -137,6 +142,74 @@ def push_count(indptr: Tensor, indices: Tensor, n_nodes: int, nodes: Tensor) -> 
     if bad:
         raise IndexError(f"node id {int(nodes[bad - 1])} out of range for a graph of {n_nodes} nodes")
     return out
+
+
+def co_members(of: Tensor, groups: int, most: int) -> tuple[Tensor, Tensor] | None:
+    """Each agent's group-mates as a CSR over the agents: ``(indptr [n + 1] int64, indices [e] int32)``,
+    row ``i`` the rows of the other memberships of each of ``i``'s groups in turn (``i`` itself where
+    it holds another membership of the same group); or None where the kernel does not apply (no
+    kernel, not CPU, not int32) or the lists would have more than ``most`` entries.
+
+    Args:
+        of: ``[n]`` or ``[n, k]`` int32 group number of each membership (``groups``: none).
+        groups: ``G``, the number of groups.
+        most: The largest number of entries to make.
+    """
+    if of.device.type != "cpu" or of.dtype != torch.int32:
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    rows = of.reshape(of.shape[0], -1).contiguous()
+    n, per = rows.shape
+    flat = rows.view(-1)
+    start = torch.zeros(groups + 1, dtype=torch.int64)  # each group's first place in order
+    torch.cumsum(torch.bincount(flat, minlength=groups + 1)[:groups], 0, out=start[1:])
+    cursor = start[:-1].clone()
+    order = torch.empty(int(start[-1]), dtype=torch.int32)  # the members' rows, group by group
+    k.group_members(flat.data_ptr(), flat.numel(), groups, cursor.data_ptr(), per, order.data_ptr())
+    del cursor
+    degree = torch.zeros(n, dtype=torch.int64)
+    k.co_member_degrees(start.data_ptr(), groups, order.data_ptr(), degree.data_ptr())
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(degree, 0, out=indptr[1:])
+    del degree
+    if int(indptr[-1]) > most:
+        return None
+    indices = _huge_empty(int(indptr[-1]), torch.int32)
+    cursor = indptr.clone()  # each row's next place
+    k.co_member_place(start.data_ptr(), groups, order.data_ptr(), cursor.data_ptr(), indices.data_ptr())
+    return indptr, indices
+
+
+def push_add(indptr: Tensor, indices: Tensor, nodes: Tensor, values: Tensor, out: Tensor) -> bool:
+    """``out[v] += values[i]`` for every neighbor ``v`` of every node ``nodes[i]`` of a CSR (exact: int64);
+    False where the kernel does not apply (not CPU, other dtypes, no kernel): then use torch ops.
+
+    Args:
+        indptr: ``[n + 1]`` int64 CSR row pointers.
+        indices: ``[e]`` int32 neighbor ids.
+        nodes: ``[m]`` int64 node ids (repeats add again).
+        values: ``[m]`` int64.
+        out: ``[n]`` int64, added to in place.
+
+    Raises:
+        IndexError: A node id outside ``[0, n)`` (naming it).
+    """
+    tensors = (indptr, indices, nodes, values, out)
+    if (any(t.device.type != "cpu" for t in tensors) or indptr.dtype != torch.int64 or indices.dtype != torch.int32
+            or nodes.dtype != torch.int64 or values.dtype != torch.int64 or out.dtype != torch.int64
+            or not out.is_contiguous()):
+        return False
+    k = _kernels()
+    if k is None:
+        return False
+    indptr, indices, nodes, values = indptr.contiguous(), indices.contiguous(), nodes.contiguous(), values.contiguous()
+    bad = k.push_add(indptr.data_ptr(), indices.data_ptr(), out.shape[0], nodes.data_ptr(), values.data_ptr(),
+                     nodes.numel(), out.data_ptr())
+    if bad:
+        raise IndexError(f"node id {int(nodes[bad - 1])} out of range for a graph of {out.shape[0]} nodes")
+    return True
 
 
 def add_wrap(pos: Tensor, delta: Tensor, lengths: tuple[float, ...]) -> bool:

@@ -380,6 +380,41 @@ class Context:
             self._agree(name)
         return out
 
+    def group_sums(self, requests: Mapping[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+        """Each agent's sum over its groups of the groups' totals, for several group fields at once
+        (``field: (rows, values)``, ``values`` ``[m]`` integers): ``index.sums(table, every row)`` of
+        the :meth:`group_tables` of the same contributions, the same bits on any number of ranks.
+        Made for fields of many small groups (fixed groups of contacts, ``[n, k]``): on one process
+        each contribution is pushed to the contributor's group-mates, so the work follows the
+        contributors (a few infectious people) instead of every group and every agent; larger groups,
+        and several processes, use the tables. A collective step: every rank passes the same fields
+        in the same order.
+
+        Returns:
+            ``field`` to ``[n]`` int64 (this rank's agents).
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.params import Params
+            >>> from agentsim.core.random import CounterRNG
+            >>> from agentsim.core.state import FieldSpec, Population, State
+            >>> from agentsim.core.substep import Substep
+            >>> pop = Population("person", {"uid": FieldSpec(torch.int64), "clubs": FieldSpec(torch.int64, (2,))},
+            ...                  {"uid": torch.arange(3), "clubs": torch.tensor([[5, 8], [5, -1], [8, 8]])})
+            >>> step = Substep(lambda ctx: None, name="mix", reads=["person.clubs"])
+            >>> ctx = Context(step, State({"person": pop}, {}), step=1, params=Params({}),
+            ...               rng=CounterRNG(0).at(1, "mix"), space=None, device=torch.device("cpu"), neighbors=None)
+            >>> sick = torch.tensor([0])  # row 0, in clubs 5 and 8: those clubs' totals are 1 each
+            >>> ctx.group_sums({"person.clubs": (sick, torch.ones(1, dtype=torch.int64))})["person.clubs"].tolist()
+            [2, 1, 2]
+        """
+        fields = {name: (self._group_field("group_sums", name), *contribution)
+                  for name, contribution in requests.items()}
+        out = self._groups.spread(fields)
+        for name in fields:
+            self._agree(name)
+        return out
+
     def group_index(self, field: str) -> GroupIndex:
         """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
         each agent's group number (``[n, k]`` numbers for a field of ``k`` groups per agent), each

@@ -107,6 +107,8 @@ class _Cut:
         return self.field() is field and self.version == tensor_version(field)
 
 
+_PUSH_ENTRIES = 8  # GroupIndex.co_members: at most this many entries per membership (else None: tables)
+_BLOCK = 1 << 21  # GroupSums.spread reads a table for this many agents at a time (small temporaries)
 _SPARSE_SHARE = 4  # GroupIndex.sums maps the nonzero groups first where fewer than 1 in this many are nonzero
 
 
@@ -154,6 +156,48 @@ class GroupIndex:
         has = torch.nonzero(of < groups).reshape(-1)
         slots = has.index_select(0, torch.argsort(of.index_select(0, has), stable=True))
         return start, (torch.div(slots, per_agent, rounding_mode="floor") if per_agent > 1 else slots).to(rows_dtype)
+
+    @functools.cached_property
+    def co_members(self) -> tuple[Tensor, Tensor] | None:
+        """Each agent's group-mates here, for :meth:`push`: ``(indptr [n + 1] int64, indices [e] int32)``,
+        row ``i`` the rows of the other memberships of each of ``i``'s groups (``i`` itself where it
+        holds two memberships of one group). Made at the first use; None where the lists would hold
+        more than ``_PUSH_ENTRIES`` entries per membership (large groups: ``m (m - 1)`` entries
+        each) or the kernel library is not available.
+        """
+        memberships = int(torch.count_nonzero(self.of < self.ids.shape[0]))
+        with native.one_off_memory():  # large temporaries of sizes not seen again
+            return cpu_kernels.co_members(self.of, self.ids.shape[0], _PUSH_ENTRIES * max(memberships, 1))
+
+    @functools.cached_property
+    def memberships(self) -> Tensor:
+        """``[n]`` int64 how many groups each agent is in (memberships: 0 or 1 for an ``[n]`` field)."""
+        inside = self.of < self.ids.shape[0]
+        return inside.sum(1, dtype=torch.int64) if inside.dim() == 2 else inside.to(torch.int64)
+
+    def push(self, rows: Tensor, values: Tensor) -> Tensor | None:
+        """Each agent's sum over its groups of the values of the groups' members ``rows`` here, by
+        pushing each value along its agent's :attr:`co_members` (work in proportion to the
+        contributors and their groups' sizes, with no per-group table): the same as ``sums`` of a
+        table of those values for every agent. Only groups with no members on another rank give
+        their totals so (``GroupSums.spread`` uses it on one process).
+
+        Args:
+            rows: ``[m]`` int64 or int32 contributing rows (repeats add again).
+            values: ``[m]`` int64.
+
+        Returns:
+            ``[n]`` int64, or None where there are no co-member lists (see :attr:`co_members`).
+        """
+        lists = self.co_members
+        if lists is None:
+            return None
+        rows = rows.to(torch.int64)
+        out = torch.zeros(self.of.shape[0], dtype=torch.int64, device=values.device)
+        if not cpu_kernels.push_add(*lists, rows, values, out):
+            return None
+        # each contributor's own memberships: its value once per membership (its place in the lists)
+        return out.index_add_(0, rows, values * self.memberships.index_select(0, rows))
 
     def find(self, groups: Tensor) -> Tensor:
         """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
@@ -217,6 +261,14 @@ class GroupIndex:
         total = torch.zeros(mine.shape[0], dtype=torch.int64, device=table.device)
         return total.index_add_(0, torch.div(hit, mine.shape[1], rounding_mode="floor"),
                                 table.index_select(0, flat.index_select(0, hit)))
+
+
+def check_spread(requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> None:
+    """The values of a ``group_sums`` call (``name: (field, rows, values)``) are ``[m]``, else a ConfigError."""
+    for name, (_, _, values) in requests.items():
+        if values.dim() != 1:
+            raise ConfigError(f"group_sums({name!r}): expected values [m] (one integer per contributing row), "
+                              f"got {list(values.shape)}")
 
 
 def _per_membership(field: Tensor, values: Tensor) -> Tensor:
@@ -494,6 +546,43 @@ class GroupSums:
         if peers:
             self._add_peer_rows(peers)
         return out
+
+    def spread(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+        """Each agent's sum over its groups of the groups' totals over every rank (``name: (field,
+        rows, values)``, ``values`` ``[m]``, in the same order on every rank): what ``sums`` of the
+        field's :meth:`table` gives for every agent, exact and the same on any number of ranks.
+
+        On one process each value is pushed to its agent's group-mates (:meth:`GroupIndex.push`:
+        work in proportion to the contributors times their groups' sizes; no table of every
+        group), where the field's groups are small enough for co-member lists; otherwise, and on
+        several processes (where cut groups need the exchange of :meth:`tables`), the table is
+        made and every agent reads its groups' entries.
+
+        Returns:
+            ``name`` to ``[n]`` int64.
+
+        Raises:
+            ConfigError: As :meth:`table`, or ``values`` that are not ``[m]``.
+        """
+        check_spread(requests)
+        out: dict[str, Tensor] = {}
+        tabled: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+        for name, (field, rows, values) in requests.items():
+            pushed = None
+            if self.comm.world_size == 1:
+                flat = self._check_values("group_sums", name, field, rows, values).view(-1)
+                pushed = self._index_of(self._local(name, field), field).push(rows, flat)
+            if pushed is None:
+                tabled[name] = (field, rows, values)
+            else:
+                out[name] = pushed
+        for name, table in self.tables(tabled).items():
+            index = self._index_of(self._cuts[name], tabled[name][0])
+            nonzero = table != 0
+            n = index.of.shape[0]
+            out[name] = torch.cat([index.sums(table, torch.arange(first, min(first + _BLOCK, n), device=table.device),
+                                              nonzero) for first in range(0, n, _BLOCK)]) if n else table[:0]
+        return {name: out[name] for name in requests}
 
     def current_index(self, name: str, field: Tensor) -> GroupIndex | None:
         """The index of ``field`` if it was built and ``field`` is unchanged since (no collective: the

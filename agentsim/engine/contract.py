@@ -51,7 +51,7 @@ from torch import Tensor
 from agentsim.core.comm import Comm, LocalComm
 from agentsim.core.context import Effects, Halos
 from agentsim.core.env import changed_cells, merge_layer
-from agentsim.core.groups import GroupIndex, GroupSums
+from agentsim.core.groups import GroupIndex, GroupSums, check_spread
 from agentsim.core.params import Params
 from agentsim.core.state import UID, State
 from agentsim.core.substep import ENV, Substep, resolve_reach
@@ -359,6 +359,15 @@ class _PartGroups:
     def tables(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
         """:meth:`table` of each field, in order."""
         return {name: self.table(name, *request) for name, request in requests.items()}
+
+    def spread(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+        """Each agent's sum over its groups of the part's totals (:meth:`table`)."""
+        check_spread(requests)
+        out = {}
+        for name, (field, rows, values) in requests.items():
+            table = self.table(name, field, rows, values)
+            out[name] = self.index(name, field).sums(table, torch.arange(field.shape[0], device=field.device))
+        return out
 
     def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
         """The part's totals (with the other part's contributions) as a table of its own groups."""

@@ -49,6 +49,15 @@ void agentsim_csr_place(const int64_t *u, const int64_t *v, int64_t stride, int6
                         int32_t *indices);
 void agentsim_csr_sort_rows(const int64_t *rows, int64_t r0, int64_t r1, int32_t *indices, int32_t *lengths);
 void agentsim_csr_compact(int64_t *rows, int64_t n, int32_t *indices, const int32_t *lengths);
+/* a group field's co-member lists: its memberships group by group (a counting sort), then each agent's
+   group-mates (GroupIndex.co_members); and the push of integer values along such lists */
+void agentsim_group_members(const int32_t *of, int64_t m, int64_t groups, int64_t *cursor, int64_t k,
+                            int32_t *order);
+void agentsim_co_member_degrees(const int64_t *start, int64_t groups, const int32_t *order, int64_t *degree);
+void agentsim_co_member_place(const int64_t *start, int64_t groups, const int32_t *order, int64_t *rows,
+                              int32_t *indices);
+int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t n_nodes, const int64_t *nodes,
+                          const int64_t *values, int64_t m, int64_t *out);
 
 /* ---------------------------------------------------------------- grids (grid.c) */
 /* out[b, i, j] = sum_k x[b, (i + dr[k]) mod h, (j + dc[k]) mod w] for the rows r0 <= b * h + i < r1 */

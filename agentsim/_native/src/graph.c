@@ -131,3 +131,73 @@ void agentsim_csr_compact(int64_t *rows, int64_t n, int32_t *indices, const int3
     rows[n] = written;
 }
 
+
+
+/* The co-member lists of a group field of k memberships per agent (agentsim/_native/kernels.py:
+   co_members, for GroupIndex.co_members): for each agent, the rows of the other memberships of its
+   groups, so that a contribution reaches its group-mates in one pass over a short run (a push),
+   without a table of every group. The memberships are first listed group by group; the groups
+   are then read in turn (sequential reads), each member's row filled at its cursor.
+   1. agentsim_group_members(of, m, groups, cursor, k, order): the memberships group by group in
+      membership order (a counting sort: cursor[g] starts at group g's first place and is moved
+      on; order[cursor[of[p]]++] = p / k; of[p] >= groups: no group, skipped);
+   2. agentsim_co_member_degrees(start, groups, order, degree): degree[a] += m - 1 for each
+      membership of agent a of a group of m members (degree zeroed by the caller);
+   3. the caller makes the rows' starts (indptr) and a copy of them as cursors (rows, n + 1);
+   4. agentsim_co_member_place(start, groups, order, rows, indices): for each group, each
+      membership's row gets the other memberships' agents (an agent with two memberships of a
+      group gets itself once per other membership). A row's entries come group by group.
+   One thread each: the lists are the same on every run. */
+void agentsim_group_members(const int32_t *of, int64_t m, int64_t groups, int64_t *cursor, int64_t k,
+                            int32_t *order) {
+    for (int64_t p = 0; p < m; p++) {
+        int64_t g = of[p];
+        if (p + 16 < m && of[p + 16] < groups) __builtin_prefetch(&cursor[of[p + 16]], 1);
+        if (g < groups) order[cursor[g]++] = (int32_t)(p / k);
+    }
+}
+
+void agentsim_co_member_degrees(const int64_t *start, int64_t groups, const int32_t *order, int64_t *degree) {
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t a = start[g], b = start[g + 1];
+        for (int64_t q = a; q < b; q++) degree[order[q]] += b - a - 1;
+    }
+}
+
+void agentsim_co_member_place(const int64_t *start, int64_t groups, const int32_t *order, int64_t *rows,
+                              int32_t *indices) {
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t a = start[g], b = start[g + 1];
+        if (b - a < 2) continue;
+        if (g + 8 < groups && start[g + 9] - start[g + 8] > 1) {
+            __builtin_prefetch(&rows[order[start[g + 8]]], 1);
+            __builtin_prefetch(&rows[order[start[g + 8] + 1]], 1);
+        }
+        for (int64_t q = a; q < b; q++) {
+            int32_t *out = indices + rows[order[q]];
+            for (int64_t r = a; r < b; r++)
+                if (r != q) *out++ = order[r];
+            rows[order[q]] += b - a - 1;
+        }
+    }
+}
+
+/* out[v] += values[i] for every neighbor v of every node nodes[i] (int64: exact in any order); 0,
+   or 1 + the position of the first node outside [0, n_nodes) (nothing is added then). Prefetched
+   as agentsim_push_count. */
+int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t n_nodes, const int64_t *nodes,
+                          const int64_t *values, int64_t m, int64_t *out) {
+    for (int64_t i = 0; i < m; i++)
+        if (nodes[i] < 0 || nodes[i] >= n_nodes) return i + 1;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + 16 < m) __builtin_prefetch(&indptr[nodes[i + 16]]);
+        if (i + 8 < m) {
+            const int32_t *p = &indices[indptr[nodes[i + 8]]];
+            __builtin_prefetch(p);
+            __builtin_prefetch(p + 16);
+        }
+        int64_t a = indptr[nodes[i]], b = indptr[nodes[i] + 1], v = values[i];
+        for (int64_t e = a; e < b; e++) out[indices[e]] += v;
+    }
+    return 0;
+}
