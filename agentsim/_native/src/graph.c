@@ -182,9 +182,9 @@ void agentsim_co_member_place(const int64_t *start, int64_t groups, const int32_
     }
 }
 
-/* out[v] += values[i] for every neighbor v of every node nodes[i] (int64: exact in any order); 0,
-   or 1 + the position of the first node outside [0, n_nodes) (nothing is added then). Prefetched
-   as agentsim_push_count. */
+/* out[v] += values[i] for every neighbor v of every node nodes[i] (int64: exact in any order; a zero
+   value is skipped); 0, or 1 + the position of the first node outside [0, n_nodes) (nothing is
+   added then). Prefetched as agentsim_push_count. */
 int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t n_nodes, const int64_t *nodes,
                           const int64_t *values, int64_t m, int64_t *out) {
     for (int64_t i = 0; i < m; i++)
@@ -197,6 +197,7 @@ int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t
             __builtin_prefetch(p + 16);
         }
         int64_t a = indptr[nodes[i]], b = indptr[nodes[i] + 1], v = values[i];
+        if (v == 0) continue;  /* (someone who infects nobody) */
         for (int64_t e = a; e < b; e++) out[indices[e]] += v;
     }
     return 0;
