@@ -201,6 +201,8 @@ def main() -> None:
                    help="an agentsim covid parameter (repeatable; the comparable configuration is the default)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    if args.days < 2:
+        p.error(f"--days: at least 2 (the first day is timed apart from the others), got {args.days}")
     if not COVASIM.exists():
         raise SystemExit(f"bench_covid: Covasim is not installed at {COVASIM} (python3.12 -m venv "
                          f"{COVASIM.parent.parent} && {COVASIM.parent}/pip install covasim==4.0.1)")

@@ -739,8 +739,9 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                                  if k in got else NOT_RECORDED for k, _ in keys)])
         lines += table(["", *(label for _, label in keys)], rows)
         if d["summary"].get("speedup_all_days_median") is not None:  # the first day timed apart
-            lines += ["Seconds per day over the days after the first; the first day apart (agentsim draws and "
-                      "indexes its fixed contact groups then, Covasim makes its contacts in its init).",
+            why = (" (agentsim draws and indexes its fixed contact groups then, Covasim makes its contacts in its "
+                   "init)" if (params or {}).get("contact_groups") else "")
+            lines += [f"Seconds per day over the days after the first; the first day apart{why}.",
                       f"Covasim's seconds per day over agentsim's, median of the seeds: "
                       f"{num(d['summary'].get('speedup_per_day_median'))} after the first day, "
                       f"{num(d['summary']['speedup_all_days_median'])} over every day.", ""]
@@ -754,7 +755,8 @@ def covid_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
         for _rel, d in files:
             for side in ("covasim", "agentsim"):
                 values = [r[side]["seconds_per_day"] * 1e3 for r in d["rounds"] if "error" not in r[side]]
-                bars.append((f"{side}, {int(d['agents']):,} people", values))
+                after = " (after day 1)" if d["summary"].get("speedup_all_days_median") is not None else ""
+                bars.append((f"{side}, {int(d['agents']):,} people{after}", values))
         _bars(ax, bars, "ms per simulated day (dots: each seed)", log=True)
     return Section("covid", "Covid on a synthetic population beside Covasim (`bench_covid.py`)",
                    [rel for rel, _ in files], lines, plot, (7.0, 1.0 + 0.4 * 2 * len(files)),

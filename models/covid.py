@@ -464,8 +464,10 @@ def transmit(ctx: Context) -> None:
     # each place's infectiousness over every process: [G + 1] per layer (last: none)
     per_place = ctx.group_tables({fields[layer]: (sick, at_home if layer == "household" else away)
                                   for layer in layers if layer not in contact_layers})
-    # each person's infectious contacts' units, summed over their contact groups: [n] per contact layer
-    per_person = ctx.group_sums({fields[layer]: (sick, away) for layer in contact_layers})
+    # each susceptible person's infectious contacts' units, summed over their contact groups: [n] per
+    # contact layer (0 for the others)
+    per_person = ctx.group_sums({fields[layer]: (sick, away) for layer in contact_layers},
+                                only=ops.equal(state, S) if contact_layers else None)
     forces: list[torch.Tensor] = []
     numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
     everyone = torch.arange(state.shape[0] if contact_layers else 0, dtype=torch.int32, device=state.device)

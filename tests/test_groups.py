@@ -658,7 +658,12 @@ def test_sums_over_each_agents_groups_pushed_or_tabled_are_the_brute_force(k, mo
     index = sums.index("a.clubs", field)
     got = sums.spread({"a.clubs": (field, rows.to(torch.int32), values)})["a.clubs"]
     assert got.dtype == torch.int64 and got.tolist() == want
+    only = torch.arange(N) % 3 == 1  # some agents' sums only: 0 for the others
+    wanted = [w if i % 3 == 1 else 0 for i, w in enumerate(want)]
+    assert sums.spread({"a.clubs": (field, rows, values)}, only)["a.clubs"].tolist() == wanted
     if cpu_kernels._kernels() is not None:  # pushed along co-member lists: their rows are the group-mates
+        pushed = index.push(rows, values)
+        assert pushed is not None and pushed.tolist() == want  # (the push itself, not the tables)
         indptr, indices = index.co_members
         for i in (0, 1, 13, N - 1):
             mates = [j for g in field[i].reshape(-1).tolist() if g >= 0
@@ -668,8 +673,17 @@ def test_sums_over_each_agents_groups_pushed_or_tabled_are_the_brute_force(k, mo
                     mates.remove(i)  # the membership itself
             assert sorted(indices[indptr[i]:indptr[i + 1]].tolist()) == sorted(mates)
     monkeypatch.setattr(cpu_kernels, "co_members", lambda *args: None)  # no lists: the table is read instead
-    tabled = GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values)})["a.clubs"]
-    assert tabled.tolist() == want
+    tabled = GroupSums(LocalComm())
+    assert tabled.spread({"a.clubs": (field, rows, values)})["a.clubs"].tolist() == want
+    assert tabled.index("a.clubs", field).push(rows, values) is None
+    assert tabled.spread({"a.clubs": (field, rows, values)}, only)["a.clubs"].tolist() == wanted
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3)])
+def test_sums_over_groups_of_no_agents_are_empty(shape):
+    field, none = torch.zeros(shape, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    got = GroupSums(LocalComm()).spread({"a.clubs": (field, none, none)})["a.clubs"]
+    assert got.dtype == torch.int64 and got.shape == (0,)
 
 
 def test_large_groups_are_tabled_and_give_the_same_sums():
@@ -682,22 +696,30 @@ def test_large_groups_are_tabled_and_give_the_same_sums():
     assert got.tolist() == each_agents_sum(field, rows, values)
 
 
-def test_sums_over_groups_refuse_values_of_several_columns_and_floats():
+def test_sums_over_groups_refuse_values_of_several_columns_floats_and_a_wrong_mask():
     field, rows, values = small_groups(3, 2)
     with pytest.raises(ConfigError, match=r"expected values \[m\]"):
         GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values.reshape(-1, 1))})
     with pytest.raises(ConfigError, match="values must be integers"):
         GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values.double())})
+    with pytest.raises(ConfigError, match=f"expected only = None or \\[{N}\\] bool"):
+        GroupSums(LocalComm()).spread({"a.clubs": (field, rows, values)}, torch.ones(N - 1, dtype=torch.bool))
 
 
-def test_the_push_kernel_names_a_row_outside_the_lists():
+def test_the_push_kernel_names_a_row_outside_the_lists_and_checks_shapes():
     indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([1, 0], dtype=torch.int32)
     out = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="expected values one per node and indptr \\[3\\]"):
+        cpu_kernels.push_add(indptr, indices, torch.tensor([0, 1]), torch.tensor([1]), out)
+    with pytest.raises(ValueError, match="expected values one per node and indptr \\[3\\]"):
+        cpu_kernels.push_add(indptr[:2], indices, torch.tensor([0]), torch.tensor([1]), out)
     if cpu_kernels._kernels() is None:
         pytest.skip("no kernel library")
     with pytest.raises(IndexError, match="node id 2 out of range"):
         cpu_kernels.push_add(indptr, indices, torch.tensor([0, 2]), torch.tensor([1, 1]), out)
     assert out.tolist() == [0, 0]  # nothing added
+    assert cpu_kernels.push_add(indptr, indices, torch.tensor([0, 1, 0]), torch.tensor([5, 0, 2 ** 62]), out)
+    assert out.tolist() == [0, 5 + 2 ** 62]  # (a zero value adds nothing)
 
 
 def spread_on_a_rank(comm, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -709,12 +731,12 @@ def spread_on_a_rank(comm, seed: int) -> list[tuple[list[int], list[int]]]:
     sums = GroupSums(comm)
     fields = {"a.several": several.index_select(0, mine), "a.single": single.index_select(0, mine)}
     out = []
-    for _ in range(2):
+    for only in (None, mine % 3 == 1):  # every agent, then some (0 for the others)
         got = sums.spread({name: (field, local_row.index_select(0, rows[here]), values[here])
-                           for name, field in fields.items()})
+                           for name, field in fields.items()}, only)
         for name, whole in (("a.several", several), ("a.single", single)):
             want = each_agents_sum(whole, rows, values)
-            out.append((got[name].tolist(), [want[i] for i in mine.tolist()]))
+            out.append((got[name].tolist(), [want[i] if only is None or i % 3 == 1 else 0 for i in mine.tolist()]))
     return out
 
 
@@ -724,3 +746,35 @@ def test_sums_over_each_agents_groups_match_brute_force_on_any_number_of_ranks(w
     for rank_results in run_ranks(spread_on_a_rank, world_size, (world_size + 20,), timeout=60.0):
         for got, want in rank_results:
             assert got == want
+
+
+clubs = Model("clubs", default_agents=300)
+
+
+@clubs.init
+def _clubs_init(ic):
+    uid = ic.uids("person", ic.n_agents)
+    club = (ic.rng.uniform(uid, "clubs", draws=3) * (ic.n_agents // 2)).to(torch.int64)  # about 2 a club
+    ic.add("person", uid=uid, club=club, sick=ic.rng.uniform(uid, "sick") < 0.05, pos=torch.zeros(ic.n_agents, 2))
+    return Box(size=(1.0, 1.0))
+
+
+@clubs.substep(reads=["person.club", "person.sick"], writes=["person.sick"])
+def _clubs_catch(ctx):
+    people = ctx["person"]
+    ill = torch.nonzero(people["sick"]).reshape(-1)
+    healthy = ~people["sick"]
+    mates = ctx.group_sums({"person.club": (ill, torch.ones_like(ill))}, only=healthy)["person.club"]
+    u = ctx.rng.uniform(people["uid"], draws=2)
+    people["sick"] = torch.where(healthy, u[:, 0] < 1 - 0.7 ** mates.double(), u[:, 1] >= 0.2)
+
+
+clubs.metric(name="sick")(lambda state: state["person"]["sick"])
+
+
+def test_the_check_mode_accepts_sums_over_groups():
+    """The check mode splits each call over two simulated processes and exchanges the sums: the
+    same run, and the model spreads."""
+    checked = Simulation(clubs, agents=300, seed=2, check=True).run(8).metrics["sick"]
+    plain = Simulation(clubs, agents=300, seed=2).run(8).metrics["sick"]
+    assert checked.tolist() == plain.tolist() and max(plain.tolist()) > plain.tolist()[0]

@@ -160,7 +160,7 @@ def co_members(of: Tensor, groups: int, most: int) -> tuple[Tensor, Tensor] | No
     k = _kernels()
     if k is None:
         return None
-    rows = of.reshape(of.shape[0], -1).contiguous()
+    rows = (of.unsqueeze(1) if of.dim() == 1 else of).contiguous()
     n, per = rows.shape
     flat = rows.view(-1)
     start = torch.zeros(groups + 1, dtype=torch.int64)  # each group's first place in order
@@ -193,9 +193,16 @@ def push_add(indptr: Tensor, indices: Tensor, nodes: Tensor, values: Tensor, out
         values: ``[m]`` int64.
         out: ``[n]`` int64, added to in place.
 
+    The lists are trusted (every entry of ``indices`` below ``n``: as :func:`co_members` makes them);
+    the shapes are checked.
+
     Raises:
         IndexError: A node id outside ``[0, n)`` (naming it).
+        ValueError: ``values`` not one per node, or ``indptr`` not ``[n + 1]``.
     """
+    if values.shape != nodes.shape or indptr.shape != (out.shape[0] + 1,):
+        raise ValueError(f"push_add: expected values one per node and indptr [{out.shape[0] + 1}] (got nodes "
+                         f"{list(nodes.shape)}, values {list(values.shape)}, indptr {list(indptr.shape)})")
     tensors = (indptr, indices, nodes, values, out)
     if (any(t.device.type != "cpu" for t in tensors) or indptr.dtype != torch.int64 or indices.dtype != torch.int32
             or nodes.dtype != torch.int64 or values.dtype != torch.int64 or out.dtype != torch.int64

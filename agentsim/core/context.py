@@ -380,15 +380,22 @@ class Context:
             self._agree(name)
         return out
 
-    def group_sums(self, requests: Mapping[str, tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+    def group_sums(self, requests: Mapping[str, tuple[Tensor, Tensor]],
+                   only: Tensor | None = None) -> dict[str, Tensor]:
         """Each agent's sum over its groups of the groups' totals, for several group fields at once
         (``field: (rows, values)``, ``values`` ``[m]`` integers): ``index.sums(table, every row)`` of
         the :meth:`group_tables` of the same contributions, the same bits on any number of ranks.
-        Made for fields of many small groups (fixed groups of contacts, ``[n, k]``): on one process
-        each contribution is pushed to the contributor's group-mates, so the work follows the
-        contributors (a few infectious people) instead of every group and every agent; larger groups,
-        and several processes, use the tables. A collective step: every rank passes the same fields
-        in the same order.
+        Made for fields of many small groups (fixed groups of contacts, ``[n, k]``): on one process,
+        on the CPU, each contribution is pushed to the contributor's group-mates, so the work follows
+        the contributors (a few infectious people) instead of every group and every agent; larger
+        groups, other devices and several processes use the tables. A collective step: every rank
+        passes the same fields in the same order.
+
+        Args:
+            requests: ``field: (rows, values)``: the contributing rows (``[m]`` int64 or int32) and
+                their integer values ``[m]``.
+            only: ``[n]`` bool, the agents whose sums are wanted (the susceptible, say); the others
+                get 0, and with the tables only the wanted agents read them. None: every agent.
 
         Returns:
             ``field`` to ``[n]`` int64 (this rank's agents).
@@ -410,7 +417,7 @@ class Context:
         """
         fields = {name: (self._group_field("group_sums", name), *contribution)
                   for name, contribution in requests.items()}
-        out = self._groups.spread(fields)
+        out = self._groups.spread(fields, only)
         for name in fields:
             self._agree(name)
         return out

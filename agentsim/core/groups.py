@@ -107,7 +107,7 @@ class _Cut:
         return self.field() is field and self.version == tensor_version(field)
 
 
-_PUSH_ENTRIES = 8  # GroupIndex.co_members: at most this many entries per membership (else None: tables)
+_PUSH_ENTRIES = 8  # GroupIndex.co_members: at most this many entries per membership on average (else None: tables)
 _BLOCK = 1 << 21  # GroupSums.spread reads a table for this many agents at a time (small temporaries)
 _SPARSE_SHARE = 4  # GroupIndex.sums maps the nonzero groups first where fewer than 1 in this many are nonzero
 
@@ -162,8 +162,8 @@ class GroupIndex:
         """Each agent's group-mates here, for :meth:`push`: ``(indptr [n + 1] int64, indices [e] int32)``,
         row ``i`` the rows of the other memberships of each of ``i``'s groups (``i`` itself where it
         holds two memberships of one group). Made at the first use; None where the lists would hold
-        more than ``_PUSH_ENTRIES`` entries per membership (large groups: ``m (m - 1)`` entries
-        each) or the kernel library is not available.
+        more than ``_PUSH_ENTRIES`` entries per membership on average (large groups: ``m (m - 1)``
+        entries each), off the CPU, or without the kernel library.
         """
         memberships = int(torch.count_nonzero(self.of < self.ids.shape[0]))
         with native.one_off_memory():  # large temporaries of sizes not seen again
@@ -263,12 +263,17 @@ class GroupIndex:
                                 table.index_select(0, flat.index_select(0, hit)))
 
 
-def check_spread(requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> None:
-    """The values of a ``group_sums`` call (``name: (field, rows, values)``) are ``[m]``, else a ConfigError."""
-    for name, (_, _, values) in requests.items():
+def check_spread(requests: Mapping[str, tuple[Tensor, Tensor, Tensor]], only: Tensor | None) -> None:
+    """The values of a ``group_sums`` call (``name: (field, rows, values)``) are ``[m]`` and ``only``
+    is None or ``[n]`` bool for each field's ``n`` agents, else a ConfigError.
+    """
+    for name, (field, _, values) in requests.items():
         if values.dim() != 1:
             raise ConfigError(f"group_sums({name!r}): expected values [m] (one integer per contributing row), "
                               f"got {list(values.shape)}")
+        if only is not None and (only.dtype != torch.bool or only.shape != field.shape[:1]):
+            raise ConfigError(f"group_sums({name!r}): expected only = None or [{field.shape[0]}] bool (one per "
+                              f"agent of the field's population), got {only.dtype} {list(only.shape)}")
 
 
 def _per_membership(field: Tensor, values: Tensor) -> Tensor:
@@ -547,24 +552,31 @@ class GroupSums:
             self._add_peer_rows(peers)
         return out
 
-    def spread(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+    def spread(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]],
+               only: Tensor | None = None) -> dict[str, Tensor]:
         """Each agent's sum over its groups of the groups' totals over every rank (``name: (field,
         rows, values)``, ``values`` ``[m]``, in the same order on every rank): what ``sums`` of the
         field's :meth:`table` gives for every agent, exact and the same on any number of ranks.
 
         On one process each value is pushed to its agent's group-mates (:meth:`GroupIndex.push`:
         work in proportion to the contributors times their groups' sizes; no table of every
-        group), where the field's groups are small enough for co-member lists; otherwise, and on
-        several processes (where cut groups need the exchange of :meth:`tables`), the table is
-        made and every agent reads its groups' entries.
+        group), where the field's groups are small enough for co-member lists (and the field is on
+        the CPU, with the kernel library); otherwise, and on several processes (where cut groups need
+        the exchange of :meth:`tables`), the table is made and the wanted agents read their groups'
+        entries.
+
+        Args:
+            requests: ``name: (field, rows, values)``.
+            only: ``[n]`` bool, the agents whose sums are wanted (the others get 0; on the tables'
+                path only they read their groups), or None for every agent.
 
         Returns:
             ``name`` to ``[n]`` int64.
 
         Raises:
-            ConfigError: As :meth:`table`, or ``values`` that are not ``[m]``.
+            ConfigError: As :meth:`table`, ``values`` that are not ``[m]``, or ``only`` not ``[n]`` bool.
         """
-        check_spread(requests)
+        check_spread(requests, only)
         out: dict[str, Tensor] = {}
         tabled: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         for name, (field, rows, values) in requests.items():
@@ -575,13 +587,16 @@ class GroupSums:
             if pushed is None:
                 tabled[name] = (field, rows, values)
             else:
-                out[name] = pushed
+                out[name] = pushed if only is None else pushed.masked_fill_(~only, 0)
         for name, table in self.tables(tabled).items():
             index = self._index_of(self._cuts[name], tabled[name][0])
-            nonzero = table != 0
             n = index.of.shape[0]
-            out[name] = torch.cat([index.sums(table, torch.arange(first, min(first + _BLOCK, n), device=table.device),
-                                              nonzero) for first in range(0, n, _BLOCK)]) if n else table[:0]
+            wanted = torch.arange(n, device=table.device) if only is None else ops.flatnonzero(only)
+            nonzero = table != 0
+            sums = torch.cat([index.sums(table, wanted[first:first + _BLOCK], nonzero)
+                              for first in range(0, wanted.shape[0], _BLOCK)]) if wanted.shape[0] else table[:0]
+            out[name] = sums if only is None else torch.zeros(n, dtype=torch.int64, device=table.device).index_copy_(
+                0, wanted, sums)
         return {name: out[name] for name in requests}
 
     def current_index(self, name: str, field: Tensor) -> GroupIndex | None:

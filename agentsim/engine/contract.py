@@ -360,13 +360,15 @@ class _PartGroups:
         """:meth:`table` of each field, in order."""
         return {name: self.table(name, *request) for name, request in requests.items()}
 
-    def spread(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
-        """Each agent's sum over its groups of the part's totals (:meth:`table`)."""
-        check_spread(requests)
+    def spread(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]],
+               only: Tensor | None = None) -> dict[str, Tensor]:
+        """Each agent's sum over its groups of the part's totals (:meth:`table`); 0 outside ``only``."""
+        check_spread(requests, only)
         out = {}
         for name, (field, rows, values) in requests.items():
             table = self.table(name, field, rows, values)
-            out[name] = self.index(name, field).sums(table, torch.arange(field.shape[0], device=field.device))
+            sums = self.index(name, field).sums(table, torch.arange(field.shape[0], device=field.device))
+            out[name] = sums if only is None else torch.where(only, sums, 0)
         return out
 
     def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:

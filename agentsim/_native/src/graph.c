@@ -198,7 +198,8 @@ int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t
         }
         int64_t a = indptr[nodes[i]], b = indptr[nodes[i] + 1], v = values[i];
         if (v == 0) continue;  /* (someone who infects nobody) */
-        for (int64_t e = a; e < b; e++) out[indices[e]] += v;
+        for (int64_t e = a; e < b; e++)  /* (wrapping on overflow, as torch's int64 adds) */
+            out[indices[e]] = (int64_t)((uint64_t)out[indices[e]] + (uint64_t)v);
     }
     return 0;
 }
