@@ -778,3 +778,11 @@ def test_the_check_mode_accepts_sums_over_groups():
     checked = Simulation(clubs, agents=300, seed=2, check=True).run(8).metrics["sick"]
     plain = Simulation(clubs, agents=300, seed=2).run(8).metrics["sick"]
     assert checked.tolist() == plain.tolist() and max(plain.tolist()) > plain.tolist()[0]
+
+
+def test_keeping_some_entries_is_a_masked_fill():
+    g = torch.Generator().manual_seed(4)
+    for n in (0, 1, 37, 1000):
+        x = torch.randint(-2**62, 2**62, (n,), generator=g)
+        only = torch.rand(n, generator=g) < 0.4
+        assert torch.equal(cpu_kernels.keep_only(x.clone(), only), x.masked_fill(~only, 0))

@@ -75,6 +75,7 @@ FUNCTIONS: dict[str, Signature] = {
                                      ("indices", PTR)),
     "agentsim_push_add": _sig("graph.c", I64, ("indptr", PTR), ("indices", PTR), ("n_nodes", I64), ("nodes", PTR),
                               ("values", PTR), ("m", I64), ("out", PTR)),
+    "agentsim_keep_only": _sig("graph.c", None, ("out", PTR), ("only", PTR), ("n", I64)),
     # grid.c
     "agentsim_grid_sum64": _sig("grid.c", None, ("x", PTR), ("r0", I64), ("r1", I64), ("h", I64), ("w", I64),
                                 ("dr", PTR), ("dc", PTR), ("k", I64), ("out", PTR)),

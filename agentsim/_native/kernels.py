@@ -51,8 +51,8 @@ from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
 __all__ = ["add_columns", "add_wrap", "cell_sort", "co_members", "csr_from_pair_chunks", "exp", "fixed_sum",
-           "gather_sum", "is_iota", "number_ids", "periodic_grid_sum", "push_add", "push_count", "radius_expand",
-           "squared_norm", "squared_norm_fixed_sum"]
+           "gather_sum", "is_iota", "keep_only", "number_ids", "periodic_grid_sum", "push_add", "push_count",
+           "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -74,6 +74,7 @@ class _Kernels:
         self.co_member_degrees = lib["agentsim_co_member_degrees"]
         self.co_member_place = lib["agentsim_co_member_place"]
         self.push_add = lib["agentsim_push_add"]
+        self.keep_only = lib["agentsim_keep_only"]
         self.fixed_sum = _by_dtype(lib, "agentsim_fixed_sum")
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
         self.expand = _by_dtypes(lib, "agentsim_expand")
@@ -217,6 +218,19 @@ def push_add(indptr: Tensor, indices: Tensor, nodes: Tensor, values: Tensor, out
     if bad:
         raise IndexError(f"node id {int(nodes[bad - 1])} out of range for a graph of {out.shape[0]} nodes")
     return True
+
+
+def keep_only(out: Tensor, only: Tensor) -> Tensor:
+    """``out`` with 0 where ``only`` is False, in place (``[n]`` int64 and ``[n]`` bool): the same as
+    ``out.masked_fill_(~only, 0)``, in one pass where the kernel applies.
+    """
+    k = _kernels()
+    if (k is None or out.device.type != "cpu" or only.device.type != "cpu" or out.dtype != torch.int64
+            or only.dtype != torch.bool or out.shape != only.shape or out.dim() != 1 or not out.is_contiguous()):
+        return out.masked_fill_(~only, 0)
+    mask = only.contiguous()
+    k.keep_only(out.data_ptr(), mask.data_ptr(), out.shape[0])
+    return out
 
 
 def add_wrap(pos: Tensor, delta: Tensor, lengths: tuple[float, ...]) -> bool:

@@ -587,7 +587,7 @@ class GroupSums:
             if pushed is None:
                 tabled[name] = (field, rows, values)
             else:
-                out[name] = pushed if only is None else pushed.masked_fill_(~only, 0)
+                out[name] = pushed if only is None else cpu_kernels.keep_only(pushed, only)
         for name, table in self.tables(tabled).items():
             index = self._index_of(self._cuts[name], tabled[name][0])
             n = index.of.shape[0]

@@ -58,6 +58,7 @@ void agentsim_co_member_place(const int64_t *start, int64_t groups, const int32_
                               int32_t *indices);
 int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t n_nodes, const int64_t *nodes,
                           const int64_t *values, int64_t m, int64_t *out);
+void agentsim_keep_only(int64_t *out, const uint8_t *only, int64_t n);
 
 /* ---------------------------------------------------------------- grids (grid.c) */
 /* out[b, i, j] = sum_k x[b, (i + dr[k]) mod h, (j + dc[k]) mod w] for the rows r0 <= b * h + i < r1 */

@@ -203,3 +203,8 @@ int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t
     }
     return 0;
 }
+
+/* out[i] = 0 where only[i] is 0 (a pass that vectorizes, where masked_fill_ takes 5 times as long) */
+void agentsim_keep_only(int64_t *out, const uint8_t *only, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] &= -(int64_t)(only[i] != 0);
+}
