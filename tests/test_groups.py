@@ -786,3 +786,13 @@ def test_keeping_some_entries_is_a_masked_fill():
         x = torch.randint(-2**62, 2**62, (n,), generator=g)
         only = torch.rand(n, generator=g) < 0.4
         assert torch.equal(cpu_kernels.keep_only(x.clone(), only), x.masked_fill(~only, 0))
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_member_lists_by_counting_are_those_of_a_stable_sort(k, monkeypatch):
+    field, _, _ = small_groups(k + 50, k)
+    counted = GroupSums(LocalComm()).index("a.clubs", field)
+    monkeypatch.setattr(cpu_kernels, "group_members", lambda *args: None)  # the torch sort
+    sorted_ = GroupSums(LocalComm()).index("a.clubs", field)
+    assert torch.equal(counted.start, sorted_.start) and torch.equal(counted.order, sorted_.order)
+    assert counted.order.dtype == sorted_.order.dtype == torch.int32

@@ -51,8 +51,8 @@ from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
 __all__ = ["add_columns", "add_wrap", "cell_sort", "co_members", "csr_from_pair_chunks", "exp", "fixed_sum",
-           "gather_sum", "is_iota", "keep_only", "number_ids", "periodic_grid_sum", "push_add", "push_count",
-           "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
+           "gather_sum", "group_members", "is_iota", "keep_only", "number_ids", "periodic_grid_sum", "push_add",
+           "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -145,31 +145,47 @@ def push_count(indptr: Tensor, indices: Tensor, n_nodes: int, nodes: Tensor) -> 
     return out
 
 
-def co_members(of: Tensor, groups: int, most: int) -> tuple[Tensor, Tensor] | None:
-    """Each agent's group-mates as a CSR over the agents: ``(indptr [n + 1] int64, indices [e] int32)``,
-    row ``i`` the rows of the other memberships of each of ``i``'s groups in turn (``i`` itself where
-    it holds another membership of the same group); or None where the kernel does not apply (no
-    kernel, not CPU, not int32) or the lists would have more than ``most`` entries.
+def group_members(of: Tensor, groups: int) -> tuple[Tensor, Tensor] | None:
+    """The memberships group by group, by a counting sort: ``(start [G + 1] int64, order [m] int32)``,
+    group ``g``'s members' rows ``order[start[g]:start[g + 1]]`` in membership order (what a stable
+    sort by group number gives); or None where the kernel does not apply (no kernel, not CPU, not
+    int32).
 
     Args:
         of: ``[n]`` or ``[n, k]`` int32 group number of each membership (``groups``: none).
         groups: ``G``, the number of groups.
-        most: The largest number of entries to make.
     """
     if of.device.type != "cpu" or of.dtype != torch.int32:
         return None
     k = _kernels()
     if k is None:
         return None
-    rows = (of.unsqueeze(1) if of.dim() == 1 else of).contiguous()
-    n, per = rows.shape
-    flat = rows.view(-1)
+    per = of.shape[1] if of.dim() == 2 else 1
+    flat = of.contiguous().view(-1)
     start = torch.zeros(groups + 1, dtype=torch.int64)  # each group's first place in order
     torch.cumsum(torch.bincount(flat, minlength=groups + 1)[:groups], 0, out=start[1:])
     cursor = start[:-1].clone()
     order = torch.empty(int(start[-1]), dtype=torch.int32)  # the members' rows, group by group
     k.group_members(flat.data_ptr(), flat.numel(), groups, cursor.data_ptr(), per, order.data_ptr())
-    del cursor
+    return start, order
+
+
+def co_members(start: Tensor, order: Tensor, n: int, most: int) -> tuple[Tensor, Tensor] | None:
+    """Each agent's group-mates as a CSR over the ``n`` agents: ``(indptr [n + 1] int64, indices [e]
+    int32)``, row ``i`` the rows of the other memberships of each of ``i``'s groups (``i`` itself
+    where it holds another membership of the same group); or None where the kernel does not apply
+    (no kernel, not CPU, ``order`` not int32) or the lists would have more than ``most`` entries.
+
+    Args:
+        start, order: The memberships group by group (:func:`group_members`).
+        n: The number of agents.
+        most: The largest number of entries to make.
+    """
+    k = _kernels()
+    if k is None or start.device.type != "cpu" or order.device.type != "cpu" or order.dtype != torch.int32:
+        return None
+    groups = start.shape[0] - 1
+    start, order = start.contiguous(), order.contiguous()
     degree = torch.zeros(n, dtype=torch.int64)
     k.co_member_degrees(start.data_ptr(), groups, order.data_ptr(), degree.data_ptr())
     indptr = torch.zeros(n + 1, dtype=torch.int64)

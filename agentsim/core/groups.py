@@ -146,7 +146,12 @@ class GroupIndex:
 
     @functools.cached_property
     def _member_lists(self) -> tuple[Tensor, Tensor]:
-        """``(start, order)``: this rank's members group by group (a stable sort by number)."""
+        """``(start, order)``: this rank's members group by group (a stable sort by number: a counting
+        sort where the kernel applies).
+        """
+        counted = cpu_kernels.group_members(self.of, self.ids.shape[0])
+        if counted is not None:
+            return counted
         groups, of = self.ids.shape[0], self.of.reshape(-1)
         per_agent = self.of.shape[1] if self.of.dim() == 2 else 1
         counts = torch.bincount(of, minlength=groups + 1)[:groups]
@@ -165,9 +170,13 @@ class GroupIndex:
         more than ``_PUSH_ENTRIES`` entries per membership on average (large groups: ``m (m - 1)``
         entries each), off the CPU, or without the kernel library.
         """
-        memberships = int(torch.count_nonzero(self.of < self.ids.shape[0]))
+        most = _PUSH_ENTRIES * max(int(self.memberships.sum()), 1)
         with native.one_off_memory():  # large temporaries of sizes not seen again
-            return cpu_kernels.co_members(self.of, self.ids.shape[0], _PUSH_ENTRIES * max(memberships, 1))
+            # the member lists where they are kept, else made for this and dropped
+            lists: tuple[Tensor, Tensor] | None = self.__dict__.get("_member_lists")
+            if lists is None:
+                lists = cpu_kernels.group_members(self.of, self.ids.shape[0])
+            return None if lists is None else cpu_kernels.co_members(lists[0], lists[1], self.of.shape[0], most)
 
     @functools.cached_property
     def memberships(self) -> Tensor:
