@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_machine.sh scaling 10000000   # the same at 10M agents
 #   bash benchmarks/gpu_machine.sh covid     # issue 32: covid strong scaling at 10M people (W = 1..16, one
 #                                            # thread per process), then the US (330M people) on 16 processes,
-#                                            # each over 120 days (< 9 min on 16 cores)
+#                                            # each over 120 days (< 9.5 min on 16 cores)
 #
 # Results go to benchmarks/results/ (peers-*-cuda.json/md, scaling-*.json) and, where $OUT is set
 # (the device tool's output folder), into one tar file there too. The peers run on the CPU only and are not installed on such a machine:
@@ -95,10 +95,10 @@ covid)
     # Each configuration in fresh processes; the JSON is rewritten after each run (a cut-off run keeps the
     # rest) and rank 0 prints its pace every 10 days. 10M people over the whole epidemic (120 days) on
     # W = 1, 8, 16, 2, 4 processes (the target first), one thread each; then the US (330M people) on 16 processes over 120 days.
-    timeout 200 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 16 2 4 --days 120 --progress \
+    timeout 230 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 16 2 4 --days 120 --progress \
         --out "$RESULTS/covid-ranks-10m.json"
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-ranks-10m.json" "$OUT/"; fi
-    timeout 340 $PY benchmarks/bench_covid_scale.py --agents 330000000 --ranks 16 --days 120 --progress \
+    timeout 320 $PY benchmarks/bench_covid_scale.py --agents 330000000 --ranks 16 --days 120 --progress \
         --out "$RESULTS/covid-us.json"
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-us.json" "$OUT/"; fi
     ;;
