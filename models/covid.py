@@ -470,14 +470,14 @@ def transmit(ctx: Context) -> None:
                                 only=ops.equal(state, S) if contact_layers else None)
     forces: list[torch.Tensor] = []
     numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
+    scales: list[float | None] = []  # per layer: None for a force, the rate of a contact layer's units
     everyone = torch.arange(state.shape[0] if contact_layers else 0, dtype=torch.int32, device=state.device)
     for layer in layers:  # (the household first: the places' layers before the contacts')
         field = fields[layer]
         rate = betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
-        if layer in contact_layers:  # each person's force: per contact, of k * contacts_per_group
-            force = ops.to_float64_(per_person.pop(field))
-            force *= rate / (k * p["contacts_per_group"])
-            forces.append(force)
+        if layer in contact_layers:  # each person's units, at the rate per contact (of k * contacts_per_group)
+            forces.append(per_person.pop(field))
+            scales.append(rate / (k * p["contacts_per_group"]))
             numbers.append(everyone)  # (read at each person's own row)
             continue
         units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
@@ -486,12 +486,13 @@ def transmit(ctx: Context) -> None:
         if layer != "household":  # frequency dependent: per place-mate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))
         forces.append(force)
+        scales.append(None)
         numbers.append(index.of)
     if not layers:
         return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
         who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
-        hazard = ops.gather_sum(forces, numbers, who)
+        hazard = ops.gather_sum(forces, numbers, who, scales)
         exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
         if exposed.shape[0] < who.shape[0]:
             who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)

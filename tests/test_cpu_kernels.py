@@ -510,14 +510,44 @@ def test_gather_sum_gives_the_bits_of_adding_the_gathers(built, torch_ops, index
         assert torch.equal(got.view(torch.int64), brute.view(torch.int64))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gather_sum_reads_int64_tables_with_scales_as_their_float_copies(built, torch_ops, threads, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    g = torch.Generator().manual_seed(4)
+    n = 200_000
+    floats = torch.randn(5_001, generator=g, dtype=torch.float64)
+    ints = [torch.randint(-2**62, 2**62, (n,), generator=g), torch.randint(0, 2**40, (n,), generator=g)]
+    ints[0][::7] = torch.randint(-1000, 1000, (ints[0][::7].shape[0],), generator=g)  # small ones too
+    tables, scales = [floats, ints[0], ints[1]], [None, 0.1 / 3.0, 2.0**-24 * 0.192 / 20]
+    numbers = [torch.randint(0, 5_001, (n,), generator=g).to(torch.int32), torch.randperm(n, generator=g).to(
+        torch.int32), torch.arange(n, dtype=torch.int32)]
+    rows = torch.randperm(n, generator=g)[:150_000]
+    for at in (rows, None):
+        pick = (lambda x: x) if at is None else (lambda x, at=at: x[at])
+        # the model's former way: each int64 table made float64, times its scale, then gathered
+        brute = (torch.zeros(n if at is None else at.shape[0], dtype=torch.float64) + floats[pick(numbers[0])]
+                 + (ints[0].to(torch.float64) * scales[1])[pick(numbers[1])]
+                 + (ints[1].to(torch.float64) * scales[2])[pick(numbers[2])])
+        got = ops.gather_sum(tables, numbers, at, scales)
+        eager = torch_ops(lambda at=at: ops.gather_sum(tables, numbers, at, scales))
+        assert torch.equal(got.view(torch.int64), brute.view(torch.int64))
+        assert torch.equal(eager.view(torch.int64), brute.view(torch.int64))
+
+
 def test_gather_sum_refuses_bad_input(built):
     tables, numbers = [torch.zeros(3, dtype=torch.float64)], [torch.tensor([0, 2, 1])]
     with pytest.raises(IndexError, match="row 1 has a group number outside its table"):
         ops.gather_sum(tables, [torch.tensor([0, 3, 1])])
     with pytest.raises(ValueError, match="one number column per table"):
         ops.gather_sum(tables, numbers * 2)
-    with pytest.raises(ValueError, match="float64 tables"):
+    with pytest.raises(ValueError, match="float64, or int64 where scales gives a scale"):
         ops.gather_sum([torch.zeros(3)], numbers)
+    with pytest.raises(ValueError, match="float64, or int64 where scales gives a scale"):
+        ops.gather_sum([torch.zeros(3, dtype=torch.int64)], numbers)  # an int64 table without a scale
+    with pytest.raises(ValueError, match="float64, or int64 where scales gives a scale"):
+        ops.gather_sum(tables, numbers, None, [0.5])  # a scale for a float64 table
+    with pytest.raises(ValueError, match="float64, or int64 where scales gives a scale"):
+        ops.gather_sum(tables, numbers, None, [None, None])  # not one scale per table
     with pytest.raises(ValueError, match="one int32 or int64 dtype"):
         ops.gather_sum(tables * 2, [numbers[0], numbers[0].to(torch.int32)])
     with pytest.raises(ValueError, match="rows"):

@@ -708,18 +708,58 @@ def test_sums_over_groups_refuse_values_of_several_columns_floats_and_a_wrong_ma
 
 def test_the_push_kernel_names_a_row_outside_the_lists_and_checks_shapes():
     indptr, indices = torch.tensor([0, 1, 2]), torch.tensor([1, 0], dtype=torch.int32)
-    out = torch.zeros(2, dtype=torch.int64)
+    out, scratch, once, none = torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), \
+        torch.ones(2, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+
+    def push(old_nodes, old_values, nodes, values, ptr=indptr):
+        return cpu_kernels.push_changes(ptr, indices, old_nodes, old_values, nodes, values, once, scratch, out)
+
     with pytest.raises(ValueError, match="expected values one per node and indptr \\[3\\]"):
-        cpu_kernels.push_add(indptr, indices, torch.tensor([0, 1]), torch.tensor([1]), out)
+        push(none, none, torch.tensor([0, 1]), torch.tensor([1]))
     with pytest.raises(ValueError, match="expected values one per node and indptr \\[3\\]"):
-        cpu_kernels.push_add(indptr[:2], indices, torch.tensor([0]), torch.tensor([1]), out)
+        push(none, none, torch.tensor([0]), torch.tensor([1]), indptr[:2])
     if cpu_kernels._kernels() is None:
         pytest.skip("no kernel library")
     with pytest.raises(IndexError, match="node id 2 out of range"):
-        cpu_kernels.push_add(indptr, indices, torch.tensor([0, 2]), torch.tensor([1, 1]), out)
-    assert out.tolist() == [0, 0]  # nothing added
-    assert cpu_kernels.push_add(indptr, indices, torch.tensor([0, 1, 0]), torch.tensor([5, 0, 2 ** 62]), out)
-    assert out.tolist() == [0, 5 + 2 ** 62]  # (a zero value adds nothing)
+        push(none, none, torch.tensor([0, 2]), torch.tensor([1, 1]))
+    with pytest.raises(IndexError, match="node id -1 out of range"):
+        push(torch.tensor([-1]), torch.tensor([1]), none, none)
+    assert out.tolist() == [0, 0] and scratch.tolist() == [0, 0]  # nothing added
+    assert push(none, none, torch.tensor([0, 1, 0]), torch.tensor([5, 0, 2 ** 62]))  # (not increasing: scratch)
+    assert out.tolist() == [5 + 2 ** 62, 5 + 2 ** 62] and scratch.tolist() == [0, 0]
+    assert push(torch.tensor([0, 1, 0]), torch.tensor([5, 0, 2 ** 62]), torch.tensor([1]), torch.tensor([3]))
+    assert out.tolist() == [3, 3]  # (merged: both increasing)
+    assert push(torch.tensor([1]), torch.tensor([3]), torch.tensor([0, 1]), torch.tensor([2 ** 63 - 1, 3]))
+    assert out.tolist() == [2 ** 63 - 1 + 3 - 2 ** 64, 2 ** 63 - 1 + 3 - 2 ** 64]  # (wrapping, as torch's adds)
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_pushes_kept_up_to_date_over_many_calls_are_the_brute_force(k):
+    """Day after day the contributors and values change (some stay, some leave, some come, repeats and
+    unsorted rows included): each call's sums are a push from zeros, though only changes are pushed."""
+    if cpu_kernels._kernels() is None:
+        pytest.skip("no kernel library")
+    field, _, _ = small_groups(20 + k, k)
+    g = torch.Generator().manual_seed(k)
+    index = GroupSums(LocalComm()).index("a.clubs", field)
+    values = torch.randint(-5, 20, (N,), generator=g)
+    for call in range(12):
+        if call % 4 == 3:  # unsorted, repeated rows
+            rows = torch.randint(0, N, (N // 4,), generator=g)
+        else:  # sorted rows found by nonzero, a drifting set
+            rows = torch.nonzero(torch.rand(N, generator=g) < 0.05 * (call % 4 + 1)).reshape(-1)
+        if call % 2:
+            values[torch.rand(N, generator=g) < 0.3] += 1  # some values change
+        got = index.push(rows.to(torch.int32) if call % 3 == 0 else rows, values.index_select(0, rows))
+        assert got is not None and got.tolist() == each_agents_sum(field, rows, values.index_select(0, rows)), call
+        got[:] = 7  # (the caller's tensor: changing it changes nothing kept)
+    only = torch.arange(N) % 2 == 0
+    want = each_agents_sum(field, rows, values.index_select(0, rows))
+    assert index.push(rows, values.index_select(0, rows), only).tolist() == [w if i % 2 == 0 else 0
+                                                                             for i, w in enumerate(want)]
+    with pytest.raises(IndexError, match=f"node id {N} out of range"):
+        index.push(torch.tensor([0, N]), torch.tensor([1, 1]))
+    assert index.push(rows, values.index_select(0, rows)).tolist() == want  # the error changed nothing kept
 
 
 def spread_on_a_rank(comm, seed: int) -> list[tuple[list[int], list[int]]]:

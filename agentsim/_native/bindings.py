@@ -73,9 +73,11 @@ FUNCTIONS: dict[str, Signature] = {
                                        ("degree", PTR)),
     "agentsim_co_member_place": _sig("graph.c", None, ("start", PTR), ("groups", I64), ("order", PTR), ("rows", PTR),
                                      ("indices", PTR)),
-    "agentsim_push_add": _sig("graph.c", I64, ("indptr", PTR), ("indices", PTR), ("n_nodes", I64), ("nodes", PTR),
-                              ("values", PTR), ("m", I64), ("out", PTR)),
-    "agentsim_keep_only": _sig("graph.c", None, ("out", PTR), ("only", PTR), ("n", I64)),
+    "agentsim_push_changes": _sig("graph.c", I64, ("indptr", PTR), ("indices", PTR), ("n_nodes", I64),
+                                  ("old_nodes", PTR), ("old_values", PTR), ("m_old", I64), ("new_nodes", PTR),
+                                  ("new_values", PTR), ("m_new", I64), ("self_count", PTR), ("scratch", PTR),
+                                  ("out", PTR)),
+    "agentsim_keep_only": _sig("graph.c", None, ("out", PTR), ("src", PTR), ("only", PTR), ("n", I64)),
     # grid.c
     "agentsim_grid_sum64": _sig("grid.c", None, ("x", PTR), ("r0", I64), ("r1", I64), ("h", I64), ("w", I64),
                                 ("dr", PTR), ("dc", PTR), ("k", I64), ("out", PTR)),
@@ -94,7 +96,8 @@ FUNCTIONS: dict[str, Signature] = {
                                              ("srcs", PTR), ("m", I64)) for f in _FLOATS for i in _INDICES},
     **{f"agentsim_exp{f}": _sig("ops.c", None, ("x", PTR), ("n", I64), ("consts", PTR), ("top", I64), ("out", PTR))
        for f in _FLOATS},
-    **{f"agentsim_gather_sum_i{i}": _sig("ops.c", I64, ("k", I64), ("tables", PTR), ("sizes", PTR), ("numbers", PTR),
+    **{f"agentsim_gather_sum_i{i}": _sig("ops.c", I64, ("k", I64), ("tables", PTR), ("scales", PTR), ("sizes", PTR),
+                                         ("numbers", PTR),
                                          ("n", I64), ("rows", PTR), ("first", I64), ("m", I64), ("out", PTR))
        for i in _INDICES},
     **{f"agentsim_ids_i{i}_mark": _sig("ops.c", I64, ("field", PTR), ("n", I64), ("lo", I64), ("top", I64),

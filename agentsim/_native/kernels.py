@@ -41,6 +41,7 @@ Each function returns None (or False) where it does not apply, and its caller us
 from __future__ import annotations
 
 import ctypes
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -51,7 +52,7 @@ from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
 __all__ = ["add_columns", "add_wrap", "cell_sort", "co_members", "csr_from_pair_chunks", "exp", "fixed_sum",
-           "gather_sum", "group_members", "is_iota", "keep_only", "number_ids", "periodic_grid_sum", "push_add",
+           "gather_sum", "group_members", "is_iota", "keep_only", "number_ids", "periodic_grid_sum", "push_changes",
            "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
@@ -73,7 +74,7 @@ class _Kernels:
         self.group_members = lib["agentsim_group_members"]
         self.co_member_degrees = lib["agentsim_co_member_degrees"]
         self.co_member_place = lib["agentsim_co_member_place"]
-        self.push_add = lib["agentsim_push_add"]
+        self.push_changes = lib["agentsim_push_changes"]
         self.keep_only = lib["agentsim_keep_only"]
         self.fixed_sum = _by_dtype(lib, "agentsim_fixed_sum")
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
@@ -199,53 +200,73 @@ def co_members(start: Tensor, order: Tensor, n: int, most: int) -> tuple[Tensor,
     return indptr, indices
 
 
-def push_add(indptr: Tensor, indices: Tensor, nodes: Tensor, values: Tensor, out: Tensor) -> bool:
-    """``out[v] += values[i]`` for every neighbor ``v`` of every node ``nodes[i]`` of a CSR (exact: int64);
+def push_changes(indptr: Tensor, indices: Tensor, old_nodes: Tensor, old_values: Tensor, nodes: Tensor,
+                 values: Tensor, self_count: Tensor, scratch: Tensor, out: Tensor) -> bool:
+    """A push along a CSR kept up to date: ``out`` holds the push of ``(old_nodes, old_values)`` and
+    gets that of ``(nodes, values)``, the push of a node's value being ``out[v] += value`` for every
+    neighbor ``v`` and ``out[node] += value * self_count[node]``. Only the nodes whose value changed
+    push (their change), so the work follows the changes; exact (int64, wrapping as torch's adds).
     False where the kernel does not apply (not CPU, other dtypes, no kernel): then use torch ops.
 
     Args:
         indptr: ``[n + 1]`` int64 CSR row pointers.
         indices: ``[e]`` int32 neighbor ids.
-        nodes: ``[m]`` int64 node ids (repeats add again).
-        values: ``[m]`` int64.
-        out: ``[n]`` int64, added to in place.
+        old_nodes, old_values: ``[m_old]`` int64: what ``out`` holds the push of (repeats add again).
+        nodes, values: ``[m]`` int64: the values now.
+        self_count: ``[n]`` int64 how many times a node's value reaches itself.
+        scratch: ``[n]`` int64 zeros (zeros again on return).
+        out: ``[n]`` int64, updated in place.
 
     The lists are trusted (every entry of ``indices`` below ``n``: as :func:`co_members` makes them);
-    the shapes are checked.
+    the shapes are checked, and the node ids before anything is changed.
 
     Raises:
-        IndexError: A node id outside ``[0, n)`` (naming it).
-        ValueError: ``values`` not one per node, or ``indptr`` not ``[n + 1]``.
+        IndexError: A node id outside ``[0, n)`` (naming it; nothing changed).
+        ValueError: Values not one per node, or ``indptr``, ``self_count`` or ``scratch`` not of ``out``'s ``n``.
     """
-    if values.shape != nodes.shape or indptr.shape != (out.shape[0] + 1,):
-        raise ValueError(f"push_add: expected values one per node and indptr [{out.shape[0] + 1}] (got nodes "
-                         f"{list(nodes.shape)}, values {list(values.shape)}, indptr {list(indptr.shape)})")
-    tensors = (indptr, indices, nodes, values, out)
-    if (any(t.device.type != "cpu" for t in tensors) or indptr.dtype != torch.int64 or indices.dtype != torch.int32
-            or nodes.dtype != torch.int64 or values.dtype != torch.int64 or out.dtype != torch.int64
-            or not out.is_contiguous()):
+    n = out.shape[0]
+    if (values.shape != nodes.shape or old_values.shape != old_nodes.shape or nodes.dim() != 1
+            or old_nodes.dim() != 1 or indptr.shape != (n + 1,) or self_count.shape != (n,) or scratch.shape != (n,)):
+        raise ValueError(f"push_changes: expected values one per node and indptr [{n + 1}], self_count and scratch "
+                         f"[{n}] (got nodes {list(nodes.shape)}, values {list(values.shape)}, old nodes "
+                         f"{list(old_nodes.shape)}, old values {list(old_values.shape)}, indptr "
+                         f"{list(indptr.shape)}, self_count {list(self_count.shape)}, scratch {list(scratch.shape)})")
+    tensors = (indptr, indices, old_nodes, old_values, nodes, values, self_count, scratch, out)
+    if (any(t.device.type != "cpu" or (t.dtype != torch.int64 and t is not indices) for t in tensors)
+            or indices.dtype != torch.int32 or not (out.is_contiguous() and scratch.is_contiguous())):
         return False
     k = _kernels()
     if k is None:
         return False
-    indptr, indices, nodes, values = indptr.contiguous(), indices.contiguous(), nodes.contiguous(), values.contiguous()
-    bad = k.push_add(indptr.data_ptr(), indices.data_ptr(), out.shape[0], nodes.data_ptr(), values.data_ptr(),
-                     nodes.numel(), out.data_ptr())
+    indptr, indices, self_count = indptr.contiguous(), indices.contiguous(), self_count.contiguous()
+    old_nodes, old_values = old_nodes.contiguous(), old_values.contiguous()
+    nodes, values = nodes.contiguous(), values.contiguous()
+    bad = k.push_changes(indptr.data_ptr(), indices.data_ptr(), n, old_nodes.data_ptr(), old_values.data_ptr(),
+                         old_nodes.numel(), nodes.data_ptr(), values.data_ptr(), nodes.numel(),
+                         self_count.data_ptr(), scratch.data_ptr(), out.data_ptr())
+    if bad < 0:
+        raise MemoryError(f"push_changes: no memory for the list of up to {old_nodes.numel() + nodes.numel()} changes")
     if bad:
-        raise IndexError(f"node id {int(nodes[bad - 1])} out of range for a graph of {out.shape[0]} nodes")
+        node = old_nodes[bad - 1] if bad <= old_nodes.numel() else nodes[bad - 1 - old_nodes.numel()]
+        raise IndexError(f"node id {int(node)} out of range for a graph of {n} nodes")
     return True
 
 
-def keep_only(out: Tensor, only: Tensor) -> Tensor:
-    """``out`` with 0 where ``only`` is False, in place (``[n]`` int64 and ``[n]`` bool): the same as
-    ``out.masked_fill_(~only, 0)``, in one pass where the kernel applies.
+def keep_only(out: Tensor, only: Tensor, src: Tensor | None = None) -> Tensor:
+    """``src`` (default: ``out`` itself) with 0 where ``only`` is False, written to ``out`` (``[n]``
+    int64 and ``[n]`` bool): the same as ``out.copy_(src).masked_fill_(~only, 0)``, in one pass where
+    the kernel applies.
     """
+    src = out if src is None else src
     k = _kernels()
-    if (k is None or out.device.type != "cpu" or only.device.type != "cpu" or out.dtype != torch.int64
-            or only.dtype != torch.bool or out.shape != only.shape or out.dim() != 1 or not out.is_contiguous()):
+    if (k is None or out.device.type != "cpu" or only.device.type != "cpu" or src.device.type != "cpu"
+            or out.dtype != torch.int64 or src.dtype != torch.int64 or only.dtype != torch.bool
+            or out.shape != only.shape or src.shape != out.shape or out.dim() != 1 or not out.is_contiguous()):
+        if src is not out:
+            out.copy_(src)
         return out.masked_fill_(~only, 0)
-    mask = only.contiguous()
-    k.keep_only(out.data_ptr(), mask.data_ptr(), out.shape[0])
+    mask, src = only.contiguous(), src.contiguous()
+    k.keep_only(out.data_ptr(), src.data_ptr(), mask.data_ptr(), out.shape[0])
     return out
 
 
@@ -349,25 +370,32 @@ def exp(x: Tensor, consts: Tensor, top: int) -> Tensor | None:
     return out
 
 
-def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None) -> Tensor | None:
+def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None,
+               scales: list[float | None] | None = None) -> Tensor | None:
     """``[m]`` float64 ``sum_c tables[c][numbers[c][rows]]``, the columns added in order from 0 (see
-    :func:`agentsim.core.ops.gather_sum`), in one pass on torch's threads. None where the kernel
-    does not apply (not 1 to :data:`MAX_COLUMNS` contiguous 1-D CPU float64 ``tables``, ``numbers``
-    of one int32/int64 dtype and one length, an int64 ``rows`` or None, grad, or no kernel).
+    :func:`agentsim.core.ops.gather_sum`), in one pass on torch's threads; an int64 table with a
+    scale (``scales[c]`` a float) gives ``float64(tables[c][g]) * scales[c]``. None where the kernel
+    does not apply (not 1 to :data:`MAX_COLUMNS` contiguous 1-D CPU tables, float64, or int64 with a
+    scale, ``numbers`` of one int32/int64 dtype and one length, an int64 ``rows`` or None, grad, or
+    no kernel).
 
     Raises:
         IndexError: A group number outside its table (naming the row; ``out`` is discarded).
     """
     if not 1 <= len(tables) <= MAX_COLUMNS or len(numbers) != len(tables):
         return None
+    scaled: list[float | None] = [None] * len(tables) if scales is None else list(scales)
     idt, n = numbers[0].dtype, numbers[0].shape[0]
-    if (idt not in (torch.int32, torch.int64)
-            or any(t.dtype != torch.float64 or t.dim() != 1 or t.device.type != "cpu" or not t.is_contiguous()
-                   or t.requires_grad for t in tables)
+    if (idt not in (torch.int32, torch.int64) or len(scaled) != len(tables)
+            or any(t.dtype != (torch.float64 if scale is None else torch.int64) or t.dim() != 1
+                   or t.device.type != "cpu" or not t.is_contiguous() or t.requires_grad
+                   for t, scale in zip(tables, scaled, strict=True))
             or any(g.dtype != idt or g.dim() != 1 or g.shape[0] != n or g.device.type != "cpu"
                    or not g.is_contiguous() for g in numbers)
             or (rows is not None and (rows.dtype != torch.int64 or rows.dim() != 1 or rows.device.type != "cpu"
                                       or not rows.is_contiguous()))):
+        return None
+    if any(scale is not None and scale != scale for scale in scaled):  # (NaN marks a float64 table)
         return None
     k = _kernels()
     if k is None:
@@ -375,13 +403,15 @@ def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None)
     m = n if rows is None else rows.shape[0]
     out = torch.empty(m, dtype=torch.float64)
     table_ptrs = (ctypes.c_void_p * len(tables))(*[t.data_ptr() for t in tables])
+    scale_values = (ctypes.c_double * len(tables))(*[math.nan if scale is None else scale for scale in scaled])
     sizes = (ctypes.c_int64 * len(tables))(*[t.shape[0] for t in tables])
     number_ptrs = (ctypes.c_void_p * len(numbers))(*[g.data_ptr() for g in numbers])
     fn, bad = k.gather_sum[idt], [0]
 
     def piece(a: int, b: int) -> None:
         at = None if rows is None else rows.data_ptr() + 8 * a
-        found = fn(len(tables), table_ptrs, sizes, number_ptrs, n, at, a, b - a, out.data_ptr() + 8 * a)
+        found = fn(len(tables), table_ptrs, scale_values, sizes, number_ptrs, n, at, a, b - a,
+                   out.data_ptr() + 8 * a)
         if found:
             bad[0] = a + found
 

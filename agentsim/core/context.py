@@ -386,10 +386,11 @@ class Context:
         (``field: (rows, values)``, ``values`` ``[m]`` integers): ``index.sums(table, every row)`` of
         the :meth:`group_tables` of the same contributions, the same bits on any number of ranks.
         Made for fields of many small groups (fixed groups of contacts, ``[n, k]``): on one process,
-        on the CPU, each contribution is pushed to the contributor's group-mates, so the work follows
-        the contributors (a few infectious people) instead of every group and every agent; larger
-        groups, other devices and several processes use the tables. A collective step: every rank
-        passes the same fields in the same order.
+        on the CPU, each contribution is pushed to the contributor's group-mates, and from the second
+        call on only the contributions that changed since the last call push (their change), so the
+        work follows the changes (people who became or stopped being infectious) instead of every
+        group and every agent; larger groups, other devices and several processes use the tables. A
+        collective step: every rank passes the same fields in the same order.
 
         Args:
             requests: ``field: (rows, values)``: the contributing rows (``[m]`` int64 or int32) and

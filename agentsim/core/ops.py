@@ -654,7 +654,8 @@ def squared_norm(x: Tensor) -> Tensor:
 
 
 
-def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor | None = None) -> Tensor:
+def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor | None = None,
+               scales: Sequence[float | None] | None = None) -> Tensor:
     """Per row, the sum over several group columns of a per-group value:
     ``tables[0][numbers[0][r]] + tables[1][numbers[1][r]] + ...`` for each ``r`` in ``rows``.
 
@@ -664,11 +665,18 @@ def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor
     susceptible person, the per-place forces of their household, school, workplace and venue
     added up (group numbers from :class:`agentsim.core.groups.GroupIndex`: ``of``).
 
+    A column may be an int64 table with a scale: its term is then ``float64(table[g]) * scale``
+    (the bits of ``table.to(torch.float64) * scale``), so that exact integer sums
+    (:meth:`~agentsim.core.context.Context.group_sums`) are read without a float copy of each.
+
     Args:
-        tables: ``k >= 1`` float64 ``[G_c]`` per-group values (e.g. rate per day).
+        tables: ``k >= 1`` ``[G_c]`` per-group values (e.g. rate per day): float64, or int64
+            where ``scales`` gives the column a scale.
         numbers: ``k`` int32 or int64 ``[n]`` group number of each row in ``tables[c]``, in
             ``[0, G_c)``; one dtype and one length.
         rows: ``[m]`` int64 rows of ``numbers`` to sum for, or None for all ``n``.
+        scales: ``k`` entries, None for a float64 table and a float for an int64 one; or None
+            (every table float64).
 
     Returns:
         ``[m]`` float64 (``[n]`` without ``rows``).
@@ -686,8 +694,11 @@ def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor
     if not tables or len(numbers) != len(tables):
         raise ValueError(f"gather_sum: expected one number column per table, at least one (got {len(tables)} "
                          f"tables, {len(numbers)} number columns)")
-    if any(t.dim() != 1 or t.dtype != torch.float64 for t in tables):
-        raise ValueError(f"gather_sum: expected 1-D float64 tables (got {[_describe(t) for t in tables]})")
+    scaled: list[float | None] = [None] * len(tables) if scales is None else list(scales)
+    if len(scaled) != len(tables) or any(t.dim() != 1 or t.dtype != (torch.float64 if scale is None else torch.int64)
+                                         for t, scale in zip(tables, scaled, strict=False)):
+        raise ValueError(f"gather_sum: expected 1-D tables, float64, or int64 where scales gives a scale (got "
+                         f"{[_describe(t) for t in tables]}, scales {scales})")
     n = numbers[0].shape[0] if numbers[0].dim() == 1 else -1
     if any(g.dim() != 1 or g.shape[0] != n or g.dtype != numbers[0].dtype or g.dtype not in _INDEX_DTYPES
            for g in numbers):
@@ -696,13 +707,14 @@ def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor
     if rows is not None and (rows.dim() != 1 or rows.dtype != torch.int64):
         raise ValueError(f"gather_sum: expected rows [m] int64 or None (got {_describe(rows)})")
     if len(tables) <= cpu_kernels.MAX_COLUMNS:
-        fused = cpu_kernels.gather_sum(tables, numbers, rows)
+        fused = cpu_kernels.gather_sum(tables, numbers, rows, scaled)
         if fused is not None:
             return fused
     out = torch.zeros(n if rows is None else rows.shape[0], dtype=torch.float64, device=tables[0].device)
-    for table, number in zip(tables, numbers, strict=True):
+    for table, number, scale in zip(tables, numbers, scaled, strict=True):
         at = number if rows is None else number.index_select(0, rows)
-        out += table.index_select(0, at)
+        term = table.index_select(0, at)
+        out += term if scale is None else term.to(torch.float64) * scale
     return out
 
 def scatter_sum_exact(src: Tensor, index: Tensor, dim_size: int, frac_bits: int = 32) -> Tensor:

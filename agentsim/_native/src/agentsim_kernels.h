@@ -56,9 +56,11 @@ void agentsim_group_members(const int32_t *of, int64_t m, int64_t groups, int64_
 void agentsim_co_member_degrees(const int64_t *start, int64_t groups, const int32_t *order, int64_t *degree);
 void agentsim_co_member_place(const int64_t *start, int64_t groups, const int32_t *order, int64_t *rows,
                               int32_t *indices);
-int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t n_nodes, const int64_t *nodes,
-                          const int64_t *values, int64_t m, int64_t *out);
-void agentsim_keep_only(int64_t *out, const uint8_t *only, int64_t n);
+int64_t agentsim_push_changes(const int64_t *indptr, const int32_t *indices, int64_t n_nodes,
+                              const int64_t *old_nodes, const int64_t *old_values, int64_t m_old,
+                              const int64_t *new_nodes, const int64_t *new_values, int64_t m_new,
+                              const int64_t *self_count, int64_t *scratch, int64_t *out);
+void agentsim_keep_only(int64_t *out, const int64_t *src, const uint8_t *only, int64_t n);
 
 /* ---------------------------------------------------------------- grids (grid.c) */
 /* out[b, i, j] = sum_k x[b, (i + dr[k]) mod h, (j + dc[k]) mod w] for the rows r0 <= b * h + i < r1 */
@@ -123,11 +125,12 @@ int64_t agentsim_add_columns64_i64(int64_t k, double *const *outs, int64_t n_out
 void agentsim_exp32(const float *x, int64_t n, const float *consts, int64_t top, float *out);
 void agentsim_exp64(const double *x, int64_t n, const double *consts, int64_t top, double *out);
 /* out[i] = sum over c < k, in order, of tables[c][numbers[c][rows[i]]] (rows NULL: first + i), sizes[c]
-   the entries of tables[c], n those of each numbers[c] */
-int64_t agentsim_gather_sum_i32(int64_t k, const double *const *tables, const int64_t *sizes,
+   the entries of tables[c], n those of each numbers[c]; tables[c] float64, or int64 where scales is not
+   NULL and scales[c] is not NaN: then its entry times scales[c] (each rounded in float64) */
+int64_t agentsim_gather_sum_i32(int64_t k, const void *const *tables, const double *scales, const int64_t *sizes,
                                 const int32_t *const *numbers, int64_t n, const int64_t *rows, int64_t first,
                                 int64_t m, double *out);
-int64_t agentsim_gather_sum_i64(int64_t k, const double *const *tables, const int64_t *sizes,
+int64_t agentsim_gather_sum_i64(int64_t k, const void *const *tables, const double *scales, const int64_t *sizes,
                                 const int64_t *const *numbers, int64_t n, const int64_t *rows, int64_t first,
                                 int64_t m, double *out);
 /* group ids in [lo, top] (negative: none) numbered by a bitmap: mark their bits (bit id - lo); of[i] =

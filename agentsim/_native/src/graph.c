@@ -182,29 +182,83 @@ void agentsim_co_member_place(const int64_t *start, int64_t groups, const int32_
     }
 }
 
-/* out[v] += values[i] for every neighbor v of every node nodes[i] (int64: exact in any order; a zero
-   value is skipped); 0, or 1 + the position of the first node outside [0, n_nodes) (nothing is
-   added then). Prefetched as agentsim_push_count. */
-int64_t agentsim_push_add(const int64_t *indptr, const int32_t *indices, int64_t n_nodes, const int64_t *nodes,
-                          const int64_t *values, int64_t m, int64_t *out) {
-    for (int64_t i = 0; i < m; i++)
-        if (nodes[i] < 0 || nodes[i] >= n_nodes) return i + 1;
-    for (int64_t i = 0; i < m; i++) {
-        if (i + 16 < m) __builtin_prefetch(&indptr[nodes[i + 16]]);
-        if (i + 8 < m) {
+static int strictly_increasing(const int64_t *x, int64_t m) {
+    for (int64_t i = 1; i < m; i++)
+        if (x[i] <= x[i - 1]) return 0;
+    return 1;
+}
+
+/* A push kept up to date (GroupIndex.push): `out` holds the push of (old_nodes, old_values) and gets
+   that of (new_nodes, new_values), by pushing only each node's change (new minus old), once: to
+   itself self_count[node] times, and to each neighbor (int64 wrapping on overflow, as torch's adds:
+   exact in any order), so that `out` ends as a push of the new values into zeros would make it.
+   The changes are listed first: by merging the node lists where both are strictly increasing (rows
+   found by nonzero), else through scratch (n_nodes, zero on entry and on return), which collects
+   each node's change (repeats add); then they are pushed, prefetched as agentsim_push_count.
+   Returns 0; 1 + the position of the first node outside [0, n_nodes), the old nodes first, then
+   m_old + the new ones' (nothing is changed then); or -1 without memory for the list of changes. */
+int64_t agentsim_push_changes(const int64_t *indptr, const int32_t *indices, int64_t n_nodes,
+                              const int64_t *old_nodes, const int64_t *old_values, int64_t m_old,
+                              const int64_t *new_nodes, const int64_t *new_values, int64_t m_new,
+                              const int64_t *self_count, int64_t *scratch, int64_t *out) {
+    for (int64_t i = 0; i < m_old; i++)
+        if (old_nodes[i] < 0 || old_nodes[i] >= n_nodes) return i + 1;
+    for (int64_t i = 0; i < m_new; i++)
+        if (new_nodes[i] < 0 || new_nodes[i] >= n_nodes) return m_old + i + 1;
+    int64_t *nodes = (int64_t *)malloc((size_t)(m_old + m_new + 1) * 2 * sizeof(int64_t));
+    if (nodes == NULL) return -1;
+    uint64_t *changes = (uint64_t *)(nodes + m_old + m_new + 1), v;
+    int64_t c = 0;
+    if (strictly_increasing(old_nodes, m_old) && strictly_increasing(new_nodes, m_new)) {
+        int64_t i = 0, j = 0;
+        while (i < m_old || j < m_new) {
+            if (j == m_new || (i < m_old && old_nodes[i] < new_nodes[j])) {
+                nodes[c] = old_nodes[i];
+                v = 0 - (uint64_t)old_values[i++];
+            } else if (i == m_old || new_nodes[j] < old_nodes[i]) {
+                nodes[c] = new_nodes[j];
+                v = (uint64_t)new_values[j++];
+            } else {
+                nodes[c] = new_nodes[j];
+                v = (uint64_t)new_values[j++] - (uint64_t)old_values[i++];
+            }
+            changes[c] = v;
+            c += v != 0;
+        }
+    } else {
+        uint64_t *change = (uint64_t *)scratch;
+        for (int64_t i = 0; i < m_old; i++) change[old_nodes[i]] -= (uint64_t)old_values[i];
+        for (int64_t i = 0; i < m_new; i++) change[new_nodes[i]] += (uint64_t)new_values[i];
+        for (int64_t pass = 0; pass < 2; pass++) {
+            const int64_t *list = pass ? new_nodes : old_nodes;
+            int64_t m = pass ? m_new : m_old;
+            for (int64_t i = 0; i < m; i++) {
+                nodes[c] = list[i];
+                changes[c] = change[list[i]];  /* 0: unchanged, or listed already */
+                change[list[i]] = 0;
+                c += changes[c] != 0;
+            }
+        }
+    }
+    for (int64_t i = 0; i < c; i++) {
+        if (i + 16 < c) __builtin_prefetch(&indptr[nodes[i + 16]]);
+        if (i + 8 < c) {
             const int32_t *p = &indices[indptr[nodes[i + 8]]];
             __builtin_prefetch(p);
             __builtin_prefetch(p + 16);
         }
-        int64_t a = indptr[nodes[i]], b = indptr[nodes[i] + 1], v = values[i];
-        if (v == 0) continue;  /* (someone who infects nobody) */
-        for (int64_t e = a; e < b; e++)  /* (wrapping on overflow, as torch's int64 adds) */
-            out[indices[e]] = (int64_t)((uint64_t)out[indices[e]] + (uint64_t)v);
+        int64_t node = nodes[i];
+        v = changes[i];
+        out[node] = (int64_t)((uint64_t)out[node] + v * (uint64_t)self_count[node]);
+        for (int64_t e = indptr[node], b = indptr[node + 1]; e < b; e++)
+            out[indices[e]] = (int64_t)((uint64_t)out[indices[e]] + v);
     }
+    free(nodes);
     return 0;
 }
 
-/* out[i] = 0 where only[i] is 0 (a pass that vectorizes, where masked_fill_ takes 5 times as long) */
-void agentsim_keep_only(int64_t *out, const uint8_t *only, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] &= -(int64_t)(only[i] != 0);
+/* out[i] = src[i], or 0 where only[i] is 0 (src may be out: a pass that vectorizes, where masked_fill_
+   takes 5 times as long) */
+void agentsim_keep_only(int64_t *out, const int64_t *src, const uint8_t *only, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = src[i] & -(int64_t)(only[i] != 0);
 }

@@ -111,8 +111,9 @@ EXP(agentsim_exp32, float, int32_t, 127, 23, floorf, 8)
    columns' gathers one after another in float64. 0, or 1 + the first i whose row is outside [0, n) or
    at which a group number is outside its table (out is then partly written). */
 #define GATHER_SUM(NAME, I)                                                                           \
-int64_t NAME(int64_t k, const double *const *tables, const int64_t *sizes, const I *const *numbers,   \
-             int64_t n, const int64_t *rows, int64_t first, int64_t m, double *out) {                 \
+int64_t NAME(int64_t k, const void *const *tables, const double *scales, const int64_t *sizes,        \
+             const I *const *numbers, int64_t n, const int64_t *rows, int64_t first, int64_t m,       \
+             double *out) {                                                                           \
     for (int64_t i = 0; i < m; i++) {                                                                 \
         const int64_t r = rows ? rows[i] : first + i;                                                 \
         if ((uint64_t)r >= (uint64_t)n) return i + 1;                                                 \
@@ -120,7 +121,10 @@ int64_t NAME(int64_t k, const double *const *tables, const int64_t *sizes, const
         for (int64_t c = 0; c < k; c++) {                                                             \
             const int64_t g = (int64_t)numbers[c][r];                                                 \
             if ((uint64_t)g >= (uint64_t)sizes[c]) return i + 1;                                      \
-            s = s + tables[c][g];                                                                     \
+            if (scales && scales[c] == scales[c])                                                     \
+                s = s + (double)((const int64_t *)tables[c])[g] * scales[c];                          \
+            else                                                                                      \
+                s = s + ((const double *)tables[c])[g];                                               \
         }                                                                                             \
         out[i] = s;                                                                                   \
     }                                                                                                 \
