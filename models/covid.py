@@ -366,14 +366,20 @@ def progress(ctx: Context) -> None:
                                     torch.where(was == I, torch.where(fate == SEVERE_NEXT, H, R),
                                                 torch.where(fate == DIES, D, R))))
     new_fate = torch.where((after == I) & becomes_severe, SEVERE_NEXT, torch.where((after == H) & dies, DIES, RECOVERS))
-    infectious = days("infectious", days_u)  # A, and mild I
-    next_days = torch.where(
-        after == A, infectious,
-        torch.where(after == I, days("presymptomatic", presymptomatic_u) + torch.where(
-            new_fate == SEVERE_NEXT, days("onset_to_severe", days_u), infectious),
-            torch.where(new_fate == DIES, days("dying", days_u),
-                        torch.where(branch < critical / severe, days("critical", days_u), days("severe", days_u)))))
-    next_days = torch.where((after == R) | (after == D), 0, next_days)
+    next_days = torch.zeros(rows.shape[0], dtype=torch.int16, device=state.device)  # R and D: none
+
+    def add(who: torch.Tensor, name: str, u: torch.Tensor) -> None:  # the days of a duration, where who
+        at = ops.flatnonzero(who)
+        next_days.index_add_(0, at, days(name, u.index_select(0, at)))
+
+    now_i, now_h, to_severe, to_death = after == I, after == H, new_fate == SEVERE_NEXT, new_fate == DIES
+    add(now_i, "presymptomatic", presymptomatic_u)  # I: presymptomatic days, then the days to severe or recovery
+    add(now_i & to_severe, "onset_to_severe", days_u)
+    add((after == A) | (now_i & ~to_severe), "infectious", days_u)
+    add(now_h & to_death, "dying", days_u)  # H: the days to death, else critical or severe days
+    is_critical = branch < critical / severe
+    add(now_h & ~to_death & is_critical, "critical", days_u)
+    add(now_h & ~to_death & ~is_critical, "severe", days_u)
     left.index_copy_(0, rows, next_days.to(left.dtype))
     # early days of an infectious period of D days: ceil(min(early_share * D, early_max_days))
     span = torch.clamp(p["early_share"] * next_days.to(torch.float64) - 1e-9, max=float(p["early_max_days"]))
@@ -466,19 +472,19 @@ def transmit(ctx: Context) -> None:
                                   for layer in layers if layer not in contact_layers})
     # each susceptible person's infectious contacts' units, summed over their contact groups: [n] per
     # contact layer (0 for the others)
+    susceptible = ops.equal(state, S)  # (as it is before this day's infections: a block's only change its own rows)
     per_person = ctx.group_sums({fields[layer]: (sick, away) for layer in contact_layers},
-                                only=ops.equal(state, S) if contact_layers else None)
-    forces: list[torch.Tensor] = []
-    numbers: list[torch.Tensor] = []  # per layer: the force of each place (and 0 for no place); each person's place
-    scales: list[float | None] = []  # per layer: None for a force, the rate of a contact layer's units
-    everyone = torch.arange(state.shape[0] if contact_layers else 0, dtype=torch.int32, device=state.device)
+                                only=susceptible if contact_layers else None)
+    forces: list[torch.Tensor] = []  # per layer: each place's force (and 0 for no place), or each person's units
+    numbers: list[torch.Tensor | None] = []  # each person's place, or None: their own row
+    scales: list[float | None] = []  # None for a force, the rate of a contact layer's units
     for layer in layers:  # (the household first: the places' layers before the contacts')
         field = fields[layer]
         rate = betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
         if layer in contact_layers:  # each person's units, at the rate per contact (of k * contacts_per_group)
             forces.append(per_person.pop(field))
             scales.append(rate / (k * p["contacts_per_group"]))
-            numbers.append(everyone)  # (read at each person's own row)
+            numbers.append(None)  # (read at each person's own row)
             continue
         units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
         force = ops.to_float64_(units)
@@ -491,7 +497,7 @@ def transmit(ctx: Context) -> None:
     if not layers:
         return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
-        who = ops.flatnonzero(ops.equal(state[first:first + BLOCK], S)) + first  # the susceptible
+        who = ops.flatnonzero(susceptible[first:first + BLOCK]) + first
         hazard = ops.gather_sum(forces, numbers, who, scales)
         exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
         if exposed.shape[0] < who.shape[0]:

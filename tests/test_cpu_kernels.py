@@ -520,14 +520,14 @@ def test_gather_sum_reads_int64_tables_with_scales_as_their_float_copies(built, 
     ints[0][::7] = torch.randint(-1000, 1000, (ints[0][::7].shape[0],), generator=g)  # small ones too
     tables, scales = [floats, ints[0], ints[1]], [None, 0.1 / 3.0, 2.0**-24 * 0.192 / 20]
     numbers = [torch.randint(0, 5_001, (n,), generator=g).to(torch.int32), torch.randperm(n, generator=g).to(
-        torch.int32), torch.arange(n, dtype=torch.int32)]
+        torch.int32), None]  # (None: the table has an entry per row, read at the row)
     rows = torch.randperm(n, generator=g)[:150_000]
     for at in (rows, None):
         pick = (lambda x: x) if at is None else (lambda x, at=at: x[at])
         # the model's former way: each int64 table made float64, times its scale, then gathered
         brute = (torch.zeros(n if at is None else at.shape[0], dtype=torch.float64) + floats[pick(numbers[0])]
                  + (ints[0].to(torch.float64) * scales[1])[pick(numbers[1])]
-                 + (ints[1].to(torch.float64) * scales[2])[pick(numbers[2])])
+                 + (ints[1].to(torch.float64) * scales[2])[pick(torch.arange(n))])
         got = ops.gather_sum(tables, numbers, at, scales)
         eager = torch_ops(lambda at=at: ops.gather_sum(tables, numbers, at, scales))
         assert torch.equal(got.view(torch.int64), brute.view(torch.int64))
@@ -548,6 +548,10 @@ def test_gather_sum_refuses_bad_input(built):
         ops.gather_sum(tables, numbers, None, [0.5])  # a scale for a float64 table
     with pytest.raises(ValueError, match="float64, or int64 where scales gives a scale"):
         ops.gather_sum(tables, numbers, None, [None, None])  # not one scale per table
+    with pytest.raises(ValueError, match="expected a table of 3 entries \\(one per row\\)"):
+        ops.gather_sum([tables[0], torch.zeros(4, dtype=torch.float64)], [numbers[0], None])
+    per_row = ops.gather_sum([torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)], [None], torch.tensor([2, 0]))
+    assert per_row.tolist() == [4.0, 1.0]
     with pytest.raises(ValueError, match="one int32 or int64 dtype"):
         ops.gather_sum(tables * 2, [numbers[0], numbers[0].to(torch.int32)])
     with pytest.raises(ValueError, match="rows"):

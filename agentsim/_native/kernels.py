@@ -370,14 +370,14 @@ def exp(x: Tensor, consts: Tensor, top: int) -> Tensor | None:
     return out
 
 
-def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None,
+def gather_sum(tables: list[Tensor], numbers: list[Tensor | None], rows: Tensor | None,
                scales: list[float | None] | None = None) -> Tensor | None:
     """``[m]`` float64 ``sum_c tables[c][numbers[c][rows]]``, the columns added in order from 0 (see
     :func:`agentsim.core.ops.gather_sum`), in one pass on torch's threads; an int64 table with a
     scale (``scales[c]`` a float) gives ``float64(tables[c][g]) * scales[c]``. None where the kernel
     does not apply (not 1 to :data:`MAX_COLUMNS` contiguous 1-D CPU tables, float64, or int64 with a
-    scale, ``numbers`` of one int32/int64 dtype and one length, an int64 ``rows`` or None, grad, or
-    no kernel).
+    scale, ``numbers`` of one int32/int64 dtype and one length (None: the row itself, for a table
+    of ``n`` entries), an int64 ``rows`` or None, grad, or no kernel).
 
     Raises:
         IndexError: A group number outside its table (naming the row; ``out`` is discarded).
@@ -385,13 +385,15 @@ def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None,
     if not 1 <= len(tables) <= MAX_COLUMNS or len(numbers) != len(tables):
         return None
     scaled: list[float | None] = [None] * len(tables) if scales is None else list(scales)
-    idt, n = numbers[0].dtype, numbers[0].shape[0]
+    given = [g for g in numbers if g is not None]
+    idt, n = (given[0].dtype, given[0].shape[0]) if given else (torch.int64, tables[0].shape[0])
     if (idt not in (torch.int32, torch.int64) or len(scaled) != len(tables)
+            or any(g is None and t.shape[0] != n for t, g in zip(tables, numbers, strict=True))
             or any(t.dtype != (torch.float64 if scale is None else torch.int64) or t.dim() != 1
                    or t.device.type != "cpu" or not t.is_contiguous() or t.requires_grad
                    for t, scale in zip(tables, scaled, strict=True))
             or any(g.dtype != idt or g.dim() != 1 or g.shape[0] != n or g.device.type != "cpu"
-                   or not g.is_contiguous() for g in numbers)
+                   or not g.is_contiguous() for g in given)
             or (rows is not None and (rows.dtype != torch.int64 or rows.dim() != 1 or rows.device.type != "cpu"
                                       or not rows.is_contiguous()))):
         return None
@@ -405,7 +407,7 @@ def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None,
     table_ptrs = (ctypes.c_void_p * len(tables))(*[t.data_ptr() for t in tables])
     scale_values = (ctypes.c_double * len(tables))(*[math.nan if scale is None else scale for scale in scaled])
     sizes = (ctypes.c_int64 * len(tables))(*[t.shape[0] for t in tables])
-    number_ptrs = (ctypes.c_void_p * len(numbers))(*[g.data_ptr() for g in numbers])
+    number_ptrs = (ctypes.c_void_p * len(numbers))(*[None if g is None else g.data_ptr() for g in numbers])
     fn, bad = k.gather_sum[idt], [0]
 
     def piece(a: int, b: int) -> None:
@@ -421,7 +423,7 @@ def gather_sum(tables: list[Tensor], numbers: list[Tensor], rows: Tensor | None,
         if not 0 <= r < n:
             raise IndexError(f"gather_sum: row {r} is outside the {n} rows of the number columns")
         raise IndexError(f"gather_sum: row {r} has a group number outside its table (sizes "
-                         f"{[t.shape[0] for t in tables]}, numbers {[int(g[r]) for g in numbers]})")
+                         f"{[t.shape[0] for t in tables]}, numbers {[r if g is None else int(g[r]) for g in numbers]})")
     return out
 
 

@@ -588,8 +588,9 @@ class GroupSums:
 
         On one process each value is pushed to its agent's group-mates (:meth:`GroupIndex.push`:
         from the second call on only the values that changed push, so the work is in proportion to
-        the changes times their groups' sizes; no table of every group), where the field's groups are small enough for co-member lists (and the field is on
-        the CPU, with the kernel library); otherwise, and on several processes (where cut groups need
+        the changes times their groups' sizes; no table of every group), where the field's groups
+        are small enough for co-member lists (and the field is on the CPU, with the kernel
+        library); otherwise, and on several processes (where cut groups need
         the exchange of :meth:`tables`), the table is made and the wanted agents read their groups'
         entries.
 

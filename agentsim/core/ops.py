@@ -654,7 +654,7 @@ def squared_norm(x: Tensor) -> Tensor:
 
 
 
-def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor | None = None,
+def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor | None], rows: Tensor | None = None,
                scales: Sequence[float | None] | None = None) -> Tensor:
     """Per row, the sum over several group columns of a per-group value:
     ``tables[0][numbers[0][r]] + tables[1][numbers[1][r]] + ...`` for each ``r`` in ``rows``.
@@ -673,7 +673,8 @@ def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor
         tables: ``k >= 1`` ``[G_c]`` per-group values (e.g. rate per day): float64, or int64
             where ``scales`` gives the column a scale.
         numbers: ``k`` int32 or int64 ``[n]`` group number of each row in ``tables[c]``, in
-            ``[0, G_c)``; one dtype and one length.
+            ``[0, G_c)``; one dtype and one length. None for a table of one entry per row
+            (``[n]``, read at the row itself: a per-agent value such as a ``group_sums``).
         rows: ``[m]`` int64 rows of ``numbers`` to sum for, or None for all ``n``.
         scales: ``k`` entries, None for a float64 table and a float for an int64 one; or None
             (every table float64).
@@ -699,11 +700,15 @@ def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor
                                          for t, scale in zip(tables, scaled, strict=False)):
         raise ValueError(f"gather_sum: expected 1-D tables, float64, or int64 where scales gives a scale (got "
                          f"{[_describe(t) for t in tables]}, scales {scales})")
-    n = numbers[0].shape[0] if numbers[0].dim() == 1 else -1
-    if any(g.dim() != 1 or g.shape[0] != n or g.dtype != numbers[0].dtype or g.dtype not in _INDEX_DTYPES
-           for g in numbers):
+    given = [g for g in numbers if g is not None]
+    n = (given[0].shape[0] if given[0].dim() == 1 else -1) if given else tables[0].shape[0]
+    if any(g.dim() != 1 or g.shape[0] != n or g.dtype != given[0].dtype or g.dtype not in _INDEX_DTYPES
+           for g in given):
         raise ValueError(f"gather_sum: expected number columns [n] of one int32 or int64 dtype (got "
-                         f"{[_describe(g) for g in numbers]})")
+                         f"{[None if g is None else _describe(g) for g in numbers]})")
+    if any(g is None and t.shape[0] != n for t, g in zip(tables, numbers, strict=True)):
+        raise ValueError(f"gather_sum: expected a table of {n} entries (one per row) where the number column is "
+                         f"None (got {[_describe(t) for t, g in zip(tables, numbers, strict=True) if g is None]})")
     if rows is not None and (rows.dim() != 1 or rows.dtype != torch.int64):
         raise ValueError(f"gather_sum: expected rows [m] int64 or None (got {_describe(rows)})")
     if len(tables) <= cpu_kernels.MAX_COLUMNS:
@@ -712,8 +717,8 @@ def gather_sum(tables: Sequence[Tensor], numbers: Sequence[Tensor], rows: Tensor
             return fused
     out = torch.zeros(n if rows is None else rows.shape[0], dtype=torch.float64, device=tables[0].device)
     for table, number, scale in zip(tables, numbers, scaled, strict=True):
-        at = number if rows is None else number.index_select(0, rows)
-        term = table.index_select(0, at)
+        at = rows if number is None else number if rows is None else number.index_select(0, rows)
+        term = table if at is None else table.index_select(0, at)
         out += term if scale is None else term.to(torch.float64) * scale
     return out
 

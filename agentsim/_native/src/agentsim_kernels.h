@@ -126,7 +126,8 @@ void agentsim_exp32(const float *x, int64_t n, const float *consts, int64_t top,
 void agentsim_exp64(const double *x, int64_t n, const double *consts, int64_t top, double *out);
 /* out[i] = sum over c < k, in order, of tables[c][numbers[c][rows[i]]] (rows NULL: first + i), sizes[c]
    the entries of tables[c], n those of each numbers[c]; tables[c] float64, or int64 where scales is not
-   NULL and scales[c] is not NaN: then its entry times scales[c] (each rounded in float64) */
+   NULL and scales[c] is not NaN: then its entry times scales[c] (each rounded in float64); numbers[c]
+   NULL: the row itself (a table of n entries) */
 int64_t agentsim_gather_sum_i32(int64_t k, const void *const *tables, const double *scales, const int64_t *sizes,
                                 const int32_t *const *numbers, int64_t n, const int64_t *rows, int64_t first,
                                 int64_t m, double *out);

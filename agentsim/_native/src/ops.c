@@ -119,7 +119,7 @@ int64_t NAME(int64_t k, const void *const *tables, const double *scales, const i
         if ((uint64_t)r >= (uint64_t)n) return i + 1;                                                 \
         double s = 0.0;                                                                               \
         for (int64_t c = 0; c < k; c++) {                                                             \
-            const int64_t g = (int64_t)numbers[c][r];                                                 \
+            const int64_t g = numbers[c] ? (int64_t)numbers[c][r] : r;                                \
             if ((uint64_t)g >= (uint64_t)sizes[c]) return i + 1;                                      \
             if (scales && scales[c] == scales[c])                                                     \
                 s = s + (double)((const int64_t *)tables[c])[g] * scales[c];                          \
