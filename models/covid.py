@@ -487,12 +487,15 @@ def transmit(ctx: Context) -> None:
             numbers.append(None)  # (read at each person's own row)
             continue
         units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
-        force = ops.to_float64_(units)
-        force *= rate
-        if layer != "household":  # frequency dependent: per place-mate
+        if layer == "household":  # density dependent: each place's units at the rate
+            forces.append(units)
+            scales.append(rate)
+        else:  # frequency dependent: per place-mate
+            force = ops.to_float64_(units)
+            force *= rate
             force[:-1].div_(torch.clamp(index.size - 1, min=1))
-        forces.append(force)
-        scales.append(None)
+            forces.append(force)
+            scales.append(None)
         numbers.append(index.of)
     if not layers:
         return

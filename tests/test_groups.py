@@ -716,6 +716,8 @@ def test_the_push_kernel_names_a_row_outside_the_lists_and_checks_shapes():
 
     with pytest.raises(ValueError, match="expected values one per node and indptr \\[3\\]"):
         push(none, none, torch.tensor([0, 1]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="scratch \\[2\\] or \\[0\\]"):
+        cpu_kernels.push_changes(indptr, indices, none, none, none, none, once, torch.zeros(3, dtype=torch.int64), out)
     with pytest.raises(ValueError, match="expected values one per node and indptr \\[3\\]"):
         push(none, none, torch.tensor([0]), torch.tensor([1]), indptr[:2])
     if cpu_kernels._kernels() is None:
@@ -725,6 +727,9 @@ def test_the_push_kernel_names_a_row_outside_the_lists_and_checks_shapes():
     with pytest.raises(IndexError, match="node id -1 out of range"):
         push(torch.tensor([-1]), torch.tensor([1]), none, none)
     assert out.tolist() == [0, 0] and scratch.tolist() == [0, 0]  # nothing added
+    assert cpu_kernels.push_changes(indptr, indices, none, none, torch.tensor([1, 0]), torch.tensor([1, 1]), once,
+                                    none, out) is None  # (not increasing, and no scratch: nothing done)
+    assert out.tolist() == [0, 0]
     assert push(none, none, torch.tensor([0, 1, 0]), torch.tensor([5, 0, 2 ** 62]))  # (not increasing: scratch)
     assert out.tolist() == [5 + 2 ** 62, 5 + 2 ** 62] and scratch.tolist() == [0, 0]
     assert push(torch.tensor([0, 1, 0]), torch.tensor([5, 0, 2 ** 62]), torch.tensor([1]), torch.tensor([3]))

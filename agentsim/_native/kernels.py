@@ -201,12 +201,13 @@ def co_members(start: Tensor, order: Tensor, n: int, most: int) -> tuple[Tensor,
 
 
 def push_changes(indptr: Tensor, indices: Tensor, old_nodes: Tensor, old_values: Tensor, nodes: Tensor,
-                 values: Tensor, self_count: Tensor, scratch: Tensor, out: Tensor) -> bool:
+                 values: Tensor, self_count: Tensor, scratch: Tensor, out: Tensor) -> bool | None:
     """A push along a CSR kept up to date: ``out`` holds the push of ``(old_nodes, old_values)`` and
     gets that of ``(nodes, values)``, the push of a node's value being ``out[v] += value`` for every
     neighbor ``v`` and ``out[node] += value * self_count[node]``. Only the nodes whose value changed
     push (their change), so the work follows the changes; exact (int64, wrapping as torch's adds).
-    False where the kernel does not apply (not CPU, other dtypes, no kernel): then use torch ops.
+    False where the kernel does not apply (not CPU, other dtypes, no kernel): then use torch ops;
+    None (nothing done) where it needs a ``scratch`` of ``[n]`` and was given ``[0]``.
 
     Args:
         indptr: ``[n + 1]`` int64 CSR row pointers.
@@ -214,7 +215,8 @@ def push_changes(indptr: Tensor, indices: Tensor, old_nodes: Tensor, old_values:
         old_nodes, old_values: ``[m_old]`` int64: what ``out`` holds the push of (repeats add again).
         nodes, values: ``[m]`` int64: the values now.
         self_count: ``[n]`` int64 how many times a node's value reaches itself.
-        scratch: ``[n]`` int64 zeros (zeros again on return).
+        scratch: ``[n]`` int64 zeros (zeros again on return), or ``[0]``: then the kernel
+            returns None where it would need it (rows that are not strictly increasing).
         out: ``[n]`` int64, updated in place.
 
     The lists are trusted (every entry of ``indices`` below ``n``: as :func:`co_members` makes them);
@@ -226,10 +228,11 @@ def push_changes(indptr: Tensor, indices: Tensor, old_nodes: Tensor, old_values:
     """
     n = out.shape[0]
     if (values.shape != nodes.shape or old_values.shape != old_nodes.shape or nodes.dim() != 1
-            or old_nodes.dim() != 1 or indptr.shape != (n + 1,) or self_count.shape != (n,) or scratch.shape != (n,)):
-        raise ValueError(f"push_changes: expected values one per node and indptr [{n + 1}], self_count and scratch "
-                         f"[{n}] (got nodes {list(nodes.shape)}, values {list(values.shape)}, old nodes "
-                         f"{list(old_nodes.shape)}, old values {list(old_values.shape)}, indptr "
+            or old_nodes.dim() != 1 or indptr.shape != (n + 1,) or self_count.shape != (n,)
+            or scratch.shape not in ((n,), (0,))):
+        raise ValueError(f"push_changes: expected values one per node and indptr [{n + 1}], self_count [{n}] "
+                         f"and scratch [{n}] or [0] (got nodes {list(nodes.shape)}, values {list(values.shape)}, "
+                         f"old nodes {list(old_nodes.shape)}, old values {list(old_values.shape)}, indptr "
                          f"{list(indptr.shape)}, self_count {list(self_count.shape)}, scratch {list(scratch.shape)})")
     tensors = (indptr, indices, old_nodes, old_values, nodes, values, self_count, scratch, out)
     if (any(t.device.type != "cpu" or (t.dtype != torch.int64 and t is not indices) for t in tensors)
@@ -243,7 +246,9 @@ def push_changes(indptr: Tensor, indices: Tensor, old_nodes: Tensor, old_values:
     nodes, values = nodes.contiguous(), values.contiguous()
     bad = k.push_changes(indptr.data_ptr(), indices.data_ptr(), n, old_nodes.data_ptr(), old_values.data_ptr(),
                          old_nodes.numel(), nodes.data_ptr(), values.data_ptr(), nodes.numel(),
-                         self_count.data_ptr(), scratch.data_ptr(), out.data_ptr())
+                         self_count.data_ptr(), scratch.data_ptr() if scratch.numel() else None, out.data_ptr())
+    if bad == -2:
+        return None
     if bad < 0:
         raise MemoryError(f"push_changes: no memory for the list of up to {old_nodes.numel() + nodes.numel()} changes")
     if bad:

@@ -195,8 +195,8 @@ class GroupIndex:
         The sums of the last push are kept, and only the agents whose value changed since (their
         change: new minus old) push again, so the work follows the changes, not the contributors:
         a value that stays the same from one call to the next costs nothing to spread. The kept
-        sums take ``2 n`` int64 (the sums, and scratch for the changes); the results are exact
-        integers, the same as a push from zeros.
+        sums take ``n`` int64 (and ``n`` more for the changes once rows come in another order than
+        increasing); the results are exact integers, the same as a push from zeros.
 
         Args:
             rows: ``[m]`` int64 or int32 contributing rows (repeats add again).
@@ -214,16 +214,21 @@ class GroupIndex:
         if lists is None:
             return None
         n = self.of.shape[0]
-        rows, values = rows.to(torch.int64), values.to(torch.int64)
+        kept_rows = rows.to(torch.int64)  # (a copy where rows are int32)
+        rows, values = kept_rows if kept_rows is not rows else rows.clone(), values.to(torch.int64)
         if self._pushed is None:
             empty = torch.zeros(0, dtype=torch.int64, device=values.device)
-            zeros = torch.zeros(n, dtype=torch.int64, device=values.device)
-            self._pushed = (empty, empty, zeros, torch.zeros_like(zeros))
+            self._pushed = (empty, empty, torch.zeros(n, dtype=torch.int64, device=values.device), empty)
         old_rows, old_values, sums, scratch = self._pushed
-        if not cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch, sums):
+        done = cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch, sums)
+        if done is None:  # rows not in increasing order: a column for the changes, kept from now on
+            scratch = torch.zeros_like(sums)
+            done = cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch,
+                                            sums)
+        if not done:
             return None
         # (copies: the caller's tensors may change before the next push)
-        self._pushed = (rows.clone(), values.clone(), sums, scratch)
+        self._pushed = (rows, values.clone(), sums, scratch)
         out = torch.empty_like(sums)
         return out.copy_(sums) if only is None else cpu_kernels.keep_only(out, only, sums)
 

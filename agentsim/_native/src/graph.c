@@ -196,7 +196,8 @@ static int strictly_increasing(const int64_t *x, int64_t m) {
    found by nonzero), else through scratch (n_nodes, zero on entry and on return), which collects
    each node's change (repeats add); then they are pushed, prefetched as agentsim_push_count.
    Returns 0; 1 + the position of the first node outside [0, n_nodes), the old nodes first, then
-   m_old + the new ones' (nothing is changed then); or -1 without memory for the list of changes. */
+   m_old + the new ones' (nothing is changed then); -1 without memory for the list of changes; or
+   -2 where scratch is needed and NULL (nothing is changed). */
 int64_t agentsim_push_changes(const int64_t *indptr, const int32_t *indices, int64_t n_nodes,
                               const int64_t *old_nodes, const int64_t *old_values, int64_t m_old,
                               const int64_t *new_nodes, const int64_t *new_values, int64_t m_new,
@@ -205,11 +206,13 @@ int64_t agentsim_push_changes(const int64_t *indptr, const int32_t *indices, int
         if (old_nodes[i] < 0 || old_nodes[i] >= n_nodes) return i + 1;
     for (int64_t i = 0; i < m_new; i++)
         if (new_nodes[i] < 0 || new_nodes[i] >= n_nodes) return m_old + i + 1;
+    int merge = strictly_increasing(old_nodes, m_old) && strictly_increasing(new_nodes, m_new);
+    if (!merge && scratch == NULL) return -2;
     int64_t *nodes = (int64_t *)malloc((size_t)(m_old + m_new + 1) * 2 * sizeof(int64_t));
     if (nodes == NULL) return -1;
     uint64_t *changes = (uint64_t *)(nodes + m_old + m_new + 1), v;
     int64_t c = 0;
-    if (strictly_increasing(old_nodes, m_old) && strictly_increasing(new_nodes, m_new)) {
+    if (merge) {
         int64_t i = 0, j = 0;
         while (i < m_old || j < m_new) {
             if (j == m_new || (i < m_old && old_nodes[i] < new_nodes[j])) {
