@@ -470,22 +470,14 @@ def transmit(ctx: Context) -> None:
     # each place's infectiousness over every process: [G + 1] per layer (last: none)
     per_place = ctx.group_tables({fields[layer]: (sick, at_home if layer == "household" else away)
                                   for layer in layers if layer not in contact_layers})
-    # each susceptible person's infectious contacts' units, summed over their contact groups: [n] per
-    # contact layer (0 for the others)
-    susceptible = ops.equal(state, S)  # (as it is before this day's infections: a block's only change its own rows)
-    per_person = ctx.group_sums({fields[layer]: (sick, away) for layer in contact_layers},
-                                only=susceptible if contact_layers else None)
-    forces: list[torch.Tensor] = []  # per layer: each place's force (and 0 for no place), or each person's units
-    numbers: list[torch.Tensor | None] = []  # each person's place, or None: their own row
-    scales: list[float | None] = []  # None for a force, the rate of a contact layer's units
-    for layer in layers:  # (the household first: the places' layers before the contacts')
-        field = fields[layer]
-        rate = betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT
-        if layer in contact_layers:  # each person's units, at the rate per contact (of k * contacts_per_group)
-            forces.append(per_person.pop(field))
-            scales.append(rate / (k * p["contacts_per_group"]))
-            numbers.append(None)  # (read at each person's own row)
+    rates = {layer: betas[layer] * 2.0**-LOAD_BITS / TRANSMISSIBILITY_UNIT for layer in layers}  # per unit
+    forces: list[torch.Tensor] = []  # per place layer: each place's units or force (and 0 for no place)
+    numbers: list[torch.Tensor | None] = []  # each person's place (None: their own row)
+    scales: list[float | None] = []  # the rate of a place's units, or None for a force
+    for layer in layers:  # (the household first)
+        if layer in contact_layers:
             continue
+        field, rate = fields[layer], rates[layer]
         units, index = per_place.pop(field), ctx.group_index(field)  # (the index is known since the tables)
         if layer == "household":  # density dependent: each place's units at the rate
             forces.append(units)
@@ -497,6 +489,14 @@ def transmit(ctx: Context) -> None:
             forces.append(force)
             scales.append(None)
         numbers.append(index.of)
+    susceptible = ops.equal(state, S)  # (as it is before this day's infections: a block's only change its own rows)
+    if contact_layers:  # each susceptible person's force from their contacts: their contact groups' infectious
+        # units, at each layer's rate per contact (of k * contacts_per_group), layer by layer: [n] (0 for the others)
+        forces.append(ctx.weighted_group_sums({fields[layer]: (sick, away) for layer in contact_layers},
+                                              {fields[layer]: rates[layer] / (k * p["contacts_per_group"])
+                                               for layer in contact_layers}, only=susceptible))
+        numbers.append(None)
+        scales.append(None)
     if not layers:
         return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries

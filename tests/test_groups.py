@@ -782,6 +782,15 @@ def spread_on_a_rank(comm, seed: int) -> list[tuple[list[int], list[int]]]:
         for name, whole in (("a.several", several), ("a.single", single)):
             want = each_agents_sum(whole, rows, values)
             out.append((got[name].tolist(), [want[i] if only is None or i % 3 == 1 else 0 for i in mine.tolist()]))
+        # weighted: the float64 bits of 0.0 + float(several) * 0.3 + float(single) * -1e-3, in that order
+        total = sums.weighted({name: (field, local_row.index_select(0, rows[here]), values[here])
+                               for name, field in fields.items()}, {"a.single": -1e-3, "a.several": 0.3}, only)
+        whole_total = (0.0 + torch.tensor(each_agents_sum(several, rows, values), dtype=torch.float64) * 0.3
+                       + torch.tensor(each_agents_sum(single, rows, values), dtype=torch.float64) * -1e-3)
+        picked = whole_total.index_select(0, mine)
+        if only is not None:
+            picked = torch.where(only, picked, 0.0)
+        out.append((total.view(torch.int64).tolist(), picked.view(torch.int64).tolist()))
     return out
 
 
@@ -822,6 +831,60 @@ def test_the_check_mode_accepts_sums_over_groups():
     same run, and the model spreads."""
     checked = Simulation(clubs, agents=300, seed=2, check=True).run(8).metrics["sick"]
     plain = Simulation(clubs, agents=300, seed=2).run(8).metrics["sick"]
+    assert checked.tolist() == plain.tolist() and max(plain.tolist()) > plain.tolist()[0]
+
+
+@pytest.mark.parametrize("pushed", [True, False])
+def test_weighted_sums_are_the_float_formula_of_the_brute_force_sums(pushed, monkeypatch):
+    if not pushed:  # the tables, and the torch ops for the total
+        monkeypatch.setattr(cpu_kernels, "co_members", lambda *args: None)
+        monkeypatch.setattr(cpu_kernels, "scaled_total", lambda *args: None)
+    several, rows, values = small_groups(31, 3)
+    fields = {"a.several": several, "a.pairs": small_groups(32, 1)[0], "a.single": population(31)[0]}
+    sums = GroupSums(LocalComm())
+    weights = {"a.several": 2.0**-24 * 0.192 / 20, "a.pairs": 0.1, "a.single": 1.0 / 3.0}
+
+    def formula(values):  # in the order of the fields (three terms: the order changes the bits)
+        total = torch.zeros(N, dtype=torch.float64)
+        for name, field in fields.items():
+            total = total + torch.tensor(each_agents_sum(field, rows, values), dtype=torch.float64) * weights[name]
+        return total
+
+    only = torch.arange(N) % 4 != 0
+    for call in range(3):  # (pushed: the kept sums, changing from call to call)
+        got = sums.weighted({name: (field, rows, values) for name, field in fields.items()}, weights,
+                            None if call == 0 else only)
+        assert got.dtype == torch.float64
+        expected = formula(values) if call == 0 else torch.where(only, formula(values), 0.0)
+        assert torch.equal(got.view(torch.int64), expected.view(torch.int64)), call
+        assert (sums.index("a.several", several).co_members is not None) == pushed
+        values = values * 7 + 1
+    single = fields["a.single"]
+    with pytest.raises(ConfigError, match="expected one weight per field"):
+        sums.weighted({"a.single": (single, rows, values)}, {"a.several": 1.0})
+    with pytest.raises(ConfigError, match="weights must be finite"):
+        sums.weighted({"a.single": (single, rows, values)}, {"a.single": float("inf")})
+    with pytest.raises(ConfigError, match="values must be integers"):
+        sums.weighted({"a.single": (single, rows, values.double())}, {"a.single": 1.0})
+
+
+def test_the_check_mode_accepts_weighted_sums_over_groups():
+    model = Model("weighted_clubs", default_agents=300)
+    model.init(_clubs_init)
+
+    @model.substep(reads=["person.club", "person.sick"], writes=["person.sick"])
+    def catch(ctx):
+        people = ctx["person"]
+        ill = torch.nonzero(people["sick"]).reshape(-1)
+        healthy = ~people["sick"]
+        force = ctx.weighted_group_sums({"person.club": (ill, torch.ones_like(ill))}, {"person.club": 0.4},
+                                        only=healthy)
+        u = ctx.rng.uniform(people["uid"], draws=2)
+        people["sick"] = torch.where(healthy, u[:, 0] < 1 - torch.exp(-force), u[:, 1] >= 0.2)
+
+    model.metric(name="sick")(lambda state: state["person"]["sick"])
+    checked = Simulation(model, agents=300, seed=2, check=True).run(8).metrics["sick"]
+    plain = Simulation(model, agents=300, seed=2).run(8).metrics["sick"]
     assert checked.tolist() == plain.tolist() and max(plain.tolist()) > plain.tolist()[0]
 
 

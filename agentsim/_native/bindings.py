@@ -78,6 +78,8 @@ FUNCTIONS: dict[str, Signature] = {
                                   ("new_values", PTR), ("m_new", I64), ("self_count", PTR), ("scratch", PTR),
                                   ("out", PTR)),
     "agentsim_keep_only": _sig("graph.c", None, ("out", PTR), ("src", PTR), ("only", PTR), ("n", I64)),
+    "agentsim_scaled_total": _sig("graph.c", None, ("out", PTR), ("srcs", PTR), ("scales", PTR), ("k", I64),
+                                  ("only", PTR), ("n", I64)),
     # grid.c
     "agentsim_grid_sum64": _sig("grid.c", None, ("x", PTR), ("r0", I64), ("r1", I64), ("h", I64), ("w", I64),
                                 ("dr", PTR), ("dc", PTR), ("k", I64), ("out", PTR)),

@@ -51,9 +51,27 @@ from agentsim._native import build as native
 from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
-__all__ = ["add_columns", "add_wrap", "cell_sort", "co_members", "csr_from_pair_chunks", "exp", "fixed_sum",
-           "gather_sum", "group_members", "is_iota", "keep_only", "number_ids", "periodic_grid_sum", "push_changes",
-           "push_count", "radius_expand", "squared_norm", "squared_norm_fixed_sum"]
+__all__ = [
+    "add_columns",
+    "add_wrap",
+    "cell_sort",
+    "co_members",
+    "csr_from_pair_chunks",
+    "exp",
+    "fixed_sum",
+    "gather_sum",
+    "group_members",
+    "is_iota",
+    "keep_only",
+    "number_ids",
+    "periodic_grid_sum",
+    "push_changes",
+    "push_count",
+    "radius_expand",
+    "scaled_total",
+    "squared_norm",
+    "squared_norm_fixed_sum",
+]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
 
@@ -76,6 +94,7 @@ class _Kernels:
         self.co_member_place = lib["agentsim_co_member_place"]
         self.push_changes = lib["agentsim_push_changes"]
         self.keep_only = lib["agentsim_keep_only"]
+        self.scaled_total = lib["agentsim_scaled_total"]
         self.fixed_sum = _by_dtype(lib, "agentsim_fixed_sum")
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
         self.expand = _by_dtypes(lib, "agentsim_expand")
@@ -272,6 +291,29 @@ def keep_only(out: Tensor, only: Tensor, src: Tensor | None = None) -> Tensor:
         return out.masked_fill_(~only, 0)
     mask, src = only.contiguous(), src.contiguous()
     k.keep_only(out.data_ptr(), src.data_ptr(), mask.data_ptr(), out.shape[0])
+    return out
+
+
+def scaled_total(sums: list[Tensor], scales: list[float], only: Tensor | None) -> Tensor | None:
+    """``[n]`` float64 ``sum_c float64(sums[c]) * scales[c]``, added in order from 0.0 (the bits of
+    those torch ops), 0.0 where ``only`` is False, in one pass; None where the kernel does not apply
+    (not 1 to :data:`MAX_COLUMNS` contiguous ``[n]`` int64 CPU ``sums``, ``only`` not None or
+    ``[n]`` bool on the CPU, or no kernel).
+    """
+    if not 1 <= len(sums) <= MAX_COLUMNS or len(scales) != len(sums):
+        return None
+    n = sums[0].shape[0]
+    if (any(x.dtype != torch.int64 or x.shape != (n,) or x.device.type != "cpu" or not x.is_contiguous()
+            for x in sums)
+            or (only is not None and (only.dtype != torch.bool or only.shape != (n,) or only.device.type != "cpu"))):
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    out = torch.empty(n, dtype=torch.float64)
+    mask = None if only is None else only.contiguous()
+    k.scaled_total(out.data_ptr(), (ctypes.c_void_p * len(sums))(*[x.data_ptr() for x in sums]),
+                   (ctypes.c_double * len(scales))(*scales), len(sums), None if mask is None else mask.data_ptr(), n)
     return out
 
 

@@ -423,6 +423,51 @@ class Context:
             self._agree(name)
         return out
 
+    def weighted_group_sums(self, requests: Mapping[str, tuple[Tensor, Tensor]], weights: Mapping[str, float],
+                            only: Tensor | None = None) -> Tensor:
+        """The :meth:`group_sums` of several fields, each times its weight, added in the order of
+        ``requests``: ``[n]`` float64, ``0.0 + float64(sums[f0]) * weights[f0] + ...`` (each product
+        and addition rounded in float64), the same bits on any number of ranks. Typical use: the
+        force of infection of several contact layers, each at its rate. On one process, where the
+        fields' groups are pushed, the kept sums are read directly: one float64 total instead of an
+        int64 copy per field.
+
+        Args:
+            requests: ``field: (rows, values)``, as :meth:`group_sums`.
+            weights: ``field: weight``, one finite float per field of ``requests``.
+            only: ``[n]`` bool, the agents whose total is wanted (the others get 0.0), or None.
+
+        Returns:
+            ``[n]`` float64 (this rank's agents).
+
+        Raises:
+            ConfigError: As :meth:`group_sums`, or weights that are not one finite float per field.
+
+        Examples:
+            >>> import torch
+            >>> from agentsim.core.params import Params
+            >>> from agentsim.core.random import CounterRNG
+            >>> from agentsim.core.state import FieldSpec, Population, State
+            >>> from agentsim.core.substep import Substep
+            >>> pop = Population("person", {"uid": FieldSpec(torch.int64), "home": FieldSpec(torch.int64),
+            ...                             "club": FieldSpec(torch.int64)},
+            ...                  {"uid": torch.arange(3), "home": torch.tensor([1, 1, 2]),
+            ...                   "club": torch.tensor([7, 8, 7])})
+            >>> step = Substep(lambda ctx: None, name="mix", reads=["person.home", "person.club"])
+            >>> ctx = Context(step, State({"person": pop}, {}), step=1, params=Params({}),
+            ...               rng=CounterRNG(0).at(1, "mix"), space=None, device=torch.device("cpu"), neighbors=None)
+            >>> sick, one = torch.tensor([0]), torch.ones(1, dtype=torch.int64)  # row 0: home 1, club 7
+            >>> ctx.weighted_group_sums({"person.home": (sick, one), "person.club": (sick, one)},
+            ...                         {"person.home": 0.5, "person.club": 0.25}).tolist()
+            [0.75, 0.5, 0.25]
+        """
+        fields = {name: (self._group_field("weighted_group_sums", name), *contribution)
+                  for name, contribution in requests.items()}
+        out = self._groups.weighted(fields, weights, only)
+        for name in fields:
+            self._agree(name)
+        return out
+
     def group_index(self, field: str) -> GroupIndex:
         """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
         each agent's group number (``[n, k]`` numbers for a field of ``k`` groups per agent), each

@@ -49,8 +49,9 @@ Examples:
 from __future__ import annotations
 
 import functools
+import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,6 +211,19 @@ class GroupIndex:
         Raises:
             IndexError: A row outside ``[0, n)`` (nothing pushed; the kept sums are unchanged).
         """
+        sums = self.pushed_sums(rows, values)
+        if sums is None:
+            return None
+        out = torch.empty_like(sums)
+        return out.copy_(sums) if only is None else cpu_kernels.keep_only(out, only, sums)
+
+    def pushed_sums(self, rows: Tensor, values: Tensor) -> Tensor | None:
+        """:meth:`push`'s sums for every agent, as kept for the next push (``[n]`` int64: read it
+        before the next push, never write it), or None where there are no co-member lists.
+
+        Raises:
+            IndexError: A row outside ``[0, n)`` (nothing pushed; the kept sums are unchanged).
+        """
         lists = self.co_members
         if lists is None:
             return None
@@ -229,8 +243,7 @@ class GroupIndex:
             return None
         # (copies: the caller's tensors may change before the next push)
         self._pushed = (rows, values.clone(), sums, scratch)
-        out = torch.empty_like(sums)
-        return out.copy_(sums) if only is None else cpu_kernels.keep_only(out, only, sums)
+        return sums
 
     def find(self, groups: Tensor) -> Tensor:
         """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
@@ -307,6 +320,32 @@ def check_spread(requests: Mapping[str, tuple[Tensor, Tensor, Tensor]], only: Te
         if only is not None and (only.dtype != torch.bool or only.shape != field.shape[:1]):
             raise ConfigError(f"group_sums({name!r}): expected only = None or [{field.shape[0]}] bool (one per "
                               f"agent of the field's population), got {only.dtype} {list(only.shape)}")
+
+
+def check_weights(requests: Mapping[str, tuple[Tensor, Tensor, Tensor]], weights: Mapping[str, float]) -> list[float]:
+    """The weights of a ``weighted_group_sums`` call in the order of ``requests``: one finite float
+    per field, else a ConfigError.
+    """
+    if set(weights) != set(requests) or not requests:
+        raise ConfigError(f"weighted_group_sums: expected one weight per field, at least one field (fields "
+                          f"{sorted(requests)}, weights for {sorted(weights)})")
+    scales = [float(weights[name]) for name in requests]
+    if not all(math.isfinite(w) for w in scales):
+        raise ConfigError(f"weighted_group_sums: weights must be finite (got {dict(weights)})")
+    return scales
+
+
+def weighted_total(sums: Sequence[Tensor], weights: Sequence[float], only: Tensor | None) -> Tensor:
+    """``[n]`` float64 ``sum_c float64(sums[c]) * weights[c]``, added in order from 0.0 (each product
+    and addition rounded in float64), 0.0 where ``only`` is False: one pass where the kernel applies.
+    """
+    fused = cpu_kernels.scaled_total(list(sums), list(weights), only)
+    if fused is not None:
+        return fused
+    out = torch.zeros(sums[0].shape[0], dtype=torch.float64, device=sums[0].device)
+    for x, w in zip(sums, weights, strict=True):
+        out += x.to(torch.float64) * w
+    return out if only is None else out.masked_fill_(~only, 0.0)
 
 
 def _per_membership(field: Tensor, values: Tensor) -> Tensor:
@@ -632,6 +671,31 @@ class GroupSums:
             out[name] = sums if only is None else torch.zeros(n, dtype=torch.int64, device=table.device).index_copy_(
                 0, wanted, sums)
         return {name: out[name] for name in requests}
+
+    def weighted(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]], weights: Mapping[str, float],
+                 only: Tensor | None = None) -> Tensor:
+        """Each agent's :meth:`spread` sums of several fields, each times its weight, added in the
+        order of ``requests``: ``[n]`` float64 (0.0 outside ``only``), the bits of
+        :func:`weighted_total` of the spread sums on any number of ranks. On one process, where
+        every field is pushed, the kept sums are read directly: no ``[n]`` int64 copy per field.
+
+        Raises:
+            ConfigError: As :meth:`spread`, or weights that are not one finite float per field.
+        """
+        check_spread(requests, only)
+        scales = check_weights(requests, weights)
+        if self.comm.world_size == 1:
+            kept = []
+            for name, (field, rows, values) in requests.items():
+                flat = self._check_values("weighted_group_sums", name, field, rows, values).view(-1)
+                sums = self._index_of(self._local(name, field), field).pushed_sums(rows, flat)
+                if sums is None:
+                    break
+                kept.append(sums)
+            else:
+                if kept:
+                    return weighted_total(kept, scales, only)
+        return weighted_total(list(self.spread(requests, only).values()), scales, only)
 
     def current_index(self, name: str, field: Tensor) -> GroupIndex | None:
         """The index of ``field`` if it was built and ``field`` is unchanged since (no collective: the

@@ -51,7 +51,7 @@ from torch import Tensor
 from agentsim.core.comm import Comm, LocalComm
 from agentsim.core.context import Effects, Halos
 from agentsim.core.env import changed_cells, merge_layer
-from agentsim.core.groups import GroupIndex, GroupSums, check_spread
+from agentsim.core.groups import GroupIndex, GroupSums, check_spread, check_weights, weighted_total
 from agentsim.core.params import Params
 from agentsim.core.state import UID, State
 from agentsim.core.substep import ENV, Substep, resolve_reach
@@ -370,6 +370,13 @@ class _PartGroups:
             sums = self.index(name, field).sums(table, torch.arange(field.shape[0], device=field.device))
             out[name] = sums if only is None else torch.where(only, sums, 0)
         return out
+
+    def weighted(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]], weights: Mapping[str, float],
+                 only: Tensor | None = None) -> Tensor:
+        """The part's :meth:`spread` sums, each times its weight, added in order (``weighted_total``)."""
+        check_spread(requests, only)
+        scales = check_weights(requests, weights)
+        return weighted_total(list(self.spread(requests, only).values()), scales, only)
 
     def table(self, name: str, field: Tensor, rows: Tensor, values: Tensor) -> Tensor:
         """The part's totals (with the other part's contributions) as a table of its own groups."""

@@ -61,6 +61,8 @@ int64_t agentsim_push_changes(const int64_t *indptr, const int32_t *indices, int
                               const int64_t *new_nodes, const int64_t *new_values, int64_t m_new,
                               const int64_t *self_count, int64_t *scratch, int64_t *out);
 void agentsim_keep_only(int64_t *out, const int64_t *src, const uint8_t *only, int64_t n);
+void agentsim_scaled_total(double *out, const int64_t *const *srcs, const double *scales, int64_t k,
+                           const uint8_t *only, int64_t n);
 
 /* ---------------------------------------------------------------- grids (grid.c) */
 /* out[b, i, j] = sum_k x[b, (i + dr[k]) mod h, (j + dc[k]) mod w] for the rows r0 <= b * h + i < r1 */

@@ -265,3 +265,16 @@ int64_t agentsim_push_changes(const int64_t *indptr, const int32_t *indices, int
 void agentsim_keep_only(int64_t *out, const int64_t *src, const uint8_t *only, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = src[i] & -(int64_t)(only[i] != 0);
 }
+
+/* out[i] = sum over c < k, in order from 0.0, of (double)srcs[c][i] * scales[c] (each product and
+   addition rounded in float64), or 0.0 where only (may be NULL) is 0: several [n] int64 sums as one
+   float64 total in one pass (GroupSums.weighted) */
+void agentsim_scaled_total(double *out, const int64_t *const *srcs, const double *scales, int64_t k,
+                           const uint8_t *only, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        double s = 0.0;
+        if (only == NULL || only[i])
+            for (int64_t c = 0; c < k; c++) s = s + (double)srcs[c][i] * scales[c];
+        out[i] = s;
+    }
+}
