@@ -268,13 +268,19 @@ void agentsim_keep_only(int64_t *out, const int64_t *src, const uint8_t *only, i
 
 /* out[i] = sum over c < k, in order from 0.0, of (double)srcs[c][i] * scales[c] (each product and
    addition rounded in float64), or 0.0 where only (may be NULL) is 0: several [n] int64 sums as one
-   float64 total in one pass (GroupSums.weighted) */
+   float64 total (GroupSums.weighted). Column by column over blocks that stay in the cache, so that
+   each pass vectorizes; each row's terms are still added in column order. */
 void agentsim_scaled_total(double *out, const int64_t *const *srcs, const double *scales, int64_t k,
                            const uint8_t *only, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        double s = 0.0;
-        if (only == NULL || only[i])
-            for (int64_t c = 0; c < k; c++) s = s + (double)srcs[c][i] * scales[c];
-        out[i] = s;
+    for (int64_t a = 0; a < n; a += 1024) {
+        const int64_t b = a + 1024 < n ? a + 1024 : n;
+        for (int64_t i = a; i < b; i++) out[i] = 0.0;
+        for (int64_t c = 0; c < k; c++) {
+            const int64_t *x = srcs[c];
+            const double w = scales[c];
+            for (int64_t i = a; i < b; i++) out[i] = out[i] + (double)x[i] * w;
+        }
+        if (only)
+            for (int64_t i = a; i < b; i++) out[i] = only[i] ? out[i] : 0.0;
     }
 }
