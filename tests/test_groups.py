@@ -755,16 +755,25 @@ def test_pushes_kept_up_to_date_over_many_calls_are_the_brute_force(k):
             rows = torch.nonzero(torch.rand(N, generator=g) < 0.05 * (call % 4 + 1)).reshape(-1)
         if call % 2:
             values[torch.rand(N, generator=g) < 0.3] += 1  # some values change
-        got = index.push(rows.to(torch.int32) if call % 3 == 0 else rows, values.index_select(0, rows))
+        given_rows, given_values = rows.to(torch.int32) if call % 3 == 0 else rows.clone(), values.index_select(0, rows)
+        got = index.push(given_rows, given_values)
         assert got is not None and got.tolist() == each_agents_sum(field, rows, values.index_select(0, rows)), call
-        got[:] = 7  # (the caller's tensor: changing it changes nothing kept)
+        got[:] = 7  # (the caller's tensors: changing them changes nothing kept)
+        given_rows.fill_(0)
+        given_values.fill_(123)
     only = torch.arange(N) % 2 == 0
     want = each_agents_sum(field, rows, values.index_select(0, rows))
     assert index.push(rows, values.index_select(0, rows), only).tolist() == [w if i % 2 == 0 else 0
                                                                              for i, w in enumerate(want)]
     with pytest.raises(IndexError, match=f"node id {N} out of range"):
         index.push(torch.tensor([0, N]), torch.tensor([1, 1]))
-    assert index.push(rows, values.index_select(0, rows)).tolist() == want  # the error changed nothing kept
+    with pytest.raises(ValueError, match="expected rows and values \\[m\\] int32 or int64 of one length"):
+        index.push(torch.tensor([0, 1]), torch.tensor([0.9, 1.7]))  # (never truncated)
+    with pytest.raises(ValueError, match="expected rows and values \\[m\\] int32 or int64 of one length"):
+        index.push(torch.tensor([0, 1]), torch.tensor([1]))
+    with pytest.raises(ValueError, match=f"expected only = None or \\[{N}\\] bool"):
+        index.push(rows, values.index_select(0, rows), torch.tensor([True]))
+    assert index.push(rows, values.index_select(0, rows)).tolist() == want  # the errors changed nothing kept
 
 
 def spread_on_a_rank(comm, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -840,9 +849,10 @@ def test_weighted_sums_are_the_float_formula_of_the_brute_force_sums(pushed, mon
         monkeypatch.setattr(cpu_kernels, "co_members", lambda *args: None)
         monkeypatch.setattr(cpu_kernels, "scaled_total", lambda *args: None)
     several, rows, values = small_groups(31, 3)
-    fields = {"a.several": several, "a.pairs": small_groups(32, 1)[0], "a.single": population(31)[0]}
+    fields = {"a.several": several, "a.pairs": small_groups(32, 1)[0], "a.single": small_groups(33, 0)[0]}
     sums = GroupSums(LocalComm())
-    weights = {"a.several": 2.0**-24 * 0.192 / 20, "a.pairs": 0.1, "a.single": 1.0 / 3.0}
+    # (a negative first weight: 0.0 + 0 * w is 0.0, not -0.0, for those who meet no one)
+    weights = {"a.several": -(2.0**-24) * 0.192 / 20, "a.pairs": 0.1, "a.single": 1.0 / 3.0}
 
     def formula(values):  # in the order of the fields (three terms: the order changes the bits)
         total = torch.zeros(N, dtype=torch.float64)
@@ -857,7 +867,8 @@ def test_weighted_sums_are_the_float_formula_of_the_brute_force_sums(pushed, mon
         assert got.dtype == torch.float64
         expected = formula(values) if call == 0 else torch.where(only, formula(values), 0.0)
         assert torch.equal(got.view(torch.int64), expected.view(torch.int64)), call
-        assert (sums.index("a.several", several).co_members is not None) == pushed
+        for name, field in fields.items():  # pushed: every field's kept sums are read
+            assert (sums.index(name, field).co_members is not None) == pushed
         values = values * 7 + 1
     single = fields["a.single"]
     with pytest.raises(ConfigError, match="expected one weight per field"):
@@ -888,12 +899,17 @@ def test_the_check_mode_accepts_weighted_sums_over_groups():
     assert checked.tolist() == plain.tolist() and max(plain.tolist()) > plain.tolist()[0]
 
 
-def test_keeping_some_entries_is_a_masked_fill():
+@pytest.mark.parametrize("kernel", [True, False])
+def test_keeping_some_entries_is_a_masked_fill(kernel, monkeypatch):
+    if not kernel:
+        monkeypatch.setattr(cpu_kernels, "_kernels", lambda: None)  # the torch ops
     g = torch.Generator().manual_seed(4)
     for n in (0, 1, 37, 1000):
         x = torch.randint(-2**62, 2**62, (n,), generator=g)
         only = torch.rand(n, generator=g) < 0.4
         assert torch.equal(cpu_kernels.keep_only(x.clone(), only), x.masked_fill(~only, 0))
+        out = torch.full((n,), 5, dtype=torch.int64)  # from another tensor
+        assert torch.equal(cpu_kernels.keep_only(out, only, x), x.masked_fill(~only, 0))
 
 
 @pytest.mark.parametrize("k", [0, 3])

@@ -210,20 +210,28 @@ class GroupIndex:
 
         Raises:
             IndexError: A row outside ``[0, n)`` (nothing pushed; the kept sums are unchanged).
+            ValueError: ``rows`` or ``values`` not ``[m]`` integers of one length, or ``only`` not
+                ``[n]`` bool.
         """
-        sums = self.pushed_sums(rows, values)
+        n = self.of.shape[0]
+        if only is not None and (only.dtype != torch.bool or only.shape != (n,)):
+            raise ValueError(f"push: expected only = None or [{n}] bool (one per agent), got {only.dtype} "
+                             f"{list(only.shape)}")
+        sums = self._pushed_sums(rows, values)
         if sums is None:
             return None
         out = torch.empty_like(sums)
         return out.copy_(sums) if only is None else cpu_kernels.keep_only(out, only, sums)
 
-    def pushed_sums(self, rows: Tensor, values: Tensor) -> Tensor | None:
-        """:meth:`push`'s sums for every agent, as kept for the next push (``[n]`` int64: read it
-        before the next push, never write it), or None where there are no co-member lists.
-
-        Raises:
-            IndexError: A row outside ``[0, n)`` (nothing pushed; the kept sums are unchanged).
+    def _pushed_sums(self, rows: Tensor, values: Tensor) -> Tensor | None:
+        """:meth:`push`'s sums for every agent, the tensor kept for the next push (``[n]`` int64: read
+        it before the next push, never write it; ``GroupSums.weighted``), or None where there are no
+        co-member lists. Raises as :meth:`push`.
         """
+        integers = (torch.int32, torch.int64)
+        if rows.dim() != 1 or values.shape != rows.shape or rows.dtype not in integers or values.dtype not in integers:
+            raise ValueError(f"push: expected rows and values [m] int32 or int64 of one length (got rows {rows.dtype} "
+                             f"{list(rows.shape)}, values {values.dtype} {list(values.shape)})")
         lists = self.co_members
         if lists is None:
             return None
@@ -231,11 +239,13 @@ class GroupIndex:
         kept_rows = rows.to(torch.int64)  # (a copy where rows are int32)
         rows, values = kept_rows if kept_rows is not rows else rows.clone(), values.to(torch.int64)
         if self._pushed is None:
-            empty = torch.zeros(0, dtype=torch.int64, device=values.device)
-            self._pushed = (empty, empty, torch.zeros(n, dtype=torch.int64, device=values.device), empty)
-        old_rows, old_values, sums, scratch = self._pushed
+            empty = torch.zeros(0, dtype=torch.int64, device=self.of.device)
+            old_rows, old_values, sums, scratch = empty, empty, torch.zeros(n, dtype=torch.int64,
+                                                                             device=self.of.device), empty
+        else:
+            old_rows, old_values, sums, scratch = self._pushed
         done = cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch, sums)
-        if done is None:  # rows not in increasing order: a column for the changes, kept from now on
+        if done is None:  # rows not in increasing order: a column to add up each row's changes, kept from now on
             scratch = torch.zeros_like(sums)
             done = cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch,
                                             sums)
@@ -688,7 +698,8 @@ class GroupSums:
             kept = []
             for name, (field, rows, values) in requests.items():
                 flat = self._check_values("weighted_group_sums", name, field, rows, values).view(-1)
-                sums = self._index_of(self._local(name, field), field).pushed_sums(rows, flat)
+                index = self._index_of(self._local(name, field), field)
+                sums = index._pushed_sums(rows, flat)  # noqa: SLF001 (the kept tensor, read below before any push)
                 if sums is None:
                     break
                 kept.append(sums)

@@ -193,8 +193,10 @@ static int strictly_increasing(const int64_t *x, int64_t m) {
    itself self_count[node] times, and to each neighbor (int64 wrapping on overflow, as torch's adds:
    exact in any order), so that `out` ends as a push of the new values into zeros would make it.
    The changes are listed first: by merging the node lists where both are strictly increasing (rows
-   found by nonzero), else through scratch (n_nodes, zero on entry and on return), which collects
-   each node's change (repeats add); then they are pushed, prefetched as agentsim_push_count.
+   found by nonzero: a node in both lists gives one entry, new minus old, 0 if unchanged), else
+   through scratch (n_nodes, zero on entry and on return), which adds up each node's entries
+   (repeats too) so that each node pushes once; then they are pushed, prefetched as
+   agentsim_push_count.
    Returns 0; 1 + the position of the first node outside [0, n_nodes), the old nodes first, then
    m_old + the new ones' (nothing is changed then); -1 without memory for the list of changes; or
    -2 where scratch is needed and NULL (nothing is changed). */
