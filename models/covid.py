@@ -489,6 +489,8 @@ def transmit(ctx: Context) -> None:
             forces.append(force)
             scales.append(None)
         numbers.append(index.of)
+    if not layers:
+        return
     susceptible = ops.equal(state, S)  # (as it is before this day's infections: a block's only change its own rows)
     if contact_layers:  # each susceptible person's force from their contacts: their contact groups' infectious
         # units, at each layer's rate per contact (of k * contacts_per_group), layer by layer: [n] (0 for the others)
@@ -497,8 +499,6 @@ def transmit(ctx: Context) -> None:
                                                for layer in contact_layers}, only=susceptible))
         numbers.append(None)
         scales.append(None)
-    if not layers:
-        return
     for first in range(0, state.shape[0], BLOCK):  # a block of people at a time: small temporaries
         who = ops.flatnonzero(susceptible[first:first + BLOCK]) + first
         hazard = ops.gather_sum(forces, numbers, who, scales)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, TypeVar, overload
 
 import torch
 from torch import Tensor
@@ -45,6 +45,8 @@ from agentsim.core.random import StepRNG
 from agentsim.core.state import UID, FieldSpec, Population, State, converted
 from agentsim.core.substep import ENV, Substep, resolve_reach
 from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
+
+_Out = TypeVar("_Out")  # what a collective group method returns
 
 __all__ = ["Birth", "Context", "Death", "Effects", "EnvView", "Flag", "InitContext", "MetricsContext",
            "NeighborView", "PopulationView"]
@@ -373,12 +375,7 @@ class Context:
             >>> tables["person.home"].tolist(), tables["person.work"].tolist()
             ([0, 2, 0], [1, 1, 0])
         """
-        fields = {name: (self._group_field("group_tables", name), *contribution)
-                  for name, contribution in requests.items()}
-        out = self._groups.tables(fields)
-        for name in fields:
-            self._agree(name)
-        return out
+        return self._over_fields("group_tables", requests, self._groups.tables)
 
     def group_sums(self, requests: Mapping[str, tuple[Tensor, Tensor]],
                    only: Tensor | None = None) -> dict[str, Tensor]:
@@ -416,12 +413,7 @@ class Context:
             >>> ctx.group_sums({"person.clubs": (sick, torch.ones(1, dtype=torch.int64))})["person.clubs"].tolist()
             [2, 1, 2]
         """
-        fields = {name: (self._group_field("group_sums", name), *contribution)
-                  for name, contribution in requests.items()}
-        out = self._groups.spread(fields, only)
-        for name in fields:
-            self._agree(name)
-        return out
+        return self._over_fields("group_sums", requests, lambda fields: self._groups.spread(fields, only))
 
     def weighted_group_sums(self, requests: Mapping[str, tuple[Tensor, Tensor]], weights: Mapping[str, float],
                             only: Tensor | None = None) -> Tensor:
@@ -461,12 +453,8 @@ class Context:
             ...                         {"person.home": 0.5, "person.club": 0.25}).tolist()
             [0.75, 0.5, 0.25]
         """
-        fields = {name: (self._group_field("weighted_group_sums", name), *contribution)
-                  for name, contribution in requests.items()}
-        out = self._groups.weighted(fields, weights, only)
-        for name in fields:
-            self._agree(name)
-        return out
+        return self._over_fields("weighted_group_sums", requests,
+                                 lambda fields: self._groups.weighted(fields, weights, only))
 
     def group_index(self, field: str) -> GroupIndex:
         """This rank's groups of ``field`` (declared in ``reads``), numbered ``0 .. G - 1``: their ids,
@@ -494,6 +482,17 @@ class Context:
         population, _, name = field.partition(".")
         if name not in self.substep.writable(population):
             self._agreed.add(field)
+
+    def _over_fields(self, what: str, requests: Mapping[str, tuple[Tensor, Tensor]],
+                     call: Callable[[dict[str, tuple[Tensor, Tensor, Tensor]]], _Out]) -> _Out:
+        """``call`` of the collective group method ``what`` with each requested field's tensor put
+        before its ``(rows, values)``; then each field is agreed (:meth:`_agree`).
+        """
+        fields = {name: (self._group_field(what, name), *contribution) for name, contribution in requests.items()}
+        out = call(fields)
+        for name in fields:
+            self._agree(name)
+        return out
 
     def _group_field(self, what: str, field: str) -> Tensor:
         """The declared group field ``"population.field"`` of this rank's agents."""

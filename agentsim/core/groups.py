@@ -134,7 +134,8 @@ class GroupIndex:
 
     def __init__(self, ids: Tensor, of: Tensor, size: Tensor) -> None:
         self.ids, self.of, self.size = ids, of, size
-        # the last push (push): its rows and values, the sums, and zeros for the changes
+        # the last push (push): its rows and values, the sums, and zeros to add up the changes ([0] until rows
+        # come unsorted)
         self._pushed: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @property
