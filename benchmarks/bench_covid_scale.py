@@ -25,6 +25,7 @@ travels. Not part of the test run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -64,15 +65,20 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
                      comm=comm if comm.world_size > 1 else None, **options)
     init = time.perf_counter() - t0
     after_init = _rss_bytes()
-    if progress and comm.rank == 0:  # a line every 10 days: a run stopped at a time limit still shows its pace
-        last_substep, started = sim.model.substeps[-1], time.perf_counter()
+    last_substep, started = sim.model.substeps[-1], time.perf_counter()
+    busy = [time.thread_time()]  # this process's main thread's CPU time at the end of each day (no waiting)
 
-        def report(s: Any, substep: Any) -> None:
-            if substep is last_substep and (s.state.step + 1) % 10 == 0:
-                print(f"  {n:,} people W={comm.world_size}: day {s.state.step + 1} after "
-                      f"{time.perf_counter() - started:.1f} s (init {init:.1f} s)", flush=True)
-        sim.trace = report
+    def report(s: Any, substep: Any) -> None:
+        if substep is not last_substep:
+            return
+        busy.append(time.thread_time())
+        if progress and comm.rank == 0 and (s.state.step + 1) % 10 == 0:  # a run stopped at a limit shows its pace
+            print(f"  {n:,} people W={comm.world_size}: day {s.state.step + 1} after "
+                  f"{time.perf_counter() - started:.1f} s (init {init:.1f} s)", flush=True)
+    sim.trace = report
+    cpu0 = time.process_time()
     result = sim.run(days)
+    cpu = time.process_time() - cpu0  # this process's CPU time over the days (not waiting): its share of the work
     m = result.metrics
     infectious = (m["A"] + m["I"] + m["H"]).tolist()  # everyone who infects
     return {"rank": comm.rank, "people": sim.state["person"].n, "init_seconds": init,
@@ -81,11 +87,25 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
             "later_days_median_seconds": statistics.median(p["rank_step_seconds/max"] for p in result.perf[1:])
             if len(result.perf) > 1 else None,
             "day_seconds": [p["rank_step_seconds/max"] for p in result.perf],
-            "comm_seconds": sum(result.comm_seconds), "baseline_rss_bytes": baseline,
+            "comm_seconds": sum(result.comm_seconds), "cpu_seconds": cpu,
+            "busy_day_seconds": [b - a for a, b in itertools.pairwise(busy)], "baseline_rss_bytes": baseline,
             "peak_rss_after_init_bytes": after_init, "peak_rss_bytes": _rss_bytes(),
             "groups": result.groups, "final_size": int(n - m["S"][-1]), "peak_infectious": int(max(infectious)),
             "peak_day": infectious.index(max(infectious)), "deaths": int(m["D"][-1]),
             "infectious_by_day": [int(x) for x in infectious]}
+
+
+def _busy_figures(per_rank: list[list[float]]) -> dict[str, float]:
+    """The ranks' work apart from waiting: per day each rank's CPU time in its main thread (a
+    process's own work, whatever the machine's cores). ``busy_seconds_max_sum``: the days' slowest
+    rank's, added over the days (the run's time were every rank on its own core, with no wait for
+    messages); ``busy_imbalance``: that over the mean rank's.
+    """
+    days = list(zip(*per_rank, strict=True))  # every rank ran the same days
+    worst = sum(max(day) for day in days)
+    mean = sum(sum(day) / len(day) for day in days)
+    return {"busy_seconds_max_sum": worst, "busy_seconds_mean_sum": mean,
+            "busy_imbalance": worst / mean if mean > 0 else 1.0}
 
 
 def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, threads: int,
@@ -106,6 +126,8 @@ def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, th
             "later_days_median_seconds": first["later_days_median_seconds"],
             "day_seconds": first["day_seconds"],  # each day, slowest rank
             "comm_seconds_max": max(r["comm_seconds"] for r in ranks),
+            "cpu_seconds_per_rank": [r["cpu_seconds"] for r in ranks],
+            **_busy_figures([r["busy_day_seconds"] for r in ranks]),
             "people_per_rank": [r["people"] for r in ranks],
             "peak_rss_bytes": peak, "peak_rss_bytes_per_agent": peak / n,
             "peak_rss_above_baseline_bytes_per_agent": above / n,

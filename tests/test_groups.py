@@ -467,6 +467,30 @@ def test_numbering_by_counting_windows_is_the_numbering_by_sorting(dtype, n, top
                 cpu_kernels.number_ids(field, start, top - 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("span_per_agent", [10, 100, 1000])
+def test_number_counts_ids_in_a_range_of_up_to_128_per_agent_and_sorts_sparser_ones(dtype, span_per_agent,
+                                                                                    monkeypatch):
+    from agentsim.core import groups
+
+    n = 100_000
+    g = torch.Generator().manual_seed(span_per_agent)
+    field = torch.randint(0, span_per_agent * n, (n,), generator=g) + 5_000_000  # a later process's ids
+    field[torch.rand(n, generator=g) < 0.2] = -1
+    field = field.to(dtype)
+    want_ids, want_of = groups._number_by_sorting(field)
+    sorted_ = []
+    monkeypatch.setattr(groups, "_number_by_sorting", lambda f: sorted_.append(f) or (want_ids, want_of))
+    ids, of = groups._number(field)
+    assert torch.equal(ids, want_ids) and torch.equal(of, want_of)
+    kernel = cpu_kernels.number_ids(field[:1], 0, int(field.max())) is not None
+    # a bitmap up to 128 ids an agent (with the kernel), counting windows up to 16, else a sort
+    assert bool(sorted_) == (span_per_agent > (100 if kernel else 10))
+    two = field.view(-1, 2)  # [n, k] fields are numbered as their memberships
+    ids2, of2 = groups._number(two)
+    assert torch.equal(ids2, want_ids) and torch.equal(of2, want_of.view(-1, 2))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_id_ranges_cover_every_id_and_inside_is_the_brute_force(seed):
     from agentsim.core import groups

@@ -83,7 +83,7 @@ class _Cut:
         cut_members: This rank's agents whose group is cut.
         members: This rank's agents that have a group.
         peer_numbers: ``[s]`` int64 the numbers in the group index of the groups of ``peer_pos``
-            (once the index is built: what :meth:`GroupSums.table` sends and adds).
+            (set as the index is built, on several ranks: what :meth:`GroupSums.table` sends and adds).
         numbering: This rank's groups numbered when the cut was found (``ids``, ``of``), until the
             index takes them.
         pairs, crossing_pairs: Over the groups this rank owns or holds alone, the pairs of members
@@ -377,6 +377,8 @@ def _lexorder(major: Tensor, minor: Tensor) -> Tensor:
 def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     """The groups of ``field`` (``[n]`` or ``[n, k]`` integers, negative: no group) numbered
     ``0 .. G - 1``: ``(ids [G] int64 sorted, of int32 shaped as field)``, ``of`` ``G`` for no group.
+    Ids in a range of fewer than ``128 n`` are numbered by counting (through a bitmap of the
+    range where the kernel applies, else in fewer than 16 windows of ``n``), sparser ids sorted.
     """
     if field.dim() == 2:
         if field.numel() >= 2**31:
@@ -388,12 +390,16 @@ def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     if n >= 2**31:
         raise ConfigError(f"group field: {n} agents on one process; at most 2**31 - 1 (numbers are int32)")
     top = int(field.max()) if n else -1
-    lo = max(int(field.min()), 0) if n else 0  # (0 where some agent is in no group)
-    dense = 0 <= top and top - lo < _COUNTING_WINDOWS * max(n, _MIN_WINDOW)
-    numbered = cpu_kernels.number_ids(field, lo, top) if dense else None  # a bitmap of the ids
+    lo = int(field.min()) if n else 0
+    if lo < 0 <= top:  # the smallest id, agents in no group aside (a later process's ids are far from 0)
+        lo = int(field.masked_fill(field < 0, top).min())
+    # a bitmap of the ids (2 bits per id of the range: at most 32 bytes an agent, about a sort's
+    # temporaries), else a count of the ids a window of n at a time
+    numbered = cpu_kernels.number_ids(field, lo, top) if 0 <= top and top - lo < _BITMAP_SPAN * max(
+        n, _MIN_WINDOW) else None
     if numbered is not None:
         return numbered
-    if dense:
+    if 0 <= top and top - lo < _COUNTING_WINDOWS * max(n, _MIN_WINDOW):
         return _number_by_counting(field, lo, top)
     return _number_by_sorting(field)
 
@@ -445,6 +451,7 @@ def _sorted_member(values: Tensor, sorted_set: Tensor) -> Tensor:
 
 _MIN_WINDOW = 1 << 16  # ids numbered per counting pass at least
 _COUNTING_WINDOWS = 16  # most passes of a numbering by counting (sparser ids are sorted)
+_BITMAP_SPAN = 128  # the widest range of ids numbered through a bitmap, per agent (sparser ids are sorted)
 
 
 def _number_by_counting(field: Tensor, lo: int, top: int) -> tuple[Tensor, Tensor]:
@@ -627,8 +634,7 @@ class GroupSums:
                 sums.index_add_(0, number, flat)
             sums[groups] = 0  # what agents in no group added
             if self.comm.world_size > 1:
-                if cut.peer_numbers is None:
-                    cut.peer_numbers = index.find(cut.cut).index_select(0, cut.peer_pos)
+                assert cut.peer_numbers is not None  # (set as the index was built)
                 peers.append((cut, sums, cut.peer_numbers))
             out[name] = sums.reshape((groups + 1, *requests[name][2].shape[1:]))
         if peers:
@@ -816,9 +822,9 @@ class GroupSums:
         else:
             ids, of = _number(field)
         size = torch.bincount(of.reshape(-1), minlength=ids.shape[0] + 1)[:ids.shape[0]]
-        if self.comm.world_size > 1:
-            _, summed = self._across(cut, ids, size.reshape(-1, 1))  # every group here has members here
-            size = summed.reshape(-1)
+        if self.comm.world_size > 1:  # the cut groups' members on the other ranks added (every cut group is here)
+            cut.peer_numbers = torch.searchsorted(ids, cut.cut).index_select(0, cut.peer_pos)
+            self._add_peer_rows([(cut, size.view(-1, 1), cut.peer_numbers)])
         if ids.shape[0] and int(size.max()) >= 2**31:
             raise ConfigError(f"group field: a group of {int(size.max())} members; at most 2**31 - 1")
         return GroupIndex(ids, of, size.to(torch.int32))
