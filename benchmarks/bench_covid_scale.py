@@ -15,6 +15,13 @@ Usage::
         --out benchmarks/results/covid-scale.json
     python benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 2 4 8 --days 120 \\
         --out benchmarks/results/covid-ranks-10m.json        # strong scaling (one thread per process)
+    python benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 --rounds 3 --days 120 \\
+        --out benchmarks/results/covid-ranks-10m-rounds.json # alternating rounds: 1 8, 8 1, 1 8
+
+With ``--rounds R`` the processes' list runs R times, every other round in reverse order, and
+the file's ``summary`` gives per size and number of processes the median seconds per day over
+the rounds, the speedup of the medians over one process, and each round's own speedup (over that
+round's one-process run).
 
 On several processes each keeps the people it built (``partition="data"`` with the model's share:
 whole localities, recursive bisection of the map by population, :func:`agentsim.population.partition_localities`);
@@ -145,34 +152,74 @@ def main() -> None:
     p.add_argument("--prevalence", type=float, default=0.001, help="share exposed at day 0")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--progress", action="store_true", help="print the elapsed time every 10 days (rank 0)")
+    p.add_argument("--rounds", type=int, default=1, help="run the --ranks list this many times, every other round "
+                   "reversed (a summary of medians)")
     p.add_argument("--note", default="", help="what the machine and the run were (kept in the file)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds: expected >= 1 (got {args.rounds})")
     rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
     out = {"machine": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),
-           "prevalence": args.prevalence, "seed": args.seed, "note": args.note, "rows": rows}
+           "prevalence": args.prevalence, "seed": args.seed, "note": args.note, "rounds": args.rounds,
+           "rows": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for n in args.agents:
-        for w in args.ranks:
-            row = measure(n, w, args.days, args.seed, args.prevalence, args.threads, args.progress)
-            base = next((r for r in rows if r["agents"] == n and r["world_size"] == 1), None)
-            if base is not None and w > 1:
-                row["speedup"] = base["seconds_per_day"] / row["seconds_per_day"]
-                row["same_epidemic_as_one_process"] = (row["final_size"], row["peak_infectious"]) == (
-                    base["final_size"], base["peak_infectious"])
-            rows.append(row)
-            Path(args.out).write_text(json.dumps(out, indent=1))  # after each run: a cut-off run keeps the rest
-            cut = row["groups"].get("groups/cut_share")
-            speedup = f" (speedup {row['speedup']:.2f})" if "speedup" in row else ""
-            cut_text = f", memberships cut {cut:.2%}" if cut is not None else ""
-            print(f"{n:>11,} people W={w:<2}: init {row['init_seconds']:7.2f} s, {row['seconds_per_day']:8.4f} s/day "
-                  f"(first {row['first_day_seconds']:.3f}, later median {row['later_days_median_seconds']:.4f})"
-                  f"{speedup}, {row['peak_rss_bytes_per_agent']:6.1f} B/person at the peak "
-                  f"({row['peak_rss_above_baseline_bytes_per_agent']:.1f} above the processes' baseline)"
-                  f"{cut_text}; final size {row['final_size']:,}", flush=True)
+        for round_ in range(args.rounds):
+            for w in args.ranks if round_ % 2 == 0 else args.ranks[::-1]:
+                row = measure(n, w, args.days, args.seed, args.prevalence, args.threads, args.progress)
+                row["round"] = round_
+                rows.append(row)
+                _pair(rows, n, round_)
+                summary[:] = _summarize(rows)
+                Path(args.out).write_text(json.dumps(out, indent=1))  # after each run: a cut-off run keeps the rest
+                cut = row["groups"].get("groups/cut_share")
+                cut_text = f", memberships cut {cut:.2%}" if cut is not None else ""
+                print(f"{n:>11,} people W={w:<2}: init {row['init_seconds']:7.2f} s, "
+                      f"{row['seconds_per_day']:8.4f} s/day (first {row['first_day_seconds']:.3f}, later median "
+                      f"{row['later_days_median_seconds']:.4f}), {row['peak_rss_bytes_per_agent']:6.1f} B/person at "
+                      f"the peak ({row['peak_rss_above_baseline_bytes_per_agent']:.1f} above the processes' "
+                      f"baseline){cut_text}; final size {row['final_size']:,}", flush=True)
+    for s in summary:
+        if s["world_size"] > 1 and s["speedup_of_medians"] is not None:
+            print(f"{s['agents']:>11,} people W={s['world_size']:<2}: median {s['seconds_per_day_median']:.4f} s/day, "
+                  f"speedup of the medians {s['speedup_of_medians']:.2f}, by round "
+                  + ", ".join(f"{x:.2f}" for x in s["speedups_by_round"]), flush=True)
+
+
+def _pair(rows: list[dict[str, Any]], n: int, round_: int) -> None:
+    """Each run of ``n`` people in ``round_`` on several processes against that round's one-process
+    run (once both ran): its speedup, and whether the epidemic is the same.
+    """
+    mine = [r for r in rows if r["agents"] == n and r["round"] == round_]
+    base = next((r for r in mine if r["world_size"] == 1), None)
+    if base is None:
+        return
+    for row in mine:
+        if row["world_size"] > 1:
+            row["speedup"] = base["seconds_per_day"] / row["seconds_per_day"]
+            row["same_epidemic_as_one_process"] = (row["final_size"], row["peak_infectious"]) == (
+                base["final_size"], base["peak_infectious"])
+
+
+def _summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size and number of processes, over the rounds: the median seconds per day, the speedup of
+    the medians over one process (None without a one-process run) and each round's speedup.
+    """
+    out = []
+    for n, w in sorted({(r["agents"], r["world_size"]) for r in rows}):
+        mine = [r for r in rows if r["agents"] == n and r["world_size"] == w]
+        one = [r["seconds_per_day"] for r in rows if r["agents"] == n and r["world_size"] == 1]
+        median = statistics.median(r["seconds_per_day"] for r in mine)
+        out.append({"agents": n, "world_size": w, "runs": len(mine), "seconds_per_day_median": median,
+                    "speedup_of_medians": statistics.median(one) / median if one and w > 1 else None,
+                    "speedups_by_round": [r["speedup"] for r in mine if "speedup" in r],
+                    "same_epidemic_as_one_process": all(r.get("same_epidemic_as_one_process", True) for r in mine)})
+    return out
 
 
 if __name__ == "__main__":

@@ -860,6 +860,13 @@ def covid_ranks_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                          f"{100 * r['groups'].get('groups/cut_share', 0.0):.2f}%",
                          f"{num(r['peak_rss_bytes_per_agent'])} ({num(r['peak_rss_above_baseline_bytes_per_agent'])})",
                          f"{int(r['final_size']):,}"] for r in d["rows"]])
+        if d.get("rounds", 1) > 1:  # alternating rounds: the medians
+            lines += [f"Over {d['rounds']} alternating rounds (every other one in reverse order):", ""]
+            lines += table(["people", "processes", "runs", "median s per day", "speedup of the medians",
+                            "speedup by round"],
+                           [[f"{int(s['agents']):,}", s["world_size"], s["runs"], num(s["seconds_per_day_median"]),
+                             num(s["speedup_of_medians"]) if s["speedup_of_medians"] is not None else "",
+                             ", ".join(num(x) for x in s["speedups_by_round"])] for s in d["summary"]])
 
     def plot(ax: Any) -> None:
         bars = [(f"{int(r['agents']):,} people, {r['world_size']} processes", [r["seconds_per_day"]])
