@@ -392,7 +392,7 @@ def progress(ctx: Context) -> None:
 
 
 LOAD_BITS = 24  # infectiousness is counted per place in integer units of 2**-24: exact on any number of processes
-BLOCK = 1 << 21  # people whose exposure is drawn together (each person's draw is keyed by uid: any block gives it)
+BLOCK = 1 << 18  # people whose exposure is drawn together (each person's draw is keyed by uid: any block gives it)
 
 
 CONTACT_LAYERS = ("school", "work", "community")  # the layers whose places may be split into contact groups
