@@ -456,7 +456,7 @@ def test_numbering_by_counting_windows_is_the_numbering_by_sorting(dtype, n, top
     want_ids, want_of = groups._number_by_sorting(field)
     assert torch.equal(want_ids, torch.unique(field[field >= 0].long()))
     top = int(field.max())
-    lo = 0 if none else int(field.min())  # the windows and the bitmap start at the smallest id
+    lo = int(field[field >= 0].min())  # the windows and the bitmap start at the smallest id (or at 0)
     for start in {0, lo}:
         ids, of = groups._number_by_counting(field, start, top)  # windows of torch ops
         assert torch.equal(ids, want_ids) and torch.equal(of, want_of)
