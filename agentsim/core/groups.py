@@ -377,8 +377,10 @@ def _lexorder(major: Tensor, minor: Tensor) -> Tensor:
 def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     """The groups of ``field`` (``[n]`` or ``[n, k]`` integers, negative: no group) numbered
     ``0 .. G - 1``: ``(ids [G] int64 sorted, of int32 shaped as field)``, ``of`` ``G`` for no group.
-    Ids in a range of fewer than ``128 n`` are numbered by counting (through a bitmap of the
-    range where the kernel applies, else in fewer than 16 windows of ``n``), sparser ids sorted.
+    Ids in a range of fewer than ``128 max(n, 2**16)`` from the smallest id >= 0 are numbered
+    through a bitmap of the range where the kernel applies (a contiguous CPU int32 or int64
+    field); otherwise ranges of fewer than ``16 max(n, 2**16)`` are counted a window at a time,
+    and sparser ids sorted.
     """
     if field.dim() == 2:
         if field.numel() >= 2**31:
@@ -393,8 +395,8 @@ def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     lo = int(field.min()) if n else 0
     if lo < 0 <= top:  # the smallest id, agents in no group aside (a later process's ids are far from 0)
         lo = int(field.masked_fill(field < 0, top).min())
-    # a bitmap of the ids (2 bits per id of the range: at most 32 bytes an agent, about a sort's
-    # temporaries), else a count of the ids a window of n at a time
+    # a bitmap of the ids (2 bits per id of the range: at most 32 bytes an agent, up to about 1.2
+    # times a sort's temporaries), else a count of the ids a window of n at a time
     numbered = cpu_kernels.number_ids(field, lo, top) if 0 <= top and top - lo < _BITMAP_SPAN * max(
         n, _MIN_WINDOW) else None
     if numbered is not None:
@@ -458,7 +460,7 @@ def _number_by_counting(field: Tensor, lo: int, top: int) -> tuple[Tensor, Tenso
     """``(ids, of)`` of a field whose ids are in ``[lo, top]`` (< 0: no group), without a sort: a
     window of ``n`` ids at a time, each id present marked in a table of the window and numbered
     by a running count. Temporaries: about 5 bytes per agent (the window's tables) and the rows
-    of the agents in the window; one window when every agent has an id below ``n``.
+    of the agents in the window; one window when every id is within ``n`` of ``lo``.
     """
     n = field.shape[0]
     index = field if field.dtype in (torch.int32, torch.int64) else field.to(torch.int64)
