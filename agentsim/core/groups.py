@@ -237,8 +237,7 @@ class GroupIndex:
         if lists is None:
             return None
         n = self.of.shape[0]
-        kept_rows = rows.to(torch.int64)  # (a copy where rows are int32)
-        rows, values = kept_rows if kept_rows is not rows else rows.clone(), values.to(torch.int64)
+        rows, values = _own_int64(rows), _own_int64(values)  # kept: the caller's may change before the next push
         if self._pushed is None:
             empty = torch.zeros(0, dtype=torch.int64, device=self.of.device)
             old_rows, old_values, sums, scratch = empty, empty, torch.zeros(n, dtype=torch.int64,
@@ -252,8 +251,7 @@ class GroupIndex:
                                             sums)
         if not done:
             return None
-        # (copies: the caller's tensors may change before the next push)
-        self._pushed = (rows, values.clone(), sums, scratch)
+        self._pushed = (rows, values, sums, scratch)
         return sums
 
     def find(self, groups: Tensor) -> Tensor:
@@ -357,6 +355,12 @@ def weighted_total(sums: Sequence[Tensor], weights: Sequence[float], only: Tenso
     for x, w in zip(sums, weights, strict=True):
         out += x.to(torch.float64) * w
     return out if only is None else out.masked_fill_(~only, 0.0)
+
+
+def _own_int64(x: Tensor) -> Tensor:
+    """``x`` as int64 in a tensor of its own: one copy, whether or not ``x`` was int64 already."""
+    wide = x.to(torch.int64)
+    return wide if wide is not x else x.clone()
 
 
 def _per_membership(field: Tensor, values: Tensor) -> Tensor:
