@@ -247,6 +247,8 @@ class Substep:
                   "combine": _combines(key, combine, write_refs)}
         for field_name, value in values.items():
             object.__setattr__(self, field_name, value)
+        # readable/writable/touches per population, computed once: the engine asks at every call
+        object.__setattr__(self, "_field_sets", {})
         if agentwise:
             written = self.written_populations()
             if ENV in written or len(written) > 1 or self.births or self.deaths:
@@ -260,18 +262,28 @@ class Substep:
 
     def touches(self, population: str) -> bool:
         """Whether the substep declares anything of ``population``."""
-        refs = (*self.reads, *self.writes)
-        return (any(split_ref(r)[0] == population for r in refs) or population in self.neighbors
-                or population in self.births or population in self.deaths)
+        return self._fields_of(population)[0]
 
-    def readable(self, population: str) -> set[str]:
+    def readable(self, population: str) -> frozenset[str]:
         """Fields of ``population`` this substep may read (``uid`` always)."""
-        own = {split_ref(r)[1] for r in (*self.reads, *self.writes) if split_ref(r)[0] == population}
-        return own | set(self.neighbors.get(population, ())) | {"uid"}
+        return self._fields_of(population)[1]
 
-    def writable(self, population: str) -> set[str]:
+    def writable(self, population: str) -> frozenset[str]:
         """Fields of ``population`` (or ``ENV``) this substep may write."""
-        return {split_ref(r)[1] for r in self.writes if split_ref(r)[0] == population}
+        return self._fields_of(population)[2]
+
+    def _fields_of(self, population: str) -> tuple[bool, frozenset[str], frozenset[str]]:
+        """``(touches, readable, writable)`` of ``population``, from the declarations (kept)."""
+        cache: dict[str, tuple[bool, frozenset[str], frozenset[str]]] = self._field_sets  # type: ignore[attr-defined]
+        if population not in cache:
+            refs = (*self.reads, *self.writes)
+            touches = (any(split_ref(r)[0] == population for r in refs) or population in self.neighbors
+                       or population in self.births or population in self.deaths)
+            own = {split_ref(r)[1] for r in refs if split_ref(r)[0] == population}
+            readable = frozenset(own | set(self.neighbors.get(population, ())) | {"uid"})
+            writable = frozenset(split_ref(r)[1] for r in self.writes if split_ref(r)[0] == population)
+            cache[population] = (touches, readable, writable)
+        return cache[population]
 
     def env_combine(self, layer: str) -> str:
         """How this substep's writes to env ``layer`` combine over processes (``"set"`` unless declared)."""
