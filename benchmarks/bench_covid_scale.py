@@ -23,6 +23,13 @@ the file's ``summary`` gives per size and number of processes the median seconds
 the rounds, the speedup of the medians over one process, and each round's own speedup (over that
 round's one-process run).
 
+With ``--ceiling`` each run on W > 1 processes is followed by the host's ceiling for it: W
+independent one-process runs of N/W people each, started together (no partition, no messages; what
+W cores give when each does an Wth of the work, sharing the memory bus and the caches as the
+partitioned run does). Its rows have ``"independent": true``, as has their own entry in the
+summary, whose ``speedup_of_medians`` is then the ceiling: the one-process median over theirs
+(each run's slowest process's seconds per day).
+
 On several processes each keeps the people it built (``partition="data"`` with the model's share:
 whole localities, recursive bisection of the map by population, :func:`agentsim.population.partition_localities`);
 the model reads other people only through per-place sums (``ctx.group_table``), so no agent
@@ -58,18 +65,22 @@ def _current_rss_bytes() -> int:
 
 
 def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: int,
-          progress: bool = False) -> dict[str, Any]:
-    """One process of a run: build its share, run ``days`` days; its figures."""
+          progress: bool = False, alone: bool = False) -> dict[str, Any]:
+    """One process of a run: build its share, run ``days`` days; its figures. ``alone``: a
+    population of its own of ``n / W`` people instead (the ceiling runs; ``comm`` is not used).
+    """
     import torch
 
     from agentsim import Simulation, get_model
 
     torch.set_num_threads(threads)
     baseline = _current_rss_bytes()
-    options: dict[str, Any] = {"partition": "data"} if comm.world_size > 1 else {}
+    shared = comm.world_size > 1 and not alone
+    options: dict[str, Any] = {"partition": "data"} if shared else {}
     t0 = time.perf_counter()
-    sim = Simulation(get_model("covid"), agents=n, seed=seed, params={"initial_prevalence": prevalence},
-                     comm=comm if comm.world_size > 1 else None, **options)
+    people = n // comm.world_size if alone else n  # (all of a run's people: metrics are sums over its processes)
+    sim = Simulation(get_model("covid"), agents=people, seed=seed, params={"initial_prevalence": prevalence},
+                     comm=comm if shared else None, **options)
     init = time.perf_counter() - t0
     after_init = _rss_bytes()
     last_substep, started = sim.model.substeps[-1], time.perf_counter()
@@ -97,7 +108,7 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
             "comm_seconds": sum(result.comm_seconds), "cpu_seconds": cpu,
             "busy_day_seconds": [b - a for a, b in itertools.pairwise(busy)], "baseline_rss_bytes": baseline,
             "peak_rss_after_init_bytes": after_init, "peak_rss_bytes": _rss_bytes(),
-            "groups": result.groups, "final_size": int(n - m["S"][-1]), "peak_infectious": int(max(infectious)),
+            "groups": result.groups, "final_size": int(people - m["S"][-1]), "peak_infectious": int(max(infectious)),
             "peak_day": infectious.index(max(infectious)), "deaths": int(m["D"][-1]),
             "infectious_by_day": [int(x) for x in infectious]}
 
@@ -116,17 +127,21 @@ def _busy_figures(per_rank: list[list[float]]) -> dict[str, float]:
 
 
 def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, threads: int,
-            progress: bool = False) -> dict[str, Any]:
-    """One run on ``world_size`` processes: the figures over ranks."""
+            progress: bool = False, independent: bool = False) -> dict[str, Any]:
+    """One run on ``world_size`` processes: the figures over ranks. ``independent``: the ceiling
+    run (``world_size`` one-process runs of ``n / world_size`` people at once).
+    """
     from agentsim.runner.launch import run_ranks
 
     t0 = time.perf_counter()
-    ranks = run_ranks(_rank, world_size, (n, days, seed, prevalence, threads, progress), timeout=1800.0)
+    ranks = run_ranks(_rank, world_size, (n, days, seed, prevalence, threads, progress, independent),
+                      timeout=1800.0)
     wall = time.perf_counter() - t0
     peak = sum(r["peak_rss_bytes"] for r in ranks)
     above = sum(r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
     first = ranks[0]
-    return {"agents": n, "world_size": world_size, "days": days, "threads_per_rank": threads, "wall_seconds": wall,
+    return {"agents": n, "world_size": world_size, "independent": independent, "days": days,
+            "threads_per_rank": threads, "wall_seconds": wall,
             "init_seconds": max(r["init_seconds"] for r in ranks),
             "seconds_per_day": max(r["seconds_per_day"] for r in ranks),
             "first_day_seconds": first["first_day_seconds"],
@@ -154,6 +169,8 @@ def main() -> None:
     p.add_argument("--progress", action="store_true", help="print the elapsed time every 10 days (rank 0)")
     p.add_argument("--rounds", type=int, default=1, help="run the --ranks list this many times, every other round "
                    "reversed (a summary of medians)")
+    p.add_argument("--ceiling", action="store_true", help="after each run on W > 1 processes, W independent "
+                   "one-process runs of N/W people at once (the host's ceiling)")
     p.add_argument("--note", default="", help="what the machine and the run were (kept in the file)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -166,12 +183,16 @@ def main() -> None:
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),
            "prevalence": args.prevalence, "seed": args.seed, "note": args.note, "rounds": args.rounds,
+           "ceiling": args.ceiling,
            "rows": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for n in args.agents:
         for round_ in range(args.rounds):
-            for w in args.ranks if round_ % 2 == 0 else args.ranks[::-1]:
-                row = measure(n, w, args.days, args.seed, args.prevalence, args.threads, args.progress)
+            order = args.ranks if round_ % 2 == 0 else args.ranks[::-1]
+            for w, independent in [(w, alone) for w in order for alone in (False, True)
+                                   if not alone or (args.ceiling and w > 1)]:
+                row = measure(n, w, args.days, args.seed, args.prevalence, args.threads, args.progress,
+                              independent)
                 row["round"] = round_
                 rows.append(row)
                 _pair(rows, n, round_)
@@ -179,21 +200,24 @@ def main() -> None:
                 Path(args.out).write_text(json.dumps(out, indent=1))  # after each run: a cut-off run keeps the rest
                 cut = row["groups"].get("groups/cut_share")
                 cut_text = f", memberships cut {cut:.2%}" if cut is not None else ""
-                print(f"{n:>11,} people W={w:<2}: init {row['init_seconds']:7.2f} s, "
+                what = f"{w} apart" if independent else f"W={w:<2}"
+                print(f"{n:>11,} people {what}: init {row['init_seconds']:7.2f} s, "
                       f"{row['seconds_per_day']:8.4f} s/day (first {row['first_day_seconds']:.3f}, later median "
                       f"{row['later_days_median_seconds']:.4f}), {row['peak_rss_bytes_per_agent']:6.1f} B/person at "
                       f"the peak ({row['peak_rss_above_baseline_bytes_per_agent']:.1f} above the processes' "
                       f"baseline){cut_text}; final size {row['final_size']:,}", flush=True)
     for s in summary:
         if s["world_size"] > 1 and s["speedup_of_medians"] is not None:
-            print(f"{s['agents']:>11,} people W={s['world_size']:<2}: median {s['seconds_per_day_median']:.4f} s/day, "
+            what = f"{s['world_size']} apart (the ceiling)" if s["independent"] else f"W={s['world_size']:<2}"
+            print(f"{s['agents']:>11,} people {what}: median {s['seconds_per_day_median']:.4f} s/day, "
                   f"speedup of the medians {s['speedup_of_medians']:.2f}, by round "
                   + ", ".join(f"{x:.2f}" for x in s["speedups_by_round"]), flush=True)
 
 
 def _pair(rows: list[dict[str, Any]], n: int, round_: int) -> None:
     """Each run of ``n`` people in ``round_`` on several processes against that round's one-process
-    run (once both ran): its speedup, and whether the epidemic is the same.
+    run (once both ran): its speedup, and (partitioned runs) whether the epidemic is the same. A
+    ceiling run's speedup is the ceiling: one process's time over the slowest independent one's.
     """
     mine = [r for r in rows if r["agents"] == n and r["round"] == round_]
     base = next((r for r in mine if r["world_size"] == 1), None)
@@ -202,20 +226,23 @@ def _pair(rows: list[dict[str, Any]], n: int, round_: int) -> None:
     for row in mine:
         if row["world_size"] > 1:
             row["speedup"] = base["seconds_per_day"] / row["seconds_per_day"]
-            row["same_epidemic_as_one_process"] = (row["final_size"], row["peak_infectious"]) == (
-                base["final_size"], base["peak_infectious"])
+            if not row.get("independent"):
+                row["same_epidemic_as_one_process"] = (row["final_size"], row["peak_infectious"]) == (
+                    base["final_size"], base["peak_infectious"])
 
 
 def _summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per size and number of processes, over the rounds: the median seconds per day, the speedup of
-    the medians over one process (None without a one-process run) and each round's speedup.
+    """Per size, number of processes and kind (partitioned, or independent: the ceiling), over the
+    rounds: the median seconds per day, the speedup of the medians over one process (None without a
+    one-process run) and each round's speedup.
     """
     out = []
-    for n, w in sorted({(r["agents"], r["world_size"]) for r in rows}):
-        mine = [r for r in rows if r["agents"] == n and r["world_size"] == w]
+    for n, w, alone in sorted({(r["agents"], r["world_size"], bool(r.get("independent"))) for r in rows}):
+        mine = [r for r in rows if r["agents"] == n and r["world_size"] == w and bool(r.get("independent")) == alone]
         one = [r["seconds_per_day"] for r in rows if r["agents"] == n and r["world_size"] == 1]
         median = statistics.median(r["seconds_per_day"] for r in mine)
-        out.append({"agents": n, "world_size": w, "runs": len(mine), "seconds_per_day_median": median,
+        out.append({"agents": n, "world_size": w, "independent": alone, "runs": len(mine),
+                    "seconds_per_day_median": median,
                     "speedup_of_medians": statistics.median(one) / median if one and w > 1 else None,
                     "speedups_by_round": [r["speedup"] for r in mine if "speedup" in r],
                     "same_epidemic_as_one_process": all(r.get("same_epidemic_as_one_process", True) for r in mine)})

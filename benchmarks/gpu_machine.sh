@@ -10,9 +10,11 @@
 #   bash benchmarks/gpu_machine.sh sizes     # agent-updates/s at 10k..10M and SIR 100M memory, on the GPU
 #   bash benchmarks/gpu_machine.sh scaling 1000000    # CPU strong scaling, boids and SIR (or $MODELS), W = 2, 4, 8
 #   bash benchmarks/gpu_machine.sh scaling 10000000   # the same at 10M agents
-#   bash benchmarks/gpu_machine.sh covid     # issue 32: covid strong scaling at 10M people over 120 days, one
-#                                            # thread per process: W = 1 and 8 in 3 alternating rounds, then
-#                                            # W = 16, 2, 4 (about 5 min on 16 cores)
+#   bash benchmarks/gpu_machine.sh covid [R] # issue 32: covid strong scaling at 10M people over 120 days, one
+#                                            # thread per process: W = 1 and 8 in R (default 3) alternating
+#                                            # rounds, each W = 8 run followed by the host's ceiling (8
+#                                            # independent processes of 1.25M people); about 80 s a round
+#   bash benchmarks/gpu_machine.sh covid-sizes # the same at W = 16, 2, 4, once (about 1.5 min)
 #   bash benchmarks/gpu_machine.sh covid-us  # the US (330M people) on 16 processes over 120 days (about 6.5 min)
 #
 # Results go to benchmarks/results/ (peers-*-cuda.json/md, scaling-*.json) and, where $OUT is set
@@ -31,6 +33,7 @@ facts() {
     $PY -c "import agentsim.models" 2>/dev/null || $PY -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     $PY -c "import os, torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cores', os.cpu_count())"
+    lscpu 2>/dev/null | grep -E "^(Model name|Socket|Core|Thread|NUMA node\(s\)|L3)" | tr -s " "
 }
 
 case "${1:-}" in
@@ -95,10 +98,14 @@ covid)
     facts
     # Each configuration in fresh processes; the JSON is rewritten after each run (a cut-off run keeps the
     # rest) and rank 0 prints its pace every 10 days. 10M people over the whole epidemic (120 days): W = 1
-    # and 8 in alternating rounds (1 8, 8 1, 1 8: the target, as a ratio of medians), then W = 16, 2, 4 once.
-    timeout 330 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 --rounds 3 --days 120 --progress \
-        --out "$RESULTS/covid-ranks-10m-rounds.json"
+    # and 8 in alternating rounds (1 8, 8 1, 1 8, ...: the target, as a ratio of medians), with the ceiling.
+    rounds=${2:-3}
+    timeout $((100 * rounds + 30)) $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 \
+        --rounds "$rounds" --ceiling --days 120 --progress --out "$RESULTS/covid-ranks-10m-rounds.json"
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-ranks-10m-rounds.json" "$OUT/"; fi
+    ;;
+covid-sizes)
+    facts
     timeout 150 $PY benchmarks/bench_covid_scale.py --agents 10000000 --ranks 16 2 4 --days 120 --progress \
         --out "$RESULTS/covid-ranks-10m.json"
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-ranks-10m.json" "$OUT/"; fi
@@ -110,7 +117,7 @@ covid-us)
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-us.json" "$OUT/"; fi
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_machine.sh cuda | profile | sizes | scaling [AGENTS] | covid | covid-us" >&2
+    echo "usage: bash benchmarks/gpu_machine.sh cuda | profile | sizes | scaling [AGENTS] | covid [ROUNDS] | covid-sizes | covid-us" >&2
     exit 2
     ;;
 esac

@@ -851,25 +851,31 @@ def covid_ranks_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
         one = [o for o in rows if o["world_size"] == 1 and o["agents"] == r["agents"]]
         return num(one[0]["seconds_per_day"] / r["seconds_per_day"]) if one and r["world_size"] > 1 else ""
 
+    def processes(r: dict[str, Any]) -> str:
+        """``W``, or ``W apart`` for a ceiling run (W independent processes of N/W people)."""
+        return f"{r['world_size']} apart" if r.get("independent") else str(r["world_size"])
+
     for rel, d in files:
         lines += [f"`{rel}`: {d.get('note', '')} ({d.get('cpu_count', '?')} cores)", ""]
         lines += table(["people", "processes", "init s", "s per day", "speedup over 1", "memberships cut",
                         "peak RSS bytes per person (above the processes' baseline)", "ever infected"],
-                       [[f"{int(r['agents']):,}", r["world_size"], num(r["init_seconds"]), num(r["seconds_per_day"]),
+                       [[f"{int(r['agents']):,}", processes(r), num(r["init_seconds"]), num(r["seconds_per_day"]),
                          speedup(r, d["rows"]),
                          f"{100 * r['groups'].get('groups/cut_share', 0.0):.2f}%",
                          f"{num(r['peak_rss_bytes_per_agent'])} ({num(r['peak_rss_above_baseline_bytes_per_agent'])})",
                          f"{int(r['final_size']):,}"] for r in d["rows"]])
         if d.get("rounds", 1) > 1:  # alternating rounds: the medians
-            lines += [f"Over {d['rounds']} alternating rounds (every other one in reverse order):", ""]
+            lines += [f"Over {d['rounds']} alternating rounds (every other one in reverse order)"
+                      + ("; 'W apart': W independent processes of N/W people at once, the host's ceiling"
+                         if d.get("ceiling") else "") + ":", ""]
             lines += table(["people", "processes", "runs", "median s per day", "speedup of the medians",
                             "speedup by round"],
-                           [[f"{int(s['agents']):,}", s["world_size"], s["runs"], num(s["seconds_per_day_median"]),
+                           [[f"{int(s['agents']):,}", processes(s), s["runs"], num(s["seconds_per_day_median"]),
                              num(s["speedup_of_medians"]) if s["speedup_of_medians"] is not None else "",
                              ", ".join(num(x) for x in s["speedups_by_round"])] for s in d["summary"]])
 
     def plot(ax: Any) -> None:
-        bars = [(f"{int(r['agents']):,} people, {r['world_size']} processes", [r["seconds_per_day"]])
+        bars = [(f"{int(r['agents']):,} people, {processes(r)} processes", [r["seconds_per_day"]])
                 for _, d in files for r in d["rows"]]
         _bars(ax, bars, "seconds per simulated day", log=True)
     n = sum(len(d["rows"]) for _, d in files)

@@ -43,3 +43,29 @@ def test_agentsims_side_reports_its_curves_and_their_peaks():
     params = {"initial_prevalence": 0.01, **bench_covid.COMPARABLE, "people_per_locality": 3000}
     m = Simulation(get_model("covid"), agents=3000, seed=2, params=params).run(30).metrics
     assert infectious == (m["A"] + m["I"] + m["H"]).tolist()[1:]
+
+
+def test_the_scaling_summary_keeps_the_ceiling_runs_apart_from_the_partitioned_ones():
+    import bench_covid_scale
+
+    def row(w: int, seconds: float, round_: int, independent: bool = False, final: int = 70) -> dict:
+        return {"agents": 800, "world_size": w, "independent": independent, "seconds_per_day": seconds,
+                "round": round_, "final_size": final if not independent else 9, "peak_infectious": 30}
+
+    rows: list[dict] = []
+    for round_, (one, eight, apart) in enumerate([(4.0, 1.0, 0.5), (6.0, 1.5, 0.75), (5.0, 2.0, 0.625)]):
+        rows += [row(1, one, round_), row(8, eight, round_), row(8, apart, round_, independent=True)]
+        bench_covid_scale._pair(rows, 800, round_)
+    summary = {(s["world_size"], s["independent"]): s for s in bench_covid_scale._summarize(rows)}
+    assert set(summary) == {(1, False), (8, False), (8, True)}
+    assert summary[(8, False)]["seconds_per_day_median"] == 1.5
+    assert summary[(8, False)]["speedup_of_medians"] == 5.0 / 1.5
+    assert summary[(8, False)]["speedups_by_round"] == [4.0, 4.0, 2.5]
+    assert summary[(8, True)]["speedup_of_medians"] == 5.0 / 0.625  # the ceiling
+    assert summary[(8, True)]["speedups_by_round"] == [8.0, 8.0, 8.0]
+    # the independent runs have epidemics of their own: only the partitioned runs are compared
+    assert summary[(8, False)]["same_epidemic_as_one_process"] is True
+    assert all("same_epidemic_as_one_process" not in r for r in rows if r["independent"])
+    rows.append(row(8, 1.0, 2, final=71))
+    bench_covid_scale._pair(rows, 800, 2)
+    assert bench_covid_scale._summarize(rows)[1]["same_epidemic_as_one_process"] is False
