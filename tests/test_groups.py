@@ -944,3 +944,52 @@ def test_member_lists_by_counting_are_those_of_a_stable_sort(k, monkeypatch):
     sorted_ = GroupSums(LocalComm()).index("a.clubs", field)
     assert torch.equal(counted.start, sorted_.start) and torch.equal(counted.order, sorted_.order)
     assert counted.order.dtype == sorted_.order.dtype == torch.int32
+
+
+def spread_over_days_on_a_rank(comm, seed: int, big_here: bool) -> tuple[bool, list[tuple[list[int], list[int]]]]:
+    """Day after day (contributors drifting, values changing) each agent's sums over its groups and
+    their weighted total on a scattered share, vs brute force. ``big_here``: rank 0's agents of even
+    uid share one more group, held there alone and too large for co-member lists, so rank 0 reads
+    tables where the others push (one all-to-all for both). Returns whether this rank pushed."""
+    several, single = small_groups(seed, 3)[0], small_groups(seed + 1, 0)[0]
+    owner = torch.arange(N) * 7919 % comm.world_size
+    if big_here:
+        several[(owner == 0) & (torch.arange(N) % 2 == 0), 2] = 424_242
+    g = torch.Generator().manual_seed(seed)
+    values = torch.randint(-5, 20, (N,), generator=g)
+    sums, out = GroupSums(comm), []
+    mine = scattered_share(comm, torch.zeros(0, dtype=torch.int64))[1]
+    fields = {"a.several": several.index_select(0, mine), "a.single": single.index_select(0, mine)}  # kept: pushes
+    for day in range(6):
+        rows = torch.nonzero(torch.rand(N, generator=g) < 0.1 * (day % 3 + 1)).reshape(-1)
+        values[torch.rand(N, generator=g) < 0.3] += 1
+        _, mine, local_row, here = scattered_share(comm, rows)
+        requests = {name: (field, local_row.index_select(0, rows[here]), values.index_select(0, rows[here]))
+                    for name, field in fields.items()}
+        only = None if day % 2 == 0 else mine % 3 == 1
+        got = sums.spread(requests, only)
+        total = sums.weighted(requests, {"a.several": 0.3, "a.single": -1e-3}, only)
+        whole = {name: torch.tensor(each_agents_sum(field, rows, values.index_select(0, rows)))
+                 for name, field in (("a.several", several), ("a.single", single))}
+        keep = torch.ones(mine.shape[0], dtype=torch.bool) if only is None else only
+        for name in fields:
+            out.append((got[name].tolist(), torch.where(keep, whole[name].index_select(0, mine), 0).tolist()))
+        formula = (0.0 + whole["a.several"].double() * 0.3 + whole["a.single"].double() * -1e-3).index_select(0, mine)
+        out.append((total.view(torch.int64).tolist(), torch.where(keep, formula, 0.0).view(torch.int64).tolist()))
+    assert sums._cuts["a.single"].pushing is not None or cpu_kernels._kernels() is None
+    assert all(sums._cuts[name].describes(field) for name, field in fields.items())  # (one cut, index, push: all days)
+    return sums._cuts["a.several"].pushing is not None, out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("world_size", "big_here"), [(2, False), (3, False), (4, False), (3, True)])
+def test_sums_pushed_on_several_ranks_stay_the_brute_force_day_after_day(world_size, big_here):
+    """On several ranks the groups held by one rank alone are pushed (changes only, from the second
+    call on) and the cut groups' totals exchanged and added: the brute force's integers every day,
+    also where one rank reads tables instead (its groups too large for co-member lists)."""
+    results = run_ranks(spread_over_days_on_a_rank, world_size, (world_size + 40, big_here), timeout=60.0)
+    if cpu_kernels._kernels() is not None:
+        assert [pushed for pushed, _ in results] == [not big_here or rank > 0 for rank in range(world_size)]
+    for _, days in results:
+        for got, want in days:
+            assert got == want

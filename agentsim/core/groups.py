@@ -86,6 +86,8 @@ class _Cut:
             (set as the index is built, on several ranks: what :meth:`GroupSums.table` sends and adds).
         numbering: This rank's groups numbered when the cut was found (``ids``, ``of``), until the
             index takes them.
+        pushing: On several ranks, how ``GroupSums.spread`` pushes the groups held here alone
+            (:class:`_CutPush`), once asked for; None where it reads tables (``pushing_known``).
         pairs, crossing_pairs: Over the groups this rank owns or holds alone, the pairs of members
             (contacts within a group: ``m (m - 1) / 2``) and those whose members are on two ranks.
     """
@@ -102,10 +104,55 @@ class _Cut:
     crossing_pairs: int = 0
     peer_numbers: Tensor | None = None
     numbering: tuple[Tensor, Tensor] | None = None
+    pushing: _CutPush | None = None
+    pushing_known: bool = False
 
     def describes(self, field: Tensor) -> bool:
         """Whether it was built from ``field`` as it is now (the same tensor, not modified since)."""
         return self.field() is field and self.version == tensor_version(field)
+
+
+@dataclass
+class _CutPush:
+    """On several ranks, a field's sums over each agent's groups in two parts: the groups held here
+    alone are pushed along co-member lists as on one process (only the changes from call to call),
+    and the cut groups' totals, exchanged with their other holders, are added for their members.
+
+    Attributes:
+        local: The field's groups with this rank's memberships of cut groups taken out (numbered as
+            "no group"): its :meth:`GroupIndex.push` gives the sums over the groups held here alone.
+        position: ``[G + 1]`` int64 each group number's position in ``_Cut.cut``; ``c`` (the cut
+            groups' count) for a group that is not cut, and for "no group".
+        rows, at: ``[q]`` int64 the memberships of cut groups: the agent's row and its group's position
+            in ``_Cut.cut``.
+        in_cut: ``[n]`` bool the agents with a membership of a cut group (only their contributions
+            go to the cut groups' totals).
+    """
+
+    local: GroupIndex
+    position: Tensor
+    rows: Tensor
+    at: Tensor
+    in_cut: Tensor
+
+    @classmethod
+    def of(cls, cut: Tensor, index: GroupIndex) -> _CutPush | None:
+        """The parts of ``index``'s field whose cut groups are ``cut`` (``[c]`` sorted ids, all of them
+        in ``index.ids``), or None where the groups held here alone have no co-member lists.
+        """
+        groups, c, of = index.ids.shape[0], cut.shape[0], index.of
+        position = torch.full((groups + 1,), c, dtype=torch.int64, device=of.device)
+        position[torch.searchsorted(index.ids, cut)] = torch.arange(c, device=of.device)
+        flat = position.index_select(0, of.reshape(-1).to(torch.int64))  # each membership's cut position, or c
+        in_cut = flat < c
+        local = GroupIndex(index.ids, of.masked_fill(in_cut.view(of.shape), groups), index.size)
+        if local.co_members is None:
+            return None
+        slots = ops.flatnonzero(in_cut)
+        per_agent = of.shape[1] if of.dim() == 2 else 1
+        agents = in_cut.view(of.shape).any(1) if of.dim() == 2 else in_cut
+        return cls(local, position, torch.div(slots, per_agent, rounding_mode="floor"), flat.index_select(0, slots),
+                   agents)
 
 
 _PUSH_ENTRIES = 8  # GroupIndex.co_members: at most this many entries per membership on average (else None: tables)
@@ -355,6 +402,69 @@ def weighted_total(sums: Sequence[Tensor], weights: Sequence[float], only: Tenso
     for x, w in zip(sums, weights, strict=True):
         out += x.to(torch.float64) * w
     return out if only is None else out.masked_fill_(~only, 0.0)
+
+
+def _local_table(index: GroupIndex, field: Tensor, rows: Tensor, flat: Tensor) -> Tensor:
+    """``[G + 1, k]`` int64 the sums of this rank's contributions (``flat`` ``[m, k]`` int64 at
+    ``rows``) per group of ``index``, the last row (no group) 0: a table before the cut groups'
+    rows from other ranks are added.
+    """
+    groups, width = index.ids.shape[0], flat.shape[1]
+    number = index.of.index_select(0, rows).reshape(-1)  # G: in no group (row zeroed below)
+    flat = _per_membership(field, flat)
+    sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
+    if width == 1:
+        sums.view(-1).index_add_(0, number, flat.view(-1))
+    else:
+        sums.index_add_(0, number, flat)
+    sums[groups] = 0  # what agents in no group added
+    return sums
+
+
+def _read_table(index: GroupIndex, table: Tensor, only: Tensor | None) -> Tensor:
+    """``[n]`` int64 each agent's sum of ``table`` (``[G + 1]`` int64) over its groups, 0 outside
+    ``only`` (the agents outside it read nothing), a block of agents at a time.
+    """
+    n = index.of.shape[0]
+    wanted = torch.arange(n, device=table.device) if only is None else ops.flatnonzero(only)
+    nonzero = table != 0
+    sums = torch.cat([index.sums(table, wanted[first:first + _BLOCK], nonzero)
+                      for first in range(0, wanted.shape[0], _BLOCK)]) if wanted.shape[0] else table[:0]
+    return sums if only is None else torch.zeros(n, dtype=torch.int64, device=table.device).index_copy_(
+        0, wanted, sums)
+
+
+@dataclass
+class _Spread:
+    """One field's sums over each agent's groups on several ranks (``GroupSums._across_fields``),
+    after the exchange: either the kept sums of the groups held here alone (``kept``, pushed along
+    ``pushing.local``; never written but by :meth:`add_cut_totals`) and the cut groups' totals
+    (``cut_totals`` ``[c]``), or a table of every group (``table`` ``[G + 1, 1]``).
+    """
+
+    index: GroupIndex
+    table: Tensor | None
+    kept: Tensor | None
+    pushing: _CutPush | None
+    cut_totals: Tensor | None
+
+    def sums(self, only: Tensor | None) -> Tensor:
+        """``[n]`` int64 (a new tensor) each agent's sum, 0 outside ``only``."""
+        if self.kept is None:
+            assert self.table is not None
+            return _read_table(self.index, self.table.view(-1), only)
+        out = self.kept.clone()
+        self.add_cut_totals(out=out)
+        return out if only is None else out.masked_fill_(~only, 0)
+
+    def add_cut_totals(self, extra: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+        """Add to ``out`` (the kept sums by default) each membership's cut group total, or ``extra``
+        (``[q]`` int64, e.g. the negated totals, to take them out again: exact); return what was added.
+        """
+        assert self.pushing is not None and self.cut_totals is not None and self.kept is not None
+        added = self.cut_totals.index_select(0, self.pushing.at) if extra is None else extra
+        (self.kept if out is None else out).index_add_(0, self.pushing.rows, added)
+        return added
 
 
 def _own_int64(x: Tensor) -> Tensor:
@@ -630,19 +740,11 @@ class GroupSums:
         peers: list[tuple[_Cut, Tensor, Tensor]] = []
         for name, field, cut, flat in zip(names, fields, cuts, flats, strict=True):
             index = self._index_of(cut, field)
-            groups, width = index.ids.shape[0], flat.shape[1]
-            number = index.of.index_select(0, requests[name][1]).reshape(-1)  # G: in no group (row dropped below)
-            flat = _per_membership(field, flat)
-            sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
-            if width == 1:
-                sums.view(-1).index_add_(0, number, flat.view(-1))
-            else:
-                sums.index_add_(0, number, flat)
-            sums[groups] = 0  # what agents in no group added
+            sums = _local_table(index, field, requests[name][1], flat)
             if self.comm.world_size > 1:
                 assert cut.peer_numbers is not None  # (set as the index was built)
                 peers.append((cut, sums, cut.peer_numbers))
-            out[name] = sums.reshape((groups + 1, *requests[name][2].shape[1:]))
+            out[name] = sums.reshape((sums.shape[0], *requests[name][2].shape[1:]))
         if peers:
             self._add_peer_rows(peers)
         return out
@@ -653,13 +755,14 @@ class GroupSums:
         rows, values)``, ``values`` ``[m]``, in the same order on every rank): what ``sums`` of the
         field's :meth:`table` gives for every agent, exact and the same on any number of ranks.
 
-        On one process each value is pushed to its agent's group-mates (:meth:`GroupIndex.push`:
-        from the second call on only the values that changed push, so the work is in proportion to
-        the changes times their groups' sizes; no table of every group), where the field's groups
-        are small enough for co-member lists (and the field is on the CPU, with the kernel
-        library); otherwise, and on several processes (where cut groups need
-        the exchange of :meth:`tables`), the table is made and the wanted agents read their groups'
-        entries.
+        Each value is pushed to its agent's group-mates (:meth:`GroupIndex.push`: from the second
+        call on only the values that changed push, so the work is in proportion to the changes
+        times their groups' sizes; no table of every group), where the field's groups are small
+        enough for co-member lists (and the field is on the CPU, with the kernel library);
+        otherwise the table is made and the wanted agents read their groups' entries. On several
+        processes the groups held by one rank alone are pushed so, and the cut groups' totals
+        (exchanged as for :meth:`tables`, in one all-to-all for every field) are added for their
+        members: the same integers.
 
         Args:
             requests: ``name: (field, rows, values)``.
@@ -673,27 +776,56 @@ class GroupSums:
             ConfigError: As :meth:`table`, ``values`` that are not ``[m]``, or ``only`` not ``[n]`` bool.
         """
         check_spread(requests, only)
+        if self.comm.world_size > 1:
+            return {name: part.sums(only) for name, part in zip(requests, self._across_fields(requests), strict=True)}
         out: dict[str, Tensor] = {}
         tabled: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         for name, (field, rows, values) in requests.items():
-            pushed = None
-            if self.comm.world_size == 1:
-                flat = self._check_values("group_sums", name, field, rows, values).view(-1)
-                pushed = self._index_of(self._local(name, field), field).push(rows, flat, only)
+            flat = self._check_values("group_sums", name, field, rows, values).view(-1)
+            pushed = self._index_of(self._local(name, field), field).push(rows, flat, only)
             if pushed is None:
                 tabled[name] = (field, rows, values)
             else:
                 out[name] = pushed
         for name, table in self.tables(tabled).items():
-            index = self._index_of(self._cuts[name], tabled[name][0])
-            n = index.of.shape[0]
-            wanted = torch.arange(n, device=table.device) if only is None else ops.flatnonzero(only)
-            nonzero = table != 0
-            sums = torch.cat([index.sums(table, wanted[first:first + _BLOCK], nonzero)
-                              for first in range(0, wanted.shape[0], _BLOCK)]) if wanted.shape[0] else table[:0]
-            out[name] = sums if only is None else torch.zeros(n, dtype=torch.int64, device=table.device).index_copy_(
-                0, wanted, sums)
+            out[name] = _read_table(self._index_of(self._cuts[name], tabled[name][0]), table.view(-1), only)
         return {name: out[name] for name in requests}
+
+    def _across_fields(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> list[_Spread]:
+        """Several ranks: each field's sums over each agent's groups (:meth:`spread`, values ``[m]``),
+        in the order of ``requests``: pushed for the groups held here alone, with the cut groups'
+        totals to add, or a table where there are no co-member lists (a rank's choice: both send
+        the same rows, each cut group's partial sum here, in one all-to-all).
+        """
+        names = list(requests)
+        flats = [self._check_values("group_sums", name, *requests[name]).view(-1) for name in names]
+        fields = [requests[name][0] for name in names]
+        cuts = self._cuts_of(names, fields, [1] * len(names))
+        parts: list[_Spread] = []
+        peers: list[tuple[_Cut, Tensor, Tensor]] = []
+        for name, field, cut, flat in zip(names, fields, cuts, flats, strict=True):
+            rows, index = requests[name][1], self._index_of(cut, field)
+            if not cut.pushing_known:
+                cut.pushing, cut.pushing_known = _CutPush.of(cut.cut, index), True
+            kept = cut.pushing.local._pushed_sums(rows, flat) if cut.pushing is not None else None  # noqa: SLF001
+            if cut.pushing is not None and kept is not None:
+                # this rank's contributions to its cut groups ([c + 1]: the last collects the other
+                # memberships of the contributors that have one in a cut group)
+                some = ops.flatnonzero(cut.pushing.in_cut.index_select(0, rows))
+                numbers = index.of.index_select(0, rows.index_select(0, some)).reshape(-1).to(torch.int64)
+                at = cut.pushing.position.index_select(0, numbers)
+                totals = torch.zeros(cut.cut.shape[0] + 1, dtype=torch.int64, device=flat.device)
+                totals.index_add_(0, at, _per_membership(field, flat.index_select(0, some)))
+                cut_totals = totals[:-1]
+                part = _Spread(index, None, kept, cut.pushing, cut_totals)
+                peers.append((cut, cut_totals.view(-1, 1), cut.peer_pos))
+            else:
+                part = _Spread(index, _local_table(index, field, rows, flat.view(-1, 1)), None, None, None)
+                assert cut.peer_numbers is not None and part.table is not None  # (set as the index was built)
+                peers.append((cut, part.table, cut.peer_numbers))
+            parts.append(part)
+        self._add_peer_rows(peers)
+        return parts
 
     def weighted(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]], weights: Mapping[str, float],
                  only: Tensor | None = None) -> Tensor:
@@ -707,18 +839,27 @@ class GroupSums:
         """
         check_spread(requests, only)
         scales = check_weights(requests, weights)
-        if self.comm.world_size == 1:
-            kept = []
-            for name, (field, rows, values) in requests.items():
-                flat = self._check_values("weighted_group_sums", name, field, rows, values).view(-1)
-                index = self._index_of(self._local(name, field), field)
-                sums = index._pushed_sums(rows, flat)  # noqa: SLF001 (the kept tensor, read below before any push)
-                if sums is None:
-                    break
-                kept.append(sums)
-            else:
-                if kept:
-                    return weighted_total(kept, scales, only)
+        if self.comm.world_size > 1:
+            parts = self._across_fields(requests)
+            if all(part.kept is not None for part in parts):  # the kept sums, the cut groups' totals added for now
+                added = [part.add_cut_totals() for part in parts]
+                try:
+                    return weighted_total([part.kept for part in parts if part.kept is not None], scales, only)
+                finally:
+                    for part, extra in zip(parts, added, strict=True):
+                        part.add_cut_totals(extra.neg())  # (exact: the kept sums as they were)
+            return weighted_total([part.sums(None) for part in parts], scales, only)
+        kept = []
+        for name, (field, rows, values) in requests.items():
+            flat = self._check_values("weighted_group_sums", name, field, rows, values).view(-1)
+            index = self._index_of(self._local(name, field), field)
+            sums = index._pushed_sums(rows, flat)  # noqa: SLF001 (the kept tensor, read below before any push)
+            if sums is None:
+                break
+            kept.append(sums)
+        else:
+            if kept:
+                return weighted_total(kept, scales, only)
         return weighted_total(list(self.spread(requests, only).values()), scales, only)
 
     def current_index(self, name: str, field: Tensor) -> GroupIndex | None:
