@@ -112,6 +112,76 @@ class _Cut:
         return self.field() is field and self.version == tensor_version(field)
 
 
+def _check_push(rows: Tensor, values: Tensor) -> None:
+    """``rows`` and ``values`` of a push are ``[m]`` int32 or int64 of one length, else a ValueError."""
+    integers = (torch.int32, torch.int64)
+    if rows.dim() != 1 or values.shape != rows.shape or rows.dtype not in integers or values.dtype not in integers:
+        raise ValueError(f"push: expected rows and values [m] int32 or int64 of one length (got rows {rows.dtype} "
+                         f"{list(rows.shape)}, values {values.dtype} {list(values.shape)})")
+
+
+def _memberships(of: Tensor, groups: int) -> Tensor:
+    """``[n]`` int64 how many of the ``groups`` each agent's numbers ``of`` (``[n]`` or ``[n, k]``) name."""
+    inside = of < groups
+    return inside.sum(1, dtype=torch.int64) if inside.dim() == 2 else inside.to(torch.int64)
+
+
+def _co_member_lists(of: Tensor, groups: int, memberships: Tensor,
+                     member_lists: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor] | None:
+    """Each agent's group-mates (:attr:`GroupIndex.co_members`) from its group numbers ``of`` (``G``:
+    no group), or None where they would be more than ``_PUSH_ENTRIES`` a membership on average,
+    off the CPU or without the kernel library. ``member_lists``: ``(start, order)`` where known
+    (else made for this and dropped).
+    """
+    most = _PUSH_ENTRIES * max(int(memberships.sum()), 1)
+    with native.one_off_memory():  # large temporaries of sizes not seen again
+        lists = member_lists if member_lists is not None else cpu_kernels.group_members(of, groups)
+        return None if lists is None else cpu_kernels.co_members(lists[0], lists[1], of.shape[0], most)
+
+
+class _Pushes:
+    """Sums over each agent's groups pushed along co-member lists and kept from call to call, so that
+    only the contributions that changed push again (:meth:`GroupIndex.push`'s state; on several
+    ranks that of the groups a rank holds alone, :class:`_CutPush`).
+
+    Args:
+        lists: ``(indptr [n + 1] int64, indices [e] int32)`` each agent's group-mates.
+        memberships: ``[n]`` int64 each agent's memberships (its own value counts once for each).
+    """
+
+    def __init__(self, lists: tuple[Tensor, Tensor], memberships: Tensor) -> None:
+        self.lists, self.memberships = lists, memberships
+        # the last push: its rows and values, the sums, and zeros to add up the changes ([0] until rows come
+        # unsorted)
+        self._last: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+
+    def sums(self, rows: Tensor, values: Tensor) -> Tensor | None:
+        """The sums for every agent after pushing the changes since the last call (``rows``,
+        ``values``: ``[m]`` int32 or int64, checked): the tensor kept for the next call (``[n]``
+        int64: read it before the next call, never write it), or None where the kernel did not run.
+
+        Raises:
+            IndexError: A row outside ``[0, n)`` (nothing pushed; the kept sums are unchanged).
+        """
+        n, device = self.memberships.shape[0], self.memberships.device
+        rows, values = _own_int64(rows), _own_int64(values)  # kept: the caller's may change before the next push
+        if self._last is None:
+            empty = torch.zeros(0, dtype=torch.int64, device=device)
+            old_rows, old_values, sums, scratch = empty, empty, torch.zeros(n, dtype=torch.int64, device=device), empty
+        else:
+            old_rows, old_values, sums, scratch = self._last
+        done = cpu_kernels.push_changes(*self.lists, old_rows, old_values, rows, values, self.memberships, scratch,
+                                        sums)
+        if done is None:  # rows not in increasing order: a column to add up each row's changes, kept from now on
+            scratch = torch.zeros_like(sums)
+            done = cpu_kernels.push_changes(*self.lists, old_rows, old_values, rows, values, self.memberships,
+                                            scratch, sums)
+        if not done:
+            return None
+        self._last = (rows, values, sums, scratch)
+        return sums
+
+
 @dataclass
 class _CutPush:
     """On several ranks, a field's sums over each agent's groups in two parts: the groups held here
@@ -119,8 +189,8 @@ class _CutPush:
     and the cut groups' totals, exchanged with their other holders, are added for their members.
 
     Attributes:
-        local: The field's groups with this rank's memberships of cut groups taken out (numbered as
-            "no group"): its :meth:`GroupIndex.push` gives the sums over the groups held here alone.
+        pushes: The pushes along the co-member lists of the groups held here alone (this rank's
+            memberships of cut groups taken out): the sums over those groups.
         position: ``[G + 1]`` int64 each group number's position in ``_Cut.cut``; ``c`` (the cut
             groups' count) for a group that is not cut, and for "no group".
         rows, at: ``[q]`` int64 the memberships of cut groups: the agent's row and its group's position
@@ -129,7 +199,7 @@ class _CutPush:
             go to the cut groups' totals).
     """
 
-    local: GroupIndex
+    pushes: _Pushes
     position: Tensor
     rows: Tensor
     at: Tensor
@@ -145,14 +215,17 @@ class _CutPush:
         position[torch.searchsorted(index.ids, cut)] = torch.arange(c, device=of.device)
         flat = position.index_select(0, of.reshape(-1).to(torch.int64))  # each membership's cut position, or c
         in_cut = flat < c
-        local = GroupIndex(index.ids, of.masked_fill(in_cut.view(of.shape), groups), index.size)
-        if local.co_members is None:
+        alone = of.masked_fill(in_cut.view(of.shape), groups)  # memberships of cut groups: "no group" (dropped below)
+        memberships = _memberships(alone, groups)
+        lists = _co_member_lists(alone, groups, memberships)
+        if lists is None:
             return None
+        del alone
         slots = ops.flatnonzero(in_cut)
         per_agent = of.shape[1] if of.dim() == 2 else 1
         agents = in_cut.view(of.shape).any(1) if of.dim() == 2 else in_cut
-        return cls(local, position, torch.div(slots, per_agent, rounding_mode="floor"), flat.index_select(0, slots),
-                   agents)
+        return cls(_Pushes(lists, memberships), position, torch.div(slots, per_agent, rounding_mode="floor"),
+                   flat.index_select(0, slots), agents)
 
 
 _PUSH_ENTRIES = 8  # GroupIndex.co_members: at most this many entries per membership on average (else None: tables)
@@ -181,9 +254,6 @@ class GroupIndex:
 
     def __init__(self, ids: Tensor, of: Tensor, size: Tensor) -> None:
         self.ids, self.of, self.size = ids, of, size
-        # the last push (push): its rows and values, the sums, and zeros to add up the changes ([0] until rows
-        # come unsorted)
-        self._pushed: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @property
     def start(self) -> Tensor:
@@ -221,25 +291,26 @@ class GroupIndex:
         more than ``_PUSH_ENTRIES`` entries per membership on average (large groups: ``m (m - 1)``
         entries each), off the CPU, or without the kernel library.
         """
-        most = _PUSH_ENTRIES * max(int(self.memberships.sum()), 1)
-        with native.one_off_memory():  # large temporaries of sizes not seen again
-            # the member lists where they are kept, else made for this and dropped
-            lists: tuple[Tensor, Tensor] | None = self.__dict__.get("_member_lists")
-            if lists is None:
-                lists = cpu_kernels.group_members(self.of, self.ids.shape[0])
-            return None if lists is None else cpu_kernels.co_members(lists[0], lists[1], self.of.shape[0], most)
+        # the member lists where they are kept, else made for this and dropped
+        return _co_member_lists(self.of, self.ids.shape[0], self.memberships, self.__dict__.get("_member_lists"))
 
     @functools.cached_property
     def memberships(self) -> Tensor:
         """``[n]`` int64 how many groups each agent is in (memberships: 0 or 1 for an ``[n]`` field)."""
-        inside = self.of < self.ids.shape[0]
-        return inside.sum(1, dtype=torch.int64) if inside.dim() == 2 else inside.to(torch.int64)
+        return _memberships(self.of, self.ids.shape[0])
+
+    @functools.cached_property
+    def _pushes(self) -> _Pushes | None:
+        """The kept state of :meth:`push` (None without co-member lists)."""
+        lists = self.co_members
+        return None if lists is None else _Pushes(lists, self.memberships)
 
     def push(self, rows: Tensor, values: Tensor, only: Tensor | None = None) -> Tensor | None:
         """Each agent's sum over its groups of the values of the groups' members ``rows`` here, by
         pushing values along the agents' :attr:`co_members` (no per-group table): the same as
         ``sums`` of a table of those values for every agent. Only groups with no members on another
-        rank give their totals so (``GroupSums.spread`` uses it on one process).
+        rank give their totals so (``GroupSums.spread`` uses it on one process; on several it pushes
+        the groups each rank holds alone the same way).
 
         The sums of the last push are kept, and only the agents whose value changed since (their
         change: new minus old) push again, so the work follows the changes, not the contributors:
@@ -276,30 +347,9 @@ class GroupIndex:
         it before the next push, never write it; ``GroupSums.weighted``), or None where there are no
         co-member lists. Raises as :meth:`push`.
         """
-        integers = (torch.int32, torch.int64)
-        if rows.dim() != 1 or values.shape != rows.shape or rows.dtype not in integers or values.dtype not in integers:
-            raise ValueError(f"push: expected rows and values [m] int32 or int64 of one length (got rows {rows.dtype} "
-                             f"{list(rows.shape)}, values {values.dtype} {list(values.shape)})")
-        lists = self.co_members
-        if lists is None:
-            return None
-        n = self.of.shape[0]
-        rows, values = _own_int64(rows), _own_int64(values)  # kept: the caller's may change before the next push
-        if self._pushed is None:
-            empty = torch.zeros(0, dtype=torch.int64, device=self.of.device)
-            old_rows, old_values, sums, scratch = empty, empty, torch.zeros(n, dtype=torch.int64,
-                                                                             device=self.of.device), empty
-        else:
-            old_rows, old_values, sums, scratch = self._pushed
-        done = cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch, sums)
-        if done is None:  # rows not in increasing order: a column to add up each row's changes, kept from now on
-            scratch = torch.zeros_like(sums)
-            done = cpu_kernels.push_changes(*lists, old_rows, old_values, rows, values, self.memberships, scratch,
-                                            sums)
-        if not done:
-            return None
-        self._pushed = (rows, values, sums, scratch)
-        return sums
+        _check_push(rows, values)
+        pushes = self._pushes
+        return None if pushes is None else pushes.sums(rows, values)
 
     def find(self, groups: Tensor) -> Tensor:
         """``[g]`` int64 numbers of the group ids ``groups`` (each one of :attr:`ids`)."""
@@ -807,7 +857,7 @@ class GroupSums:
             rows, index = requests[name][1], self._index_of(cut, field)
             if not cut.pushing_known:
                 cut.pushing, cut.pushing_known = _CutPush.of(cut.cut, index), True
-            kept = cut.pushing.local._pushed_sums(rows, flat) if cut.pushing is not None else None  # noqa: SLF001
+            kept = cut.pushing.pushes.sums(rows, flat) if cut.pushing is not None else None
             if cut.pushing is not None and kept is not None:
                 # this rank's contributions to its cut groups ([c + 1]: the last collects the other
                 # memberships of the contributors that have one in a cut group)
