@@ -17,6 +17,8 @@ Usage::
         --out benchmarks/results/covid-ranks-10m.json        # strong scaling (one thread per process)
     python benchmarks/bench_covid_scale.py --agents 10000000 --ranks 1 8 --rounds 3 --days 120 \\
         --out benchmarks/results/covid-ranks-10m-rounds.json # alternating rounds: 1 8, 8 1, 1 8
+    python benchmarks/bench_covid_scale.py --agents 1000000 --ranks 1 2 --rounds 3 --ceiling --days 120 \\
+        --param contact_groups=20 --param contacts_per_group=1 --out F  # fixed contacts, with the ceiling
 
 With ``--rounds R`` the processes' list runs R times, every other round in reverse order, and
 the file's ``summary`` gives per size and number of processes the median seconds per day over
@@ -64,7 +66,7 @@ def _current_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: int,
+def _rank(comm: Any, n: int, days: int, seed: int, params: dict[str, float], threads: int,
           progress: bool = False, alone: bool = False) -> dict[str, Any]:
     """One process of a run: build its share, run ``days`` days; its figures. ``alone``: a
     population of its own of ``n / W`` people instead (the ceiling runs; ``comm`` is not used).
@@ -79,7 +81,7 @@ def _rank(comm: Any, n: int, days: int, seed: int, prevalence: float, threads: i
     options: dict[str, Any] = {"partition": "data"} if shared else {}
     t0 = time.perf_counter()
     people = n // comm.world_size if alone else n  # (all of a run's people: metrics are sums over its processes)
-    sim = Simulation(get_model("covid"), agents=people, seed=seed, params={"initial_prevalence": prevalence},
+    sim = Simulation(get_model("covid"), agents=people, seed=seed, params=params,
                      comm=comm if shared else None, **options)
     init = time.perf_counter() - t0
     after_init = _rss_bytes()
@@ -126,7 +128,7 @@ def _busy_figures(per_rank: list[list[float]]) -> dict[str, float]:
             "busy_imbalance": worst / mean if mean > 0 else 1.0}
 
 
-def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, threads: int,
+def measure(n: int, world_size: int, days: int, seed: int, params: dict[str, float], threads: int,
             progress: bool = False, independent: bool = False) -> dict[str, Any]:
     """One run on ``world_size`` processes: the figures over ranks. ``independent``: the ceiling
     run (``world_size`` one-process runs of ``n / world_size`` people at once).
@@ -134,7 +136,7 @@ def measure(n: int, world_size: int, days: int, seed: int, prevalence: float, th
     from agentsim.runner.launch import run_ranks
 
     t0 = time.perf_counter()
-    ranks = run_ranks(_rank, world_size, (n, days, seed, prevalence, threads, progress, independent),
+    ranks = run_ranks(_rank, world_size, (n, days, seed, params, threads, progress, independent),
                       timeout=1800.0)
     wall = time.perf_counter() - t0
     peak = sum(r["peak_rss_bytes"] for r in ranks)
@@ -165,6 +167,8 @@ def main() -> None:
     p.add_argument("--days", type=int, default=120)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--prevalence", type=float, default=0.001, help="share exposed at day 0")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="another parameter of the covid model (a number), e.g. contact_groups=20")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--progress", action="store_true", help="print the elapsed time every 10 days (rank 0)")
     p.add_argument("--rounds", type=int, default=1, help="run the --ranks list this many times, every other round "
@@ -176,13 +180,21 @@ def main() -> None:
     args = p.parse_args()
     if args.rounds < 1:
         p.error(f"--rounds: expected >= 1 (got {args.rounds})")
+    params = {"initial_prevalence": args.prevalence}
+    for item in args.param:
+        name, _, value = item.partition("=")
+        try:
+            params[name] = float(value)
+        except ValueError:
+            p.error(f"--param: expected NAME=NUMBER (got {item!r})")
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
     out = {"machine": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                     cwd=ROOT).stdout.strip(),
-           "prevalence": args.prevalence, "seed": args.seed, "note": args.note, "rounds": args.rounds,
+           "prevalence": args.prevalence, "params": params, "seed": args.seed, "note": args.note,
+           "rounds": args.rounds,
            "ceiling": args.ceiling,
            "rows": rows, "summary": summary}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +203,7 @@ def main() -> None:
             order = args.ranks if round_ % 2 == 0 else args.ranks[::-1]
             for w, independent in [(w, alone) for w in order for alone in (False, True)
                                    if not alone or (args.ceiling and w > 1)]:
-                row = measure(n, w, args.days, args.seed, args.prevalence, args.threads, args.progress,
+                row = measure(n, w, args.days, args.seed, params, args.threads, args.progress,
                               independent)
                 row["round"] = round_
                 rows.append(row)
