@@ -947,10 +947,11 @@ def test_member_lists_by_counting_are_those_of_a_stable_sort(k, monkeypatch):
 
 
 def spread_over_days_on_a_rank(comm, seed: int, big_here: bool) -> tuple[bool, list[tuple[list[int], list[int]]]]:
-    """Day after day (contributors drifting, values changing) each agent's sums over its groups and
-    their weighted total on a scattered share, vs brute force. ``big_here``: rank 0's agents of even
-    uid share one more group, held there alone and too large for co-member lists, so rank 0 reads
-    tables where the others push (one all-to-all for both). Returns whether this rank pushed."""
+    """Day after day (contributors drifting, values changing; some days unsorted int32 rows with
+    repeats; one field replaced on day 3) each agent's sums over its groups and their weighted total
+    on a scattered share, vs brute force. ``big_here``: rank 0's agents of even uid share one more
+    group, held there alone and too large for co-member lists, so rank 0 reads tables where the
+    others push (one all-to-all for both). Returns whether this rank pushed."""
     several, single = small_groups(seed, 3)[0], small_groups(seed + 1, 0)[0]
     owner = torch.arange(N) * 7919 % comm.world_size
     if big_here:
@@ -958,14 +959,22 @@ def spread_over_days_on_a_rank(comm, seed: int, big_here: bool) -> tuple[bool, l
     g = torch.Generator().manual_seed(seed)
     values = torch.randint(-5, 20, (N,), generator=g)
     sums, out = GroupSums(comm), []
+    assert sums.spread({}) == {}  # (no fields: nothing to do, on any number of ranks)
     mine = scattered_share(comm, torch.zeros(0, dtype=torch.int64))[1]
     fields = {"a.several": several.index_select(0, mine), "a.single": single.index_select(0, mine)}  # kept: pushes
     for day in range(6):
-        rows = torch.nonzero(torch.rand(N, generator=g) < 0.1 * (day % 3 + 1)).reshape(-1)
+        if day == 3:  # a new field (its groups found again, its pushes from zeros)
+            single = torch.where(torch.arange(N) % 5 == 0, single.roll(1), single)
+            fields["a.single"] = single.index_select(0, mine)
+        if day % 3 == 2:  # unsorted, repeated contributors
+            rows = torch.randint(0, N, (N // 4,), generator=g)
+        else:
+            rows = torch.nonzero(torch.rand(N, generator=g) < 0.1 * (day % 3 + 1)).reshape(-1)
         values[torch.rand(N, generator=g) < 0.3] += 1
         _, mine, local_row, here = scattered_share(comm, rows)
-        requests = {name: (field, local_row.index_select(0, rows[here]), values.index_select(0, rows[here]))
-                    for name, field in fields.items()}
+        given = local_row.index_select(0, rows[here])
+        requests = {name: (field, given.to(torch.int32) if day % 3 == 2 else given,
+                           values.index_select(0, rows[here])) for name, field in fields.items()}
         only = None if day % 2 == 0 else mine % 3 == 1
         got = sums.spread(requests, only)
         total = sums.weighted(requests, {"a.several": 0.3, "a.single": -1e-3}, only)
@@ -976,8 +985,10 @@ def spread_over_days_on_a_rank(comm, seed: int, big_here: bool) -> tuple[bool, l
             out.append((got[name].tolist(), torch.where(keep, whole[name].index_select(0, mine), 0).tolist()))
         formula = (0.0 + whole["a.several"].double() * 0.3 + whole["a.single"].double() * -1e-3).index_select(0, mine)
         out.append((total.view(torch.int64).tolist(), torch.where(keep, formula, 0.0).view(torch.int64).tolist()))
+        if day == 0:
+            first = sums._cuts["a.several"]
     assert sums._cuts["a.single"].pushing is not None or cpu_kernels._kernels() is None
-    assert all(sums._cuts[name].describes(field) for name, field in fields.items())  # (one cut, index, push: all days)
+    assert sums._cuts["a.several"] is first  # (one cut, index and push state over the days)
     return sums._cuts["a.several"].pushing is not None, out
 
 

@@ -382,12 +382,14 @@ class Context:
         """Each agent's sum over its groups of the groups' totals, for several group fields at once
         (``field: (rows, values)``, ``values`` ``[m]`` integers): ``index.sums(table, every row)`` of
         the :meth:`group_tables` of the same contributions, the same bits on any number of ranks.
-        Made for fields of many small groups (fixed groups of contacts, ``[n, k]``): on one process,
-        on the CPU, each contribution is pushed to the contributor's group-mates, and from the second
-        call on only the contributions that changed since the last call push (their change), so the
-        work follows the changes (people who became or stopped being infectious) instead of every
-        group and every agent; larger groups, other devices and several processes use the tables. A
-        collective step: every rank passes the same fields in the same order.
+        Made for fields of many small groups (fixed groups of contacts, ``[n, k]``): on the CPU each
+        contribution is pushed to the contributor's group-mates, and from the second call on only
+        the contributions that changed since the last call push (their change), so the work
+        follows the changes (people who became or stopped being infectious) instead of every group
+        and every agent. On several processes the groups a rank holds alone are pushed so, and the
+        totals of the groups shared with other ranks are exchanged and added for their members.
+        Larger groups and other devices use the tables. A collective step: every rank passes the
+        same fields in the same order.
 
         Args:
             requests: ``field: (rows, values)``: the contributing rows (``[m]`` int64 or int32) and
@@ -420,9 +422,10 @@ class Context:
         """The :meth:`group_sums` of several fields, each times its weight, added in the order of
         ``requests``: ``[n]`` float64, ``0.0 + float64(sums[f0]) * weights[f0] + ...`` (each product
         and addition rounded in float64), the same bits on any number of ranks. Typical use: the
-        force of infection of several contact layers, each at its rate. On one process, where the
-        fields' groups are pushed, the kept sums are read directly: one float64 total instead of an
-        int64 copy per field.
+        force of infection of several contact layers, each at its rate. Where the fields' groups
+        are pushed (small groups, on the CPU), the kept sums are read directly: one float64 total
+        instead of an int64 copy per field; on several processes the totals of the groups shared
+        with other processes are added to them for the call.
 
         Args:
             requests: ``field: (rows, values)``, as :meth:`group_sums`.

@@ -211,6 +211,8 @@ class _CutPush:
         in ``index.ids``), or None where the groups held here alone have no co-member lists.
         """
         groups, c, of = index.ids.shape[0], cut.shape[0], index.of
+        if of.device.type != "cpu":  # (no co-member lists off the CPU)
+            return None
         position = torch.full((groups + 1,), c, dtype=torch.int64, device=of.device)
         position[torch.searchsorted(index.ids, cut)] = torch.arange(c, device=of.device)
         flat = position.index_select(0, of.reshape(-1).to(torch.int64))  # each membership's cut position, or c
@@ -488,7 +490,7 @@ def _read_table(index: GroupIndex, table: Tensor, only: Tensor | None) -> Tensor
 class _Spread:
     """One field's sums over each agent's groups on several ranks (``GroupSums._across_fields``),
     after the exchange: either the kept sums of the groups held here alone (``kept``, pushed along
-    ``pushing.local``; never written but by :meth:`add_cut_totals`) and the cut groups' totals
+    ``pushing.pushes``; never written but by :meth:`add_cut_totals`) and the cut groups' totals
     (``cut_totals`` ``[c]``), or a table of every group (``table`` ``[G + 1, 1]``).
     """
 
@@ -826,6 +828,8 @@ class GroupSums:
             ConfigError: As :meth:`table`, ``values`` that are not ``[m]``, or ``only`` not ``[n]`` bool.
         """
         check_spread(requests, only)
+        if not requests:
+            return {}
         if self.comm.world_size > 1:
             return {name: part.sums(only) for name, part in zip(requests, self._across_fields(requests), strict=True)}
         out: dict[str, Tensor] = {}
@@ -881,8 +885,9 @@ class GroupSums:
                  only: Tensor | None = None) -> Tensor:
         """Each agent's :meth:`spread` sums of several fields, each times its weight, added in the
         order of ``requests``: ``[n]`` float64 (0.0 outside ``only``), the bits of
-        :func:`weighted_total` of the spread sums on any number of ranks. On one process, where
-        every field is pushed, the kept sums are read directly: no ``[n]`` int64 copy per field.
+        :func:`weighted_total` of the spread sums on any number of ranks. Where every field is pushed,
+        the kept sums are read directly: no ``[n]`` int64 copy per field (on several ranks the cut
+        groups' totals are added to them for the call, and taken out again).
 
         Raises:
             ConfigError: As :meth:`spread`, or weights that are not one finite float per field.
@@ -892,11 +897,13 @@ class GroupSums:
         if self.comm.world_size > 1:
             parts = self._across_fields(requests)
             if all(part.kept is not None for part in parts):  # the kept sums, the cut groups' totals added for now
-                added = [part.add_cut_totals() for part in parts]
+                added: list[Tensor] = []
                 try:
+                    for part in parts:
+                        added.append(part.add_cut_totals())
                     return weighted_total([part.kept for part in parts if part.kept is not None], scales, only)
                 finally:
-                    for part, extra in zip(parts, added, strict=True):
+                    for part, extra in zip(parts, added, strict=False):  # (those added: all unless one failed)
                         part.add_cut_totals(extra.neg())  # (exact: the kept sums as they were)
             return weighted_total([part.sums(None) for part in parts], scales, only)
         kept = []
