@@ -50,7 +50,6 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,14 +71,7 @@ class SubstepFn(Protocol):
 
 def split_ref(ref: str) -> tuple[str, str]:
     """``"sheep.energy" -> ("sheep", "energy")``; raises ConfigError on a malformed reference."""
-    if not isinstance(ref, str):
-        raise ConfigError(f"expected a field reference 'population.field' or 'env.name' (got {ref!r})")
-    return _split_ref(ref)
-
-
-@functools.lru_cache(maxsize=4096)  # (the engine splits a substep's references at every call)
-def _split_ref(ref: str) -> tuple[str, str]:
-    if ref.count(".") != 1 or ref.startswith(".") or ref.endswith("."):
+    if not isinstance(ref, str) or ref.count(".") != 1 or ref.startswith(".") or ref.endswith("."):
         raise ConfigError(f"expected a field reference 'population.field' or 'env.name' (got {ref!r})")
     pop, name = ref.split(".")
     return pop, name
