@@ -214,7 +214,7 @@ class _CutPush:
         if of.device.type != "cpu":  # (no co-member lists off the CPU)
             return None
         position = torch.full((groups + 1,), c, dtype=torch.int64, device=of.device)
-        position[torch.searchsorted(index.ids, cut)] = torch.arange(c, device=of.device)
+        position[index.find(cut)] = torch.arange(c, device=of.device)
         flat = position.index_select(0, of.reshape(-1).to(torch.int64))  # each membership's cut position, or c
         in_cut = flat < c
         alone = of.masked_fill(in_cut.view(of.shape), groups)  # memberships of cut groups: "no group" (dropped below)
