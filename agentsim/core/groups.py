@@ -831,7 +831,8 @@ class GroupSums:
         if not requests:
             return {}
         if self.comm.world_size > 1:
-            return {name: part.sums(only) for name, part in zip(requests, self._across_fields(requests), strict=True)}
+            parts = self._across_fields("group_sums", requests)
+            return {name: part.sums(only) for name, part in zip(requests, parts, strict=True)}
         out: dict[str, Tensor] = {}
         tabled: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         for name, (field, rows, values) in requests.items():
@@ -845,14 +846,15 @@ class GroupSums:
             out[name] = _read_table(self._index_of(self._cuts[name], tabled[name][0]), table.view(-1), only)
         return {name: out[name] for name in requests}
 
-    def _across_fields(self, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> list[_Spread]:
+    def _across_fields(self, what: str, requests: Mapping[str, tuple[Tensor, Tensor, Tensor]]) -> list[_Spread]:
         """Several ranks: each field's sums over each agent's groups (:meth:`spread`, values ``[m]``),
         in the order of ``requests``: pushed for the groups held here alone, with the cut groups'
         totals to add, or a table where there are no co-member lists (a rank's choice: both send
-        the same rows, each cut group's partial sum here, in one all-to-all).
+        the same rows, each cut group's partial sum here, in one all-to-all). ``what``: the call,
+        for errors.
         """
         names = list(requests)
-        flats = [self._check_values("group_sums", name, *requests[name]).view(-1) for name in names]
+        flats = [self._check_values(what, name, *requests[name]).view(-1) for name in names]
         fields = [requests[name][0] for name in names]
         cuts = self._cuts_of(names, fields, [1] * len(names))
         parts: list[_Spread] = []
@@ -895,7 +897,7 @@ class GroupSums:
         check_spread(requests, only)
         scales = check_weights(requests, weights)
         if self.comm.world_size > 1:
-            parts = self._across_fields(requests)
+            parts = self._across_fields("weighted_group_sums", requests)
             if all(part.kept is not None for part in parts):  # the kept sums, the cut groups' totals added for now
                 added: list[Tensor] = []
                 try:
