@@ -433,6 +433,25 @@ def test_csv_errors(tmp_path):
         from_edge_list_csv(binary)
 
 
+def test_characters_outside_ascii_are_refused_in_data_and_allowed_in_comments(tmp_path):
+    # numpy's reader took this character (U+A3BF4, then a vertical tab) for a number, and at
+    # times crashed the process: the reader must never see it
+    odd = tmp_path / "odd.csv"
+    odd.write_bytes(b"0 1\n\xf2\xa3\xaf\xb4\x0b\n")
+    with pytest.raises(ConfigError, match=r"line 2: expected two integer columns 'source target' \(got '\\U000a3bf4'\)"):
+        from_edge_list_csv(odd, n_nodes=5)
+    digits = tmp_path / "digits.csv"
+    digits.write_text("0,1\n1,\u0663\n", encoding="utf-8")  # an Arabic-Indic 3, which int() would read
+    with pytest.raises(ConfigError, match=r"line 2: expected two integer columns 'source,target'"):
+        from_edge_list_csv(digits, n_nodes=5)
+    commented = tmp_path / "commented.csv"
+    commented.write_text("# réseau de contacts\nsource,cible\n0,1\n1,2  # été\n", encoding="utf-8")
+    assert sorted(from_edge_list_csv(commented).indices.tolist()) == [0, 1, 1, 2]
+    header = tmp_path / "header.csv"
+    header.write_text("quelle,où\n0,1\n", encoding="utf-8")
+    assert from_edge_list_csv(header).n_edges == 1
+
+
 def test_count_neighbors_in_matches_loop():
     from agentsim.space.graph import erdos_renyi
 

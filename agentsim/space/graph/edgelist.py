@@ -26,11 +26,33 @@ def _data_lines(path: str, skip: int) -> Iterator[tuple[int, str]]:
                 yield lineno, text
 
 
+def _has_non_ascii(path: str) -> bool:
+    """Whether the file has a byte >= 0x80 (read in blocks)."""
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            if int(np.frombuffer(block, dtype=np.uint8).max()) >= 0x80:
+                return True
+    return False
+
+
+def _ascii_data_lines(path: str, skip: int) -> Iterator[str]:
+    """The data lines after the first ``skip``, comments taken out, for ``np.loadtxt``, up to the
+    first that has a character outside ASCII (numpy's reader misreads some, as numbers or worse;
+    node ids are ASCII digits): there a ValueError, and the caller names the line.
+    """
+    for _, text in _data_lines(path, skip):
+        if not text.isascii():
+            raise ValueError("a character outside ASCII")
+        yield text
+
+
 def _split(text: str, delimiter: str | None) -> list[str]:
     return [s.strip() for s in text.split(delimiter)]
 
 
 def _parse_row(text: str, delimiter: str | None) -> tuple[int, int] | None:
+    if not text.isascii():  # (int() reads other scripts' digits too)
+        return None
     fields = _split(text, delimiter)
     if len(fields) != 2:
         return None
@@ -122,10 +144,12 @@ def from_edge_list_csv(path: str | os.PathLike[str], n_nodes: int | None = None,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "input contained no data"
             try:
-                arr = np.loadtxt(
-                    name, delimiter=delimiter, comments="#", dtype=np.int64, ndmin=2, skiprows=skip,
-                    encoding="utf-8",
-                )
+                if _has_non_ascii(name):  # (only comments and a header may have such characters)
+                    arr = np.loadtxt(_ascii_data_lines(name, skip), delimiter=delimiter, comments=None,
+                                     dtype=np.int64, ndmin=2)
+                else:
+                    arr = np.loadtxt(name, delimiter=delimiter, comments="#", dtype=np.int64, ndmin=2,
+                                     skiprows=skip, encoding="utf-8")
             except ValueError:
                 arr = None
         if arr is None or (arr.size and arr.shape[1] != 2):
