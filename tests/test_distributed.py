@@ -312,6 +312,50 @@ def nan_on_one_agent(comm):
     return comm.rank, sim.state.step, None, sim.state["a"]["uid"].tolist()
 
 
+def flag_before_the_next_substeps(comm, partition):
+    """uid 0 gets a NaN at step 3 and a flag; the second substep would fail on a NaN from step 4
+    on. Inside a run the report travels into the next step: the flag must be raised after step
+    4's first substep, before its second, on every rank. Returns what each rank saw.
+    """
+    from agentsim import SimulationError
+
+    model = asim.Model("flag_then_use")
+
+    @model.substep(reads=["a.x"], writes=["a.x"])
+    def grow(ctx: asim.Context) -> None:
+        a = ctx["a"]
+        a["x"] = torch.where((a["uid"] == 0) & (ctx.step == 3), float("nan"), a["x"] + 1.0)
+
+    @model.substep(reads=["a.x"])
+    def use(ctx: asim.Context) -> None:
+        if ctx.step > 3 and bool(ctx["a"]["x"].isnan().any()):
+            raise RuntimeError("the step went on past a flagged step")
+
+    @model.init
+    def init(ic: asim.InitContext) -> asim.Box:
+        uid = ic.uids("a", ic.n_agents)
+        pos = torch.stack([uid * 10.0 / ic.n_agents, torch.zeros(ic.n_agents)], -1)
+        ic.add("a", uid=uid, x=uid.to(torch.float64), pos=pos.to(torch.float32))
+        return asim.Box((10.0, 1.0))
+
+    sim = Simulation(model, agents=10, comm=comm, partition=partition)
+    in_flight = []
+    sim.trace = lambda s, substep: in_flight.append(getattr(s.partition, "_in_flight", None) is not None)
+    try:
+        sim.run(6)
+    except SimulationError as e:
+        return sim.state.step, str(e), any(in_flight)
+    return sim.state.step, None, any(in_flight)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("partition", ["data", "spatial"])
+def test_a_report_in_flight_raises_its_flags_before_the_next_step_goes_on(partition):
+    results = run_ranks(flag_before_the_next_substeps, 2, (partition,), timeout=30.0)
+    assert [r[:2] for r in results] == [(3, "step 3: grow: NaN in a.x")] * 2  # as on one process
+    assert all(r[2] for r in results)  # the report did travel into the next step
+
+
 @pytest.mark.timeout(60)
 def test_a_flag_on_one_rank_is_raised_on_every_rank_at_the_same_step():
     results = run_ranks(nan_on_one_agent, 2, timeout=30.0)

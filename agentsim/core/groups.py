@@ -519,6 +519,57 @@ class _Spread:
         return added
 
 
+@dataclass
+class _CutsCheck:
+    """A posted check of several group fields' cuts (``GroupSums._post_cuts_check``): the fields, the
+    values' widths, the cuts this rank knew and whether its field is unchanged since (``fresh``),
+    and the exchange in flight (every rank's flags and widths, ``[W * 3m]`` int64 as bytes).
+    """
+
+    names: list[str]
+    fields: list[Tensor]
+    widths: list[int]
+    known: list[_Cut | None]
+    fresh: list[bool]
+    got: Tensor
+    work: Any
+
+    def ready(self) -> dict[int, tuple[_Cut, GroupIndex]]:
+        """The fields (by position) whose cut and index this rank knows, its field unchanged: their
+        local work may start before the check ends (it is kept if no rank's field changed).
+        """
+        out = {}
+        for j, (cut, fresh) in enumerate(zip(self.known, self.fresh, strict=True)):
+            if cut is not None and fresh and cut.index is not None:
+                out[j] = (cut, cut.index)
+        return out
+
+
+def _spread_part(cut: _Cut, index: GroupIndex, field: Tensor, rows: Tensor,
+                 flat: Tensor) -> tuple[_Spread, tuple[_Cut, Tensor, Tensor]]:
+    """One field's local part of ``GroupSums._across_fields``: the sums pushed over the groups held
+    here alone and this rank's contributions to its cut groups, or its table where there are no
+    co-member lists; with what it sends to the cut groups' other holders (``(cut, rows, at)`` for
+    ``GroupSums._add_peer_rows``). ``flat``: ``[m]`` int64 the values at ``rows``.
+    """
+    if not cut.pushing_known:
+        cut.pushing, cut.pushing_known = _CutPush.of(cut.cut, index), True
+    kept = cut.pushing.pushes.sums(rows, flat) if cut.pushing is not None else None
+    if cut.pushing is not None and kept is not None:
+        # this rank's contributions to its cut groups ([c + 1]: the last collects the other
+        # memberships of the contributors that have one in a cut group)
+        some = ops.flatnonzero(cut.pushing.in_cut.index_select(0, rows))
+        numbers = index.of.index_select(0, rows.index_select(0, some)).reshape(-1).to(torch.int64)
+        at = cut.pushing.position.index_select(0, numbers)
+        totals = torch.zeros(cut.cut.shape[0] + 1, dtype=torch.int64, device=flat.device)
+        totals.index_add_(0, at, _per_membership(field, flat.index_select(0, some)))
+        cut_totals = totals[:-1]
+        return _Spread(index, None, kept, cut.pushing, cut_totals), (cut, cut_totals.view(-1, 1), cut.peer_pos)
+    table = _local_table(index, field, rows, flat.view(-1, 1))
+    assert cut.peer_numbers is not None  # (set as the index was built)
+    return _Spread(index, table, None, None, None), (cut, table, cut.peer_numbers)
+
+
 def _own_int64(x: Tensor) -> Tensor:
     """``x`` as int64 in a tensor of its own: one copy, whether or not ``x`` was int64 already."""
     wide = x.to(torch.int64)
@@ -784,15 +835,21 @@ class GroupSums:
             return {}
         flats = [self._check_values("group_table", name, *requests[name]) for name in names]
         fields = [requests[name][0] for name in names]
+        early: dict[int, tuple[_Cut, Tensor]] = {}  # tables made while the check travels, with their cut
         if self.comm.world_size > 1:
-            cuts = self._cuts_of(names, fields, [flat.shape[1] for flat in flats])
+            check = self._post_cuts_check(names, fields, [flat.shape[1] for flat in flats])
+            for j, (cut, index) in check.ready().items():
+                early[j] = (cut, _local_table(index, fields[j], requests[names[j]][1], flats[j]))
+            cuts = self._finish_cuts_check(check)
         else:
             cuts = [self._local(name, field) for name, field in zip(names, fields, strict=True)]
         out: dict[str, Tensor] = {}
         peers: list[tuple[_Cut, Tensor, Tensor]] = []
-        for name, field, cut, flat in zip(names, fields, cuts, flats, strict=True):
+        for j, (name, field, cut, flat) in enumerate(zip(names, fields, cuts, flats, strict=True)):
             index = self._index_of(cut, field)
-            sums = _local_table(index, field, requests[name][1], flat)
+            made = early.get(j)
+            sums = made[1] if made is not None and made[0] is cut else _local_table(index, field, requests[name][1],
+                                                                                    flat)
             if self.comm.world_size > 1:
                 assert cut.peer_numbers is not None  # (set as the index was built)
                 peers.append((cut, sums, cut.peer_numbers))
@@ -856,30 +913,18 @@ class GroupSums:
         names = list(requests)
         flats = [self._check_values(what, name, *requests[name]).view(-1) for name in names]
         fields = [requests[name][0] for name in names]
-        cuts = self._cuts_of(names, fields, [1] * len(names))
+        check = self._post_cuts_check(names, fields, [1] * len(names))
+        early = {j: (cut, _spread_part(cut, index, fields[j], requests[names[j]][1], flats[j]))
+                 for j, (cut, index) in check.ready().items()}  # made while the check travels
+        cuts = self._finish_cuts_check(check)
         parts: list[_Spread] = []
         peers: list[tuple[_Cut, Tensor, Tensor]] = []
-        for name, field, cut, flat in zip(names, fields, cuts, flats, strict=True):
-            rows, index = requests[name][1], self._index_of(cut, field)
-            if not cut.pushing_known:
-                cut.pushing, cut.pushing_known = _CutPush.of(cut.cut, index), True
-            kept = cut.pushing.pushes.sums(rows, flat) if cut.pushing is not None else None
-            if cut.pushing is not None and kept is not None:
-                # this rank's contributions to its cut groups ([c + 1]: the last collects the other
-                # memberships of the contributors that have one in a cut group)
-                some = ops.flatnonzero(cut.pushing.in_cut.index_select(0, rows))
-                numbers = index.of.index_select(0, rows.index_select(0, some)).reshape(-1).to(torch.int64)
-                at = cut.pushing.position.index_select(0, numbers)
-                totals = torch.zeros(cut.cut.shape[0] + 1, dtype=torch.int64, device=flat.device)
-                totals.index_add_(0, at, _per_membership(field, flat.index_select(0, some)))
-                cut_totals = totals[:-1]
-                part = _Spread(index, None, kept, cut.pushing, cut_totals)
-                peers.append((cut, cut_totals.view(-1, 1), cut.peer_pos))
-            else:
-                part = _Spread(index, _local_table(index, field, rows, flat.view(-1, 1)), None, None, None)
-                assert cut.peer_numbers is not None and part.table is not None  # (set as the index was built)
-                peers.append((cut, part.table, cut.peer_numbers))
+        for j, (name, field, cut, flat) in enumerate(zip(names, fields, cuts, flats, strict=True)):
+            made = early.get(j)
+            part, peer = made[1] if made is not None and made[0] is cut else _spread_part(
+                cut, self._index_of(cut, field), field, requests[name][1], flat)
             parts.append(part)
+            peers.append(peer)
         self._add_peer_rows(peers)
         return parts
 
@@ -1060,11 +1105,28 @@ class GroupSums:
 
     def _cuts_of(self, names: list[str], fields: list[Tensor], widths: list[int]) -> list[_Cut]:
         """:meth:`_cut` of several fields, with one all-reduce for all of them."""
+        return self._finish_cuts_check(self._post_cuts_check(names, fields, widths))
+
+    def _post_cuts_check(self, names: list[str], fields: list[Tensor], widths: list[int]) -> _CutsCheck:
+        """Start :meth:`_cuts_of` without waiting: every rank's flags (which of its fields changed)
+        and widths travel while this rank works with the cuts it knows (:meth:`_CutsCheck.ready`);
+        :meth:`_finish_cuts_check` gives the cuts.
+        """
         known = [self._cuts.get(name) for name in names]
         fresh = [k is not None and k.describes(f) for k, f in zip(known, fields, strict=True)]
-        world, m = self.comm.world_size, len(names)
         flags = torch.tensor([0 if f else 1 for f in fresh] + widths + [w * w for w in widths], dtype=torch.int64)
-        summed = self.comm.sum_int64(flags.to(fields[0].device)).tolist()
+        size, world = 8 * flags.numel(), self.comm.world_size
+        got, work = self.comm.post_all_to_all(flags.view(torch.uint8).repeat(world), [size] * world, [size] * world)
+        return _CutsCheck(names, fields, widths, known, fresh, got, work)
+
+    def _finish_cuts_check(self, check: _CutsCheck) -> list[_Cut]:
+        """The cuts of a posted check: those known where no rank's field changed, the others found
+        again (on every rank together). Raises on every rank if the widths differ between ranks.
+        """
+        self.comm.wait(check.work)
+        names, fields, widths, known = check.names, check.fields, check.widths, check.known
+        world, m = self.comm.world_size, len(names)
+        summed = check.got.cpu().view(torch.int64).view(world, 3 * m).sum(0).tolist()
         for j, name in enumerate(names):
             total, squares = summed[m + j], summed[2 * m + j]
             if total * total != world * squares:  # not every rank has the same width (Cauchy-Schwarz)

@@ -12,7 +12,7 @@ The data flow of a run::
         engine applies births / deaths (uids from comm.birth_offset)
         Partitioner.migrate(state, s)                   agents whose owner changed move
     Partitioner.end_step(report)                        flags, metric sums, figures to every rank
-    Partitioner.reports() -> StepSummary                (now, or with the next step's exchange)
+    Partitioner.reports() -> StepSummary                (now, or after the next step's first substep)
         engine raises flags, keeps the metrics row;     Partitioner.rebalance(counts)
     on frame steps: Partitioner.frame(...) -> rank 0 -> io.recording.Recorder -> HDF5
 
@@ -46,6 +46,7 @@ from agentsim.core.metrics import MetricSums
 from agentsim.core.params import Params
 from agentsim.core.state import State
 from agentsim.core.substep import Substep
+from agentsim.distributed.comm import pack_rows, unpack_rows
 from agentsim.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -277,6 +278,12 @@ class Partitioner(Protocol):
         """
         ...
 
+    def finish_report(self, comm: Comm) -> None:
+        """After the first substep of a step: the last step's report, if still in flight, arrives
+        (its flags are raised on every rank at the same point, before the step goes on).
+        """
+        ...
+
     def reports(self) -> list[StepSummary]:
         """The summaries that arrived since the last call, in step order."""
         ...
@@ -330,6 +337,7 @@ class IdentityPartition:
         self.migrated = 0
         self.grad_links: list[Tensor] = []
         self._summaries: list[StepSummary] = []
+        self._in_flight: tuple[StepReport, dict[str, Tensor], Tensor, Any] | None = None  # a report posted
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -402,10 +410,36 @@ class IdentityPartition:
         self.halo_rows = self.halo_bytes = self.migrated = 0
 
     def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:
-        """Every rank's report now, in one all_gather."""
+        """Every rank's report, in one exchange. With ``hold`` (inside a run, on several ranks,
+        no rebalancing due: :meth:`report_due`) it is posted without waiting, and its summary
+        arrives after the next step's first substep (:meth:`finish_report`, or at :meth:`settle`):
+        a rank done with its step starts the next one instead of waiting for the slowest rank to
+        end it. Without ``hold``, now (one all_gather).
+        """
         self.take_figures(report)
-        got = comm.all_gather_rows(report.rows(), rows_per_rank=1)
-        self._summaries.append(report.summary(got, at_step_end=True, rank=comm.rank))
+        self.finish_report(comm)  # the last step's, if still in flight (one at a time, in step order)
+        rows = report.rows()
+        if comm.world_size == 1 or not hold or self.report_due(state.step):
+            got = comm.all_gather_rows(rows, rows_per_rank=1)
+            self._summaries.append(report.summary(got, at_step_end=True, rank=comm.rank))
+            return
+        packed = pack_rows(rows).reshape(-1)  # the same size on every rank (StepReport.rows)
+        world, size = comm.world_size, packed.numel()
+        received, work = comm.post_all_to_all(packed.repeat(world), [size] * world, [size] * world)
+        self._in_flight = (report, rows, received, work)
+
+    def report_due(self, step: int) -> bool:
+        """Whether the report of ``step`` is needed at the step's end (to rebalance): not here."""
+        return False
+
+    def finish_report(self, comm: Comm) -> None:
+        """Wait for the report in flight, if any; its summary joins :meth:`reports`."""
+        if self._in_flight is None:
+            return
+        (report, like, received, work), self._in_flight = self._in_flight, None
+        comm.wait(work)
+        rows = unpack_rows(received.cpu().view(comm.world_size, -1), like)
+        self._summaries.append(report.summary(rows, at_step_end=False, rank=comm.rank))
 
     def add_summary(self, summary: StepSummary) -> None:
         """Queue a summary for :meth:`reports`."""
@@ -417,7 +451,8 @@ class IdentityPartition:
         return out
 
     def settle(self, state: State, comm: Comm) -> None:
-        """Nothing in flight."""
+        """Finish the step's report in flight, if any (its summary joins :meth:`reports`)."""
+        self.finish_report(comm)
 
     def release(self) -> None:
         """Nothing kept."""

@@ -443,7 +443,8 @@ class SpatialPartition(IdentityPartition):
         return None
 
     def end_step(self, state: State, report: StepReport, comm: Comm, *, hold: bool) -> None:
-        """Without the overlap: every rank's report now (one all_gather). With it: the report
+        """Without the overlap: as :meth:`IdentityPartition.end_step` (posted inside a run unless a
+        rebalance is due). With it: the report
         travels with migrants and the next halo in one exchange, posted without waiting when
         ``hold`` (inside a run) and no rebalancing is due.
         """
@@ -457,8 +458,13 @@ class SpatialPartition(IdentityPartition):
         if not hold:  # the state may change before the next step: keep no halo
             ov.halo = None
 
+    def report_due(self, step: int) -> bool:
+        """Whether the report of ``step`` is needed at the step's end: when a rebalance is due."""
+        return self.balance_due(step)
+
     def settle(self, state: State, comm: Comm) -> None:
         """Finish the exchange in flight, if any (its summary joins :meth:`reports`)."""
+        super().settle(state, comm)
         if self.overlap is not None and self.overlap.pending is not None:
             self.overlap.finish(state, comm)
 

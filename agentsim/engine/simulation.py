@@ -603,11 +603,13 @@ class Simulation:
         flags: list[Flag] = []
         seconds: dict[str, float] = {}
         sync = self.device.type == "cuda"
-        for s in self.model.substeps:
+        for i, s in enumerate(self.model.substeps):
             t0 = time.perf_counter()
             flags += self._run_substep(s)
             if self.trace is not None:
                 self.trace(self, s)
+            if i == 0:
+                part.finish_report(self.comm)  # the last step's report, if it was still in flight
             if sync:
                 torch.cuda.synchronize(self.device)
             seconds[s.name] = time.perf_counter() - t0
