@@ -15,6 +15,10 @@
 #                                            # rounds, each W = 8 run followed by the host's ceiling (8
 #                                            # independent processes of 1.25M people); about 80 s a round
 #   bash benchmarks/gpu_machine.sh covid-sizes # the same at W = 16, 2, 4, once (about 1.5 min)
+#   bash benchmarks/gpu_machine.sh covid-ab [R] # covid 10M, 120 days: W = 1 and 8 with this tree and W = 8
+#                                            # with an older one (benchmarks/ab, made by ab_tree.sh and
+#                                            # carried to the device), in R (default 3) alternating
+#                                            # rounds; about 110 s a round
 #   bash benchmarks/gpu_machine.sh covid-us  # the US (330M people) on 16 processes over 120 days (about 6.5 min)
 #
 # Results go to benchmarks/results/ (peers-*-cuda.json/md, scaling-*.json) and, where $OUT is set
@@ -110,6 +114,27 @@ covid-sizes)
         --out "$RESULTS/covid-ranks-10m.json"
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-ranks-10m.json" "$OUT/"; fi
     ;;
+covid-ab)
+    facts
+    [ -d benchmarks/ab ] || { echo "no benchmarks/ab: make it with benchmarks/ab_tree.sh COMMIT and carry it" >&2; exit 2; }
+    rounds=${2:-3}
+    ab="--agents ${AB_AGENTS:-10000000} --days ${AB_DAYS:-120}"
+    old() { AB_ROOT=$PWD/benchmarks/ab PYTHONPATH=$PWD/benchmarks/ab:$PWD/benchmarks/ab/site \
+        $PY benchmarks/ab/benchmarks/bench_covid_scale.py $ab --note "older tree $(cat benchmarks/ab/COMMIT)" "$@"; }
+    new() { $PY benchmarks/bench_covid_scale.py $ab "$@"; }
+    AB_ROOT=$PWD/benchmarks/ab PYTHONPATH=$PWD/benchmarks/ab:$PWD/benchmarks/ab/site $PY -c \
+        "import agentsim.models.covid as c; print('older tree:', c.__file__)" || exit 2
+    for r in $(seq 0 $((rounds - 1))); do  # rounds: new 1 8, old 8 | old 8, new 8 1 | ...
+        if [ $((r % 2)) -eq 0 ]; then
+            new --ranks 1 8 --out "$RESULTS/covid-ranks-ab-new-r$r.json" | grep -E "people (W|[0-9])"
+            old --ranks 8 --out "$RESULTS/covid-ranks-ab-old-r$r.json" | grep -E "people (W|[0-9])"
+        else
+            old --ranks 8 --out "$RESULTS/covid-ranks-ab-old-r$r.json" | grep -E "people (W|[0-9])"
+            new --ranks 8 1 --out "$RESULTS/covid-ranks-ab-new-r$r.json" | grep -E "people (W|[0-9])"
+        fi
+        if [ -n "${OUT:-}" ]; then cp "$RESULTS"/covid-ranks-ab-*.json "$OUT/"; fi
+    done
+    ;;
 covid-us)
     facts
     timeout 480 $PY benchmarks/bench_covid_scale.py --agents 330000000 --ranks 16 --days 120 --progress \
@@ -117,7 +142,7 @@ covid-us)
     if [ -n "${OUT:-}" ]; then cp "$RESULTS/covid-us.json" "$OUT/"; fi
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_machine.sh cuda | profile | sizes | scaling [AGENTS] | covid [ROUNDS] | covid-sizes | covid-us" >&2
+    echo "usage: bash benchmarks/gpu_machine.sh cuda | profile | sizes | scaling [AGENTS] | covid [ROUNDS] | covid-sizes | covid-ab [ROUNDS] | covid-us" >&2
     exit 2
     ;;
 esac
