@@ -503,8 +503,8 @@ def transmit(ctx: Context) -> None:
         who = ops.flatnonzero(susceptible[first:first + BLOCK]) + first
         hazard = ops.gather_sum(forces, numbers, who, scales)
         exposed = ops.flatnonzero(~ops.equal(hazard, 0.0))  # a place-mate is infectious
-        if exposed.shape[0] < who.shape[0]:
-            who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)
+        if 10 * exposed.shape[0] < 9 * who.shape[0]:  # only they draw, unless nearly all are (a hazard of 0
+            who, hazard = who.index_select(0, exposed), hazard.index_select(0, exposed)  # infects no one)
         h = hazard * per_age(SUSCEPTIBILITY, people["age"].index_select(0, who))
         if active(day, p["vaccine_day"]):  # (no one is vaccinated before the campaign begins)
             h *= torch.where(people["vaccinated"].index_select(0, who), 1.0 - p["vaccine_efficacy"], 1.0)
