@@ -90,6 +90,45 @@ def test_group_totals_match_brute_force_on_any_number_of_ranks(world_size):
             assert got == want
 
 
+def tables_where_some_ranks_share_nothing(comm) -> list[tuple[dict[int, int], dict[int, int]]]:
+    """Agents uid % 3 on 3 ranks. ``pairs``: groups of two uids (2k, 2k + 1), where rank 2's agents
+    are alone (so rank 2 shares no group, ranks 0 and 1 do); ``fives``: uid % 5, shared by every rank;
+    ``alone``: a group per agent, shared by none. Tables of several fields at once and alone, and
+    each agent's sums, against the brute force."""
+    uid = torch.arange(N)
+    fields = {"a.pairs": torch.where(uid % 3 == 2, 10_000 + uid, uid // 2), "a.fives": uid % 5, "a.alone": uid}
+    values = (uid * 7 % 11 - 3).to(torch.int64)
+    mine = torch.nonzero(uid % 3 == comm.rank).reshape(-1)
+    rows = torch.arange(mine.shape[0])
+    sums = GroupSums(comm)
+    out = []
+    for names in (["a.pairs", "a.fives"], ["a.pairs"], ["a.alone"], ["a.alone", "a.pairs"]):
+        tables = sums.tables({name: (fields[name].index_select(0, mine), rows, values.index_select(0, mine))
+                              for name in names})
+        for name in names:
+            want: dict[int, int] = {}
+            for g, v in zip(fields[name].tolist(), values.tolist(), strict=True):
+                want[g] = want.get(g, 0) + v
+            ids = sums.index(name, fields[name].index_select(0, mine)).ids.tolist()
+            out.append((dict(zip(ids, tables[name][:-1].tolist(), strict=True)), {g: want[g] for g in ids}))
+    spread = sums.spread({name: (fields[name].index_select(0, mine), rows, values.index_select(0, mine))
+                          for name in ("a.pairs", "a.alone")})
+    for name, got in spread.items():
+        whole = {}
+        for g, v in zip(fields[name].tolist(), values.tolist(), strict=True):
+            whole[g] = whole.get(g, 0) + v
+        want_rows = [whole[g] for g in fields[name].index_select(0, mine).tolist()]
+        out.append((dict(enumerate(got.tolist())), dict(enumerate(want_rows))))
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_tables_are_the_brute_force_where_some_ranks_or_fields_share_no_group():
+    for rank_results in run_ranks(tables_where_some_ranks_share_nothing, 3, timeout=60.0):
+        for got, want in rank_results:
+            assert got == want
+
+
 def memberships_on_a_rank(comm, seed: int) -> list[tuple[object, object]]:
     """A field of 3 groups per agent (some -1, some repeated) beside a field of one, read in one
     ``tables`` call by a scattered share of the agents: tables, sizes and member lists vs brute force."""

@@ -1021,7 +1021,15 @@ class GroupSums:
         what they send for the same groups added at the same rows, in place: one all-to-all for
         every part, whose sizes every rank knows (each peer's message: part by part).
         """
-        world = self.comm.world_size
+        world, device = self.comm.world_size, parts[0][1].device
+        # a part with no cut group here sends nothing and gets nothing (a peer shares a group with
+        # this rank exactly when this rank shares it with the peer): left out, but every rank posts
+        parts = [part for part in parts if part[2].shape[0]]
+        if not parts:
+            _, work = self.comm.post_all_to_all(torch.zeros(0, dtype=torch.uint8, device=device), [0] * world,
+                                                [0] * world)
+            self.comm.wait(work)
+            return
         widths = [table.shape[1] for _, table, _ in parts]
         counts = [[int(c) for c in cut.peer_counts] for cut, _, _ in parts]  # [part][peer] rows
         chunks = [torch.split(table.index_select(0, rows), c)  # [part][peer] rows to send
@@ -1031,7 +1039,7 @@ class GroupSums:
         splits = [8 * sum(n) for n in sizes]
         got, work = self.comm.post_all_to_all(send.view(torch.uint8), splits, splits)
         self.comm.wait(work)
-        values = got.view(torch.int64).to(parts[0][1].device)
+        values = got.view(torch.int64).to(device)
         per_peer = [torch.split(piece, n) for piece, n in zip(torch.split(values, [sum(n) for n in sizes]), sizes,
                                                               strict=True)]
         received = [torch.cat([per_peer[p][j] for p in range(world)]) for j in range(len(parts))]
