@@ -438,7 +438,8 @@ def test_characters_outside_ascii_are_refused_in_data_and_allowed_in_comments(tm
     # times crashed the process: the reader must never see it
     odd = tmp_path / "odd.csv"
     odd.write_bytes(b"0 1\n\xf2\xa3\xaf\xb4\x0b\n")
-    with pytest.raises(ConfigError, match=r"line 2: expected two integer columns 'source target' \(got '\\U000a3bf4'\)"):
+    refused = r"line 2: expected two integer columns 'source target' \(got '\\U000a3bf4'\)"
+    with pytest.raises(ConfigError, match=refused):
         from_edge_list_csv(odd, n_nodes=5)
     digits = tmp_path / "digits.csv"
     digits.write_text("0,1\n1,\u0663\n", encoding="utf-8")  # an Arabic-Indic 3, which int() would read
