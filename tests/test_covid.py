@@ -150,7 +150,7 @@ def test_contact_groups_without_households_or_with_ids_too_wide_for_them(monkeyp
     from agentsim.population import synthetic
 
     with monkeypatch.context() as patched:  # place ids of int64, as beyond about 10M people in 10,000 localities
-        patched.setattr(synthetic, "_compact_dtype", lambda layer, localities: torch.int64)
+        patched.setattr(synthetic, "_compact_dtype", lambda layer, localities, slots=None: torch.int64)
         with pytest.raises(ConfigError, match=r"contact_groups: the school, work, community ids .*do not fit int32"):
             Simulation(get_model("covid"), agents=1500, seed=2, params={"contact_groups": 2})
     with pytest.raises(Exception, match=r"2\*\*32 contact groups or more"):

@@ -4,8 +4,9 @@ venues, on a grid of localities of varying density.
 Contacts are **memberships in places** (a bipartite person-place structure, as Loimos, FRED and
 JUNE use), one column per layer: every person has a household, a community venue, and a school
 or a workplace or neither. Memory and work grow with memberships, not with the square of place
-sizes: about 46 bytes per person for the six columns (30 to 34 built with ``compact=True``:
-the place ids a model keeps, int32 where they fit).
+sizes: about 46 bytes per person for the six columns (30 built with ``compact=True``: the place
+ids a model keeps, int32 where they fit, as they do on the default grid up to 100M people; 38
+for the US, whose workplace and venue ids take int64).
 
 Every draw is a counter-based random number keyed by (seed, a global id, a stream), and every
 id is global (a person's uid, a household's is its first member's uid, a place's encodes its
@@ -120,6 +121,10 @@ class SyntheticPopulation:
         compacted: The four place columns hold the ids :meth:`compact` gives (int32 where they
             fit), not the int64 ids above (``synthesize(..., compact=True)``); :meth:`layer` still
             gives the int64 ids.
+        school_slots: ``(bands, schools)``: the school bands of the tables it was drawn with, and
+            the most schools one band of a locality can have (``1 + p // school_size``, ``p`` the
+            most people a locality has): the compact school ids number that many per band and
+            locality. None: 256 bands of ``p + 1`` (any tables).
     """
 
     uid: Tensor
@@ -131,6 +136,7 @@ class SyntheticPopulation:
     community: Tensor
     localities: Localities
     compacted: bool = False
+    school_slots: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return int(self.uid.shape[0])
@@ -138,7 +144,7 @@ class SyntheticPopulation:
     def layer(self, name: str) -> Tensor:
         """A layer's column (``[n]`` int64 place id, -1 where the person has none)."""
         column = self._column(name)
-        return _expand_ids(name, column, self.localities) if self.compacted else column
+        return _expand_ids(name, column, self.localities, self.school_slots) if self.compacted else column
 
     def _column(self, name: str) -> Tensor:
         if name not in LAYERS:
@@ -186,9 +192,11 @@ class SyntheticPopulation:
         """A layer's place ids as ``[n]`` int32 where they fit (int64 otherwise), -1 for none: a
         household's id is its first member's uid; another place's ``(group, number)`` (its
         locality, and for a school the band within it; its number there) becomes
-        ``group * K + number``, ``K`` the most people a locality has (no locality has more places
-        of a kind than people). Distinct places keep distinct ids, the same whatever localities
-        were built (``K`` comes from the whole grid).
+        ``group * K + number``, ``K`` the most places of the kind a group can have: for a
+        workplace or a venue the most people a locality has, plus one (no locality has more places
+        of a kind than people), for a school the most schools of one band (``school_slots``).
+        Distinct places keep distinct ids, the same whatever localities were built (``K`` comes
+        from the whole grid).
 
         Examples:
             >>> pop = synthesize(2000, seed=1, people_per_locality=500)
@@ -197,11 +205,12 @@ class SyntheticPopulation:
             (torch.int32, True)
         """
         column = self._column(layer)
-        if self.compacted or _compact_dtype(layer, self.localities) == torch.int64:
+        if self.compacted or _compact_dtype(layer, self.localities, self.school_slots) == torch.int64:
             return column
         out = torch.empty(column.shape[0], dtype=torch.int32)
         for a in range(0, column.shape[0], _BATCH_PEOPLE):  # by batches: no int64 temporaries of every person
-            out[a:a + _BATCH_PEOPLE] = _compact_ids(layer, column[a:a + _BATCH_PEOPLE], self.localities)
+            out[a:a + _BATCH_PEOPLE] = _compact_ids(layer, column[a:a + _BATCH_PEOPLE], self.localities,
+                                                    self.school_slots)
         return out
 
     def nbytes(self) -> int:
@@ -211,42 +220,64 @@ class SyntheticPopulation:
 
 
 def _places_per_group(localities: Localities) -> int:
-    """``K`` of :meth:`SyntheticPopulation.compact`: the most people a locality has, plus one."""
+    """``K`` of :meth:`SyntheticPopulation.compact` for a workplace or a venue: the most people a
+    locality has, plus one.
+    """
     population = localities.population
     return int(population.max()) + 1 if population.numel() else 1
 
 
-def _compact_dtype(layer: str, localities: Localities) -> torch.dtype:
+def _school_slots(tables: PopulationTables, localities: Localities) -> tuple[int, int]:
+    """``SyntheticPopulation.school_slots``: the bands, and the most schools one band of a locality can
+    have: ``max(1, round(pupils / school_size))`` with at most ``p`` pupils, ``p`` the most people a
+    locality has, is at most ``1 + p // school_size``.
+    """
+    population = localities.population
+    most = int(population.max()) if population.numel() else 0
+    return len(tables.school_bands), 1 + most // tables.school_size
+
+
+def _groups_and_places(layer: str, localities: Localities, slots: tuple[int, int] | None) -> tuple[int, int]:
+    """A layer's groups per locality and ``K``, its places per group, in the compact ids."""
+    if layer == "school":
+        return slots if slots is not None else (256, _places_per_group(localities))
+    return 1, _places_per_group(localities)
+
+
+def _compact_dtype(layer: str, localities: Localities, slots: tuple[int, int] | None = None) -> torch.dtype:
     """The dtype of a layer's compact ids (:meth:`SyntheticPopulation.compact`): int32 where they fit."""
     population = localities.population
     if layer == "household":
         return torch.int32 if int(population.sum()) < 2**31 else torch.int64
-    per_locality = 256 if layer == "school" else 1
-    fits = population.shape[0] * per_locality * _places_per_group(localities) < 2**31
+    per_locality, places = _groups_and_places(layer, localities, slots)
+    fits = population.shape[0] * per_locality * places < 2**31
     return torch.int32 if fits else torch.int64
 
 
-def _compact_ids(layer: str, ids: Tensor, localities: Localities) -> Tensor:
+def _compact_ids(layer: str, ids: Tensor, localities: Localities, slots: tuple[int, int] | None = None) -> Tensor:
     """A layer's int64 place ids (any subset of the people) as :meth:`SyntheticPopulation.compact` gives them."""
-    if _compact_dtype(layer, localities) == torch.int64:
+    if _compact_dtype(layer, localities, slots) == torch.int64:
         return ids
     if layer == "household":
         return ids.to(torch.int32)
     group, number, _ = _group_and_number(layer, ids)
-    return torch.where(ids >= 0, group * _places_per_group(localities) + number, -1).to(torch.int32)
+    per_locality, places = _groups_and_places(layer, localities, slots)
+    if layer == "school":  # (locality, band) numbered with per_locality bands, not 256
+        group = (group >> 8) * per_locality + (group & 255)
+    return torch.where(ids >= 0, group * places + number, -1).to(torch.int32)
 
 
-def _expand_ids(layer: str, compact: Tensor, localities: Localities) -> Tensor:
+def _expand_ids(layer: str, compact: Tensor, localities: Localities, slots: tuple[int, int] | None = None) -> Tensor:
     """The int64 place ids back from :func:`_compact_ids`."""
     if compact.dtype == torch.int64:  # kept whole (they did not fit int32)
         return compact
     wide = compact.to(torch.int64)
     if layer == "household":
         return wide
-    people = _places_per_group(localities)
-    group, number = wide // people, wide % people
+    per_locality, places = _groups_and_places(layer, localities, slots)
+    group, number = wide // places, wide % places
     if layer == "school":
-        ids = ((group >> 8) << 32) | ((group & 255) << 24) | number
+        ids = ((group // per_locality) << 32) | ((group % per_locality) << 24) | number
     else:
         ids = (group << 32) | number
     return torch.where(compact >= 0, ids, -1)
@@ -481,7 +512,7 @@ def synthesize(n: int, seed: int = 0, tables: PopulationTables | None = None, *,
         localities: Build only the people living in these localities (``[k]`` int ids, as a rank
             builds its own: the same rows the whole population has for them).
         compact: Give the place columns as :meth:`SyntheticPopulation.compact` gives them (int32
-            where they fit; ``compacted``): 30 to 34 bytes per person instead of 46, and the int64
+            where they fit; ``compacted``): 30 to 38 bytes per person instead of 46, and the int64
             ids of every person are never held (what a model's init keeps, at scale).
 
     Returns:
@@ -551,11 +582,13 @@ def _build(loc: Localities, own: Tensor, tables: PopulationTables, rng: CounterR
     is_own = torch.zeros(n_loc + 1, dtype=torch.bool)  # + 1: "none" (-1) is not
     is_own[own] = True
 
+    slots = _school_slots(tables, loc)
+
     def place_dtype(layer: str) -> torch.dtype:
-        return _compact_dtype(layer, loc) if compact else torch.int64
+        return _compact_dtype(layer, loc, slots) if compact else torch.int64
 
     def encode(layer: str, ids: Tensor) -> Tensor:
-        return _compact_ids(layer, ids, loc) if compact else ids
+        return _compact_ids(layer, ids, loc, slots) if compact else ids
 
     columns = {"uid": torch.empty(n_own, dtype=torch.int64), "age": torch.empty(n_own, dtype=torch.int16),
                "locality": torch.empty(n_own, dtype=torch.int32),
@@ -612,7 +645,7 @@ def _build(loc: Localities, own: Tensor, tables: PopulationTables, rng: CounterR
         target = w_uid.index_select(0, resident).sub_(shift_own.index_select(0, home.index_select(0, resident)))
         work[target] = encode("work", ids.index_select(0, resident))
         del w_uid, home, ids, resident, target
-    return SyntheticPopulation(**columns, localities=loc, compacted=compact)
+    return SyntheticPopulation(**columns, localities=loc, compacted=compact, school_slots=slots)
 
 
 PARTITION_METHODS = ("rcb", "metis")
