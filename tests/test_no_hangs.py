@@ -87,3 +87,16 @@ def test_a_rank_that_dies_while_the_others_wait_in_a_collective_is_named(tmp_pat
         note = (tmp_path / f"rank-{rank}.txt").read_text()
         assert "rank 2 never arrived" in note
     assert seconds < 30, seconds
+
+
+def test_a_pair_closed_by_another_timeout_is_reported_as_a_timeout():
+    # With a collective in flight (a step's report), the one a rank then waits in may fail with
+    # gloo's "pair closure" after the other timed out: the same cause, said the same way.
+    from agentsim.distributed.comm import _backend_reason
+
+    closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Application timeout caused pair "
+                          "closure")
+    assert _backend_reason(closed).startswith("Timed out: a collective in flight on the same connection")
+    timed_out = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                             "2000ms for recv operation to complete")
+    assert _backend_reason(timed_out) == "Timed out waiting 2000ms for recv operation to complete"

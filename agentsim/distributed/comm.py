@@ -372,4 +372,6 @@ def _backend_reason(error: RuntimeError) -> str:
     if text.startswith("[") and "] " in text:
         text = text.split("] ", 1)[1]
     text = text.split(" This is typically caused by", 1)[0]
+    if "Application timeout caused pair closure" in text:  # another collective on the pair timed out first
+        return "Timed out: a collective in flight on the same connection timed out first and closed it"
     return text if len(text) <= 160 else text[:157] + "..."
