@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-__all__ = ["Comm", "CommStats", "LocalComm", "Work", "row_counts"]
+__all__ = ["Comm", "CommStats", "LocalComm", "Work", "post_all_gather", "row_counts"]
 
 
 @dataclass
@@ -188,3 +188,18 @@ class LocalComm:
 
     def barrier(self) -> None:
         """Nothing to wait for."""
+
+
+def post_all_gather(comm: Comm, row: Tensor) -> tuple[Tensor, Work | None]:
+    """Start gathering every rank's ``row`` (``[b]`` uint8, the same ``b`` on every rank) without
+    waiting: one all-to-all of ``W`` copies of it. Returns the receive buffer (``[W * b]`` uint8,
+    rank by rank; read it after ``comm.wait(work)``) and the work (None: already done).
+
+    Examples:
+        >>> import torch
+        >>> got, work = post_all_gather(LocalComm(), torch.tensor([1, 2], dtype=torch.uint8))
+        >>> got.tolist(), work is None
+        ([1, 2], True)
+    """
+    world, size = comm.world_size, row.numel()
+    return comm.post_all_to_all(row.reshape(-1).repeat(world), [size] * world, [size] * world)

@@ -61,7 +61,7 @@ from torch import Tensor
 from agentsim._native import build as native
 from agentsim._native import kernels as cpu_kernels
 from agentsim.core import ops
-from agentsim.core.comm import Comm
+from agentsim.core.comm import Comm, post_all_gather
 from agentsim.core.ops import expand_ranges, tensor_version
 from agentsim.errors import ConfigError, FieldAccessError
 
@@ -1123,8 +1123,7 @@ class GroupSums:
         known = [self._cuts.get(name) for name in names]
         fresh = [k is not None and k.describes(f) for k, f in zip(known, fields, strict=True)]
         flags = torch.tensor([0 if f else 1 for f in fresh] + widths + [w * w for w in widths], dtype=torch.int64)
-        size, world = 8 * flags.numel(), self.comm.world_size
-        got, work = self.comm.post_all_to_all(flags.view(torch.uint8).repeat(world), [size] * world, [size] * world)
+        got, work = post_all_gather(self.comm, flags.view(torch.uint8))
         return _CutsCheck(names, fields, widths, known, fresh, got, work)
 
     def _finish_cuts_check(self, check: _CutsCheck) -> list[_Cut]:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from agentsim.core.comm import Comm, row_counts
+from agentsim.core.comm import Comm, post_all_gather, row_counts
 from agentsim.core.context import Effects, Flag, Halos
 from agentsim.core.env import changed_cells, merge_layer, raised_cells
 from agentsim.core.metrics import MetricSums
@@ -423,9 +423,7 @@ class IdentityPartition:
             got = comm.all_gather_rows(rows, rows_per_rank=1)
             self._summaries.append(report.summary(got, at_step_end=True, rank=comm.rank))
             return
-        packed = pack_rows(rows).reshape(-1)  # the same size on every rank (StepReport.rows)
-        world, size = comm.world_size, packed.numel()
-        received, work = comm.post_all_to_all(packed.repeat(world), [size] * world, [size] * world)
+        received, work = post_all_gather(comm, pack_rows(rows).reshape(-1))  # (one size: StepReport.rows)
         self._in_flight = (report, rows, received, work)
 
     def report_due(self, step: int) -> bool:
