@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -573,3 +574,83 @@ def test_equal_compares_as_torch_does():
         assert ops.equal(x, *values).tolist() == want.tolist(), (x, values)
     with pytest.raises(ConfigError, match="at least one value"):
         ops.equal(torch.zeros(2))
+
+
+def _masks(n: int, g: torch.Generator) -> list[torch.Tensor]:
+    """Masks of ``n`` entries that a selection kernel can get wrong: every density from none to all,
+    True only at the ends, runs of 64 False entries (skipped whole) ending right before a True.
+    """
+    masks = [torch.rand(n, generator=g) < p for p in (0.0, 1e-4, 0.01, 0.37, 0.9, 1.0)]
+    ends = torch.zeros(n, dtype=torch.bool)
+    ends[[0, n - 1]] = True
+    runs = torch.zeros(n, dtype=torch.bool)
+    runs[64::65] = True
+    masks += [ends, runs, ~runs]
+    return masks
+
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_flatnonzero_kernel_is_numpys_on_any_split(built, monkeypatch, threads):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(cpu_kernels, "_SELECT_MIN", 100)  # pieces of about n / threads rows
+    g = torch.Generator().manual_seed(11)
+    for n in (1_000, 12_345, (1 << 16) + 7):
+        for mask in _masks(n, g):
+            want = torch.from_numpy(np.flatnonzero(mask.numpy()))
+            got = cpu_kernels.flatnonzero(mask)
+            assert got is not None and got.dtype == torch.int64
+            assert torch.equal(got, want), (n, int(mask.sum()))
+            assert torch.equal(ops.flatnonzero(mask), want)
+
+
+def test_flatnonzero_kernel_declines_what_it_does_not_cover(built, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    big = torch.ones(3 << 20, dtype=torch.bool)
+    assert cpu_kernels.flatnonzero(big[::2]) is None  # not contiguous
+    assert cpu_kernels.flatnonzero(big.to(torch.uint8)) is None  # not bool
+    assert cpu_kernels.flatnonzero(big[: 1 << 20]) is None  # one thread's worth: NumPy's pass
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert cpu_kernels.flatnonzero(big) is None
+    assert torch.equal(ops.flatnonzero(big), torch.arange(3 << 20))
+
+
+_EQUAL_CASES = [
+    (torch.int8, (-128, 127, 0)), (torch.int16, (-32768, 5)), (torch.int32, (2**31 - 1, -7, 0, 3, 9)),
+    (torch.int64, (-(2**63), 2**63 - 1, 1)), (torch.uint8, (255, 0)), (torch.float32, (0.5, -0.0)),
+    (torch.float64, (0.1, float("nan"), -0.0, float("inf"))),
+]
+
+
+@pytest.mark.parametrize(("dtype", "values"), _EQUAL_CASES, ids=[str(d) for d, _ in _EQUAL_CASES])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_equal_any_kernel_is_the_brute_force_comparison(built, monkeypatch, dtype, values, threads):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(cpu_kernels, "_SELECT_MIN", 100)
+    g = torch.Generator().manual_seed(12)
+    n = 54_321
+    pool = torch.tensor([*values, 1, 2, -1, 0.0] if dtype.is_floating_point else [*values, 1, 2, 3], dtype=dtype)
+    if dtype.is_floating_point:
+        pool = torch.cat([pool, torch.tensor([float("nan"), 0.0, float("-inf")], dtype=dtype)])
+    x = pool[torch.randint(0, pool.shape[0], (n,), generator=g)]
+    for k in range(1, len(values) + 1):
+        want = [any(a == v for v in values[:k]) for a in x.tolist()]  # Python's comparison, one entry at a time
+        got = cpu_kernels.equal_any(x, torch.tensor(values[:k], dtype=dtype))
+        assert got is not None and got.tolist() == want, (dtype, values[:k])
+        assert ops.equal(x, *values[:k]).tolist() == want
+        assert ops.equal(x.reshape(3, -1) if n % 3 == 0 else x, *values[:k]).reshape(-1).tolist() == want
+
+
+def test_equal_through_the_kernel_compares_as_torch_does(built, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(cpu_kernels, "_SELECT_MIN", 4)
+    cases = [(torch.tensor([127, -3, 5, 0, 1, -128, 3, 2], dtype=torch.int8), (383, -3)),  # 383: NumPy/torch path
+             (torch.tensor([16777217, 2, 0, 16777216, 5, 6, 7, 8]), (16777216.0,)),
+             (torch.tensor([0.1, 0.2, 0.1, 0.3, float("inf"), 0, 3, 0.1], dtype=torch.float32), (0.1, 0.3)),
+             (torch.tensor([1.0, float("nan"), 7, 7, -0.0, 0.0, 2, 1]), (1, 7, 0.0))]
+    for x, values in cases:
+        want = x == values[0]
+        for v in values[1:]:
+            want = want | (x == v)
+        assert ops.equal(x, *values).tolist() == want.tolist(), (x, values)
+    assert cpu_kernels.equal_any(torch.zeros(8, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)) is None
+    assert cpu_kernels.equal_any(torch.zeros(8), torch.zeros(1, dtype=torch.float64)) is None  # values' dtype

@@ -108,6 +108,11 @@ FUNCTIONS: dict[str, Signature] = {
                                          ("ranks", PTR), ("none", I64), ("of", PTR)) for i in _INDICES},
     "agentsim_bitmap_ranks": _sig("ops.c", I64, ("bits", PTR), ("words", I64), ("ranks", PTR)),
     "agentsim_bitmap_list": _sig("ops.c", None, ("bits", PTR), ("words", I64), ("out", PTR)),
+    "agentsim_count_true": _sig("ops.c", I64, ("mask", PTR), ("n", I64)),
+    "agentsim_true_positions": _sig("ops.c", None, ("mask", PTR), ("n", I64), ("first", I64), ("count", I64),
+                                    ("out", PTR)),
+    **{f"agentsim_equal_any_{t}": _sig("ops.c", None, ("x", PTR), ("n", I64), ("values", PTR), ("k", I64), ("out", PTR))
+       for t in ("i8", "i16", "i32", "i64", "u8", "f32", "f64")},
     # metrics.c
     **{f"agentsim_fixed_sum{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("scale", F64)) for f in _FLOATS},
     **{f"agentsim_sq_norm_fixed_sum{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("k", I64), ("scale", F64))

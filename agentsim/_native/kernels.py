@@ -31,6 +31,9 @@ Each function returns None (or False) where it does not apply, and its caller us
   twenty (7 ms for 0.5M float64 values in torch ops here, a tenth of that in the loop).
 - :func:`gather_sum`: a sum over several group columns of a per-group value, per row
   (:func:`agentsim.core.ops.gather_sum`), in one pass instead of three per column.
+- :func:`flatnonzero`: the positions of a bool mask's True entries, on torch's threads (a count per
+  piece, then each piece writes its part; NumPy's ``flatnonzero`` runs on one).
+- :func:`equal_any`: where a tensor holds one of a few values, in one pass on torch's threads.
 - :func:`number_ids`: group ids numbered densely through a bitmap of the ids (a bit per possible
   id and a count per 64 of them) instead of a sort or a table of counts.
 - :func:`cell_sort`: a radius search's sources sorted by (cell, uid), and its cell table.
@@ -41,6 +44,7 @@ Each function returns None (or False) where it does not apply, and its caller us
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 from collections.abc import Callable, Iterator
 
@@ -57,8 +61,10 @@ __all__ = [
     "cell_sort",
     "co_members",
     "csr_from_pair_chunks",
+    "equal_any",
     "exp",
     "fixed_sum",
+    "flatnonzero",
     "gather_sum",
     "group_members",
     "is_iota",
@@ -74,6 +80,7 @@ __all__ = [
 ]
 
 _PARALLEL_MIN = 1 << 16  # pairs or rows per thread below which one thread does the work
+_SELECT_MIN = 1 << 20  # rows per thread of the selections (flatnonzero, equal_any): below it NumPy's one pass
 
 class _Kernels:
     """The library's functions by what the wrappers below call, variants by dtype."""
@@ -107,9 +114,14 @@ class _Kernels:
         self.bitmap_list = lib["agentsim_bitmap_list"]
         self.cell_sort = {idt: lib[f"agentsim_cell_sort_i{ib}"] for idt, ib in _INDEX_BITS}
         self.move_bytes = lib["agentsim_move_bytes"]
+        self.count_true = lib["agentsim_count_true"]
+        self.true_positions = lib["agentsim_true_positions"]
+        self.equal_any = {dtype: lib[f"agentsim_equal_any_{name}"] for dtype, name in _EQUAL_DTYPES}
 
 
 _FLOAT_BITS = ((torch.float32, 32), (torch.float64, 64))
+_EQUAL_DTYPES = ((torch.int8, "i8"), (torch.int16, "i16"), (torch.int32, "i32"), (torch.int64, "i64"),
+                 (torch.uint8, "u8"), (torch.float32, "f32"), (torch.float64, "f64"))
 _INDEX_BITS = ((torch.int32, 32), (torch.int64, 64))
 
 
@@ -736,3 +748,57 @@ def _wrapped_total(parts: list[int]) -> Tensor:
     the terms gives the same bits), as a 0-d int64 tensor.
     """
     return torch.tensor(as_int64(sum(parts)), dtype=torch.int64)
+
+
+def flatnonzero(mask: Tensor) -> Tensor | None:
+    """``[m]`` int64: the positions of the True entries of a 1-D CPU bool ``mask``, ascending (see
+    :func:`agentsim.core.ops.flatnonzero`), on torch's threads: each thread counts its piece's
+    entries, then writes their positions at its piece's offset. None where the kernel does not
+    apply (not a contiguous 1-D CPU bool tensor, fewer than two threads' worth of rows, no kernel).
+    """
+    if mask.dtype != torch.bool or mask.dim() != 1 or mask.device.type != "cpu" or not mask.is_contiguous():
+        return None
+    n = mask.shape[0]
+    pieces = native.thread_ranges(n, _SELECT_MIN)
+    k = _kernels() if len(pieces) > 1 else None
+    if k is None:
+        return None
+    counts = [0] * len(pieces)
+    where = {a: p for p, (a, _) in enumerate(pieces)}
+    ptr = mask.data_ptr()
+
+    def count(a: int, b: int) -> None:
+        counts[where[a]] = k.count_true(ptr + a, b - a)
+
+    native.parallel_for(n, _SELECT_MIN, count)
+    offsets = [0, *itertools.accumulate(counts)]
+    out = torch.empty(offsets[-1], dtype=torch.int64)
+
+    def place(a: int, b: int) -> None:
+        p = where[a]
+        k.true_positions(ptr + a, b - a, a, counts[p], out.data_ptr() + 8 * offsets[p])
+
+    native.parallel_for(n, _SELECT_MIN, place)
+    return out
+
+
+def equal_any(x: Tensor, values: Tensor) -> Tensor | None:
+    """``[n]`` bool: where ``x`` (1-D) equals one of ``values`` (``[k]``, ``k >= 1``, of ``x``'s dtype:
+    see :func:`agentsim.core.ops.equal`), in one pass on torch's threads. None where the kernel does
+    not apply (not a contiguous 1-D CPU tensor of an integer (not bool) or float dtype without grad,
+    ``values`` not of its dtype, fewer than two threads' worth of rows, no kernel).
+    """
+    if (x.dim() != 1 or x.device.type != "cpu" or not x.is_contiguous() or x.requires_grad
+            or values.dtype != x.dtype or values.dim() != 1 or values.shape[0] < 1):
+        return None
+    fn = None
+    if len(native.thread_ranges(x.shape[0], _SELECT_MIN)) > 1:
+        k = _kernels()
+        fn = None if k is None else k.equal_any.get(x.dtype)
+    if fn is None:
+        return None
+    table, size = values.contiguous(), x.element_size()
+    out = torch.empty(x.shape[0], dtype=torch.bool)
+    native.parallel_for(x.shape[0], _SELECT_MIN, lambda a, b: fn(
+        x.data_ptr() + size * a, b - a, table.data_ptr(), table.shape[0], out.data_ptr() + a))
+    return out

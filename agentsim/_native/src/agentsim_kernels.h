@@ -146,6 +146,17 @@ void agentsim_ids_i64_number(const int64_t *field, int64_t n, int64_t lo, const 
                              const int64_t *ranks, int64_t none, int32_t *of);
 int64_t agentsim_bitmap_ranks(const uint64_t *bits, int64_t words, int64_t *ranks);
 void agentsim_bitmap_list(const uint64_t *bits, int64_t words, int64_t *out);
+/* selection: the True entries of a bool mask (their count, then their positions from first on, a piece of
+   the rows at a time), and where x holds one of values[0, k) */
+int64_t agentsim_count_true(const uint8_t *mask, int64_t n);
+void agentsim_true_positions(const uint8_t *mask, int64_t n, int64_t first, int64_t count, int64_t *out);
+void agentsim_equal_any_i8(const int8_t *x, int64_t n, const int8_t *values, int64_t k, uint8_t *out);
+void agentsim_equal_any_i16(const int16_t *x, int64_t n, const int16_t *values, int64_t k, uint8_t *out);
+void agentsim_equal_any_i32(const int32_t *x, int64_t n, const int32_t *values, int64_t k, uint8_t *out);
+void agentsim_equal_any_i64(const int64_t *x, int64_t n, const int64_t *values, int64_t k, uint8_t *out);
+void agentsim_equal_any_u8(const uint8_t *x, int64_t n, const uint8_t *values, int64_t k, uint8_t *out);
+void agentsim_equal_any_f32(const float *x, int64_t n, const float *values, int64_t k, uint8_t *out);
+void agentsim_equal_any_f64(const double *x, int64_t n, const double *values, int64_t k, uint8_t *out);
 
 /* ---------------------------------------------------------------- exact metric sums (metrics.c) */
 /* the wrapping int64 sum of nearbyint(x[i] * scale), scale a power of two */

@@ -182,3 +182,56 @@ void agentsim_bitmap_list(const uint64_t *bits, int64_t words, int64_t *out) {
         }
     }
 }
+
+/* Selection (agentsim.core.ops.flatnonzero and equal on the CPU, a piece of the rows per thread). */
+
+/* How many of the bytes mask[0, n) are nonzero (a bool tensor's True entries). */
+int64_t agentsim_count_true(const uint8_t *mask, int64_t n) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) count += mask[i] != 0;
+    return count;
+}
+
+/* out[0, count) = the positions first + i of the nonzero bytes mask[i], i < n, ascending, where
+   count = agentsim_count_true(mask, n); nothing is written at out[count] or after (the next
+   piece's part of a shared out): the loop stops at the last nonzero byte. Each row up to it
+   writes out[j] and steps j past it where mask[i] is nonzero, with no branch on the mask (at an
+   epidemic's peak a mask is as often True as not); 64 rows that are all zero are skipped (a
+   sparse mask). */
+void agentsim_true_positions(const uint8_t *mask, int64_t n, int64_t first, int64_t count, int64_t *out) {
+    if (count == 0) return;
+    int64_t last = n - 1;
+    while (mask[last] == 0) last--;  /* there is one: count > 0 */
+    int64_t i = 0, j = 0;
+    for (; i + 64 <= last; i += 64) {
+        uint64_t any = 0;
+        for (int w = 0; w < 8; w++) { uint64_t word; memcpy(&word, mask + i + 8 * w, 8); any |= word; }
+        if (any == 0) continue;
+        for (int64_t r = i; r < i + 64; r++) { out[j] = first + r; j += mask[r] != 0; }
+    }
+    for (; i <= last; i++) { out[j] = first + i; j += mask[i] != 0; }
+}
+
+/* out[i] = 1 if x[i] equals one of values[0, k), else 0 (k >= 1; a value is compared in x's type,
+   as NumPy and torch compare a tensor with a number of its kind: NaN equals nothing, -0.0 equals
+   0.0). One pass for up to three values, the common case (a state that is one of I, A, H). */
+#define EQUAL_ANY(NAME, T)                                                                           \
+void NAME(const T *x, int64_t n, const T *values, int64_t k, uint8_t *out) {                         \
+    const T a = values[0], b = values[k > 1 ? 1 : 0], c = values[k > 2 ? 2 : 0];                     \
+    if (k <= 3) {                                                                                    \
+        for (int64_t i = 0; i < n; i++) out[i] = (uint8_t)((x[i] == a) | (x[i] == b) | (x[i] == c)); \
+        return;                                                                                      \
+    }                                                                                                \
+    for (int64_t i = 0; i < n; i++) {                                                                \
+        uint8_t hit = 0;                                                                             \
+        for (int64_t v = 0; v < k; v++) hit |= (uint8_t)(x[i] == values[v]);                        \
+        out[i] = hit;                                                                                \
+    }                                                                                                \
+}
+EQUAL_ANY(agentsim_equal_any_i8, int8_t)
+EQUAL_ANY(agentsim_equal_any_i16, int16_t)
+EQUAL_ANY(agentsim_equal_any_i32, int32_t)
+EQUAL_ANY(agentsim_equal_any_i64, int64_t)
+EQUAL_ANY(agentsim_equal_any_u8, uint8_t)
+EQUAL_ANY(agentsim_equal_any_f32, float)
+EQUAL_ANY(agentsim_equal_any_f64, double)
