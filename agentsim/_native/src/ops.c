@@ -199,9 +199,8 @@ int64_t agentsim_count_true(const uint8_t *mask, int64_t n) {
    epidemic's peak a mask is as often True as not); 64 rows that are all zero are skipped (a
    sparse mask). */
 void agentsim_true_positions(const uint8_t *mask, int64_t n, int64_t first, int64_t count, int64_t *out) {
-    if (count == 0) return;
-    int64_t last = n - 1;
-    while (mask[last] == 0) last--;  /* there is one: count > 0 */
+    int64_t last = count > 0 ? n - 1 : -1;
+    while (last >= 0 && mask[last] == 0) last--;  /* there is one where count > 0 */
     int64_t i = 0, j = 0;
     for (; i + 64 <= last; i += 64) {
         uint64_t any = 0;
