@@ -634,7 +634,7 @@ def test_equal_any_kernel_is_the_brute_force_comparison(built, monkeypatch, dtyp
     x = pool[torch.randint(0, pool.shape[0], (n,), generator=g)]
     for k in range(1, len(values) + 1):
         want = [any(a == v for v in values[:k]) for a in x.tolist()]  # Python's comparison, one entry at a time
-        got = cpu_kernels.equal_any(x, torch.tensor(values[:k], dtype=dtype))
+        got = cpu_kernels.equal_any(x, values[:k])
         assert got is not None and got.tolist() == want, (dtype, values[:k])
         assert ops.equal(x, *values[:k]).tolist() == want
         assert ops.equal(x.reshape(3, -1) if n % 3 == 0 else x, *values[:k]).reshape(-1).tolist() == want
@@ -652,5 +652,7 @@ def test_equal_through_the_kernel_compares_as_torch_does(built, monkeypatch):
         for v in values[1:]:
             want = want | (x == v)
         assert ops.equal(x, *values).tolist() == want.tolist(), (x, values)
-    assert cpu_kernels.equal_any(torch.zeros(8, dtype=torch.bool), torch.zeros(1, dtype=torch.bool)) is None
-    assert cpu_kernels.equal_any(torch.zeros(8), torch.zeros(1, dtype=torch.float64)) is None  # values' dtype
+    assert cpu_kernels.equal_any(torch.zeros(8, dtype=torch.bool), (False,)) is None
+    assert cpu_kernels.equal_any(torch.zeros(8), (0.1,)) is None  # a value float32 rounds: NumPy's comparison
+    assert cpu_kernels.equal_any(torch.zeros(8), (0.5, 0.0)).tolist() == [True] * 8
+    assert cpu_kernels.equal_any(torch.zeros(8)[::2], (0.0,)) is None  # not contiguous

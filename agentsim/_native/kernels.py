@@ -46,7 +46,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -782,23 +782,25 @@ def flatnonzero(mask: Tensor) -> Tensor | None:
     return out
 
 
-def equal_any(x: Tensor, values: Tensor) -> Tensor | None:
-    """``[n]`` bool: where ``x`` (1-D) equals one of ``values`` (``[k]``, ``k >= 1``, of ``x``'s dtype:
-    see :func:`agentsim.core.ops.equal`), in one pass on torch's threads. None where the kernel does
-    not apply (not a contiguous 1-D CPU tensor of an integer (not bool) or float dtype without grad,
-    ``values`` not of its dtype, fewer than two threads' worth of rows, no kernel).
+def equal_any(x: Tensor, values: Sequence[int | float]) -> Tensor | None:
+    """Bool of ``x``'s shape: where ``x`` equals one of ``values`` (``k >= 1`` numbers of ``x``'s kind:
+    see :func:`agentsim.core.ops.equal`, which checks that), in one pass on torch's threads. None
+    where the kernel does not apply: not a contiguous CPU tensor of an integer (not bool) or float
+    dtype without grad, fewer than two threads' worth of entries, a value that float32 would round
+    (the caller's NumPy comparison decides), no kernel.
     """
-    if (x.dim() != 1 or x.device.type != "cpu" or not x.is_contiguous() or x.requires_grad
-            or values.dtype != x.dtype or values.dim() != 1 or values.shape[0] < 1):
+    if (not values or x.device.type != "cpu" or not x.is_contiguous() or x.requires_grad
+            or len(native.thread_ranges(x.numel(), _SELECT_MIN)) < 2):
         return None
-    fn = None
-    if len(native.thread_ranges(x.shape[0], _SELECT_MIN)) > 1:
-        k = _kernels()
-        fn = None if k is None else k.equal_any.get(x.dtype)
+    k = _kernels()
+    fn = None if k is None else k.equal_any.get(x.dtype)
     if fn is None:
         return None
-    table, size = values.contiguous(), x.element_size()
-    out = torch.empty(x.shape[0], dtype=torch.bool)
-    native.parallel_for(x.shape[0], _SELECT_MIN, lambda a, b: fn(
+    table = torch.tensor(list(values), dtype=x.dtype)  # (made only where the kernel runs)
+    if x.dtype == torch.float32 and table.tolist() != list(values):
+        return None
+    size = x.element_size()
+    out = torch.empty(x.shape, dtype=torch.bool)
+    native.parallel_for(x.numel(), _SELECT_MIN, lambda a, b: fn(
         x.data_ptr() + size * a, b - a, table.data_ptr(), table.shape[0], out.data_ptr() + a))
     return out

@@ -464,12 +464,9 @@ def equal(x: Tensor, *values: int | float | bool) -> Tensor:
     if not values:
         raise ConfigError("equal: expected at least one value to compare with (got none)")
     if x.device.type == "cpu" and not x.requires_grad and all(_compares_alike(x.dtype, v) for v in values):
-        if x.dtype != torch.bool and x.is_contiguous():  # at 2M entries or more: one pass on torch's threads
-            table = torch.tensor(values, dtype=x.dtype)
-            if x.dtype != torch.float32 or table.tolist() == list(values):  # (a value float32 rounds: NumPy's)
-                hit = cpu_kernels.equal_any(x.reshape(-1), table)
-                if hit is not None:
-                    return hit.reshape(x.shape)
+        hit = cpu_kernels.equal_any(x, values)  # at 2M entries or more: one pass on torch's threads
+        if hit is not None:
+            return hit
         a = x.numpy()
         out = a == values[0]
         for v in values[1:]:
