@@ -43,6 +43,9 @@ from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered
 from agentsim.space.grid import Grid
 from agentsim.space.neighbors import PairView, neighbor_reduce
 from agentsim.study import Study, read_study, sweep
+from agentsim.threads import cap_threads
+
+cap_threads()  # torch's threads at most the cores this process may use (agentsim.threads)
 
 __all__ = [
     "REQUIRED",

@@ -4,6 +4,7 @@ goes downward, and no modules import each other in a circle.
 The layers, bottom to top (a module may import its own package and any layer below it):
 
     errors, _version      leaf modules every layer may use
+    threads               torch's CPU threads: capped by the usable cores, adapted to the load
     _native               C kernels and their build; nothing else from agentsim
     core                  params, state, substep, context, random, ops, metrics, env, model, comm protocol
     space                 grid, continuous box, graph, neighbor interactions
@@ -35,6 +36,7 @@ PACKAGE = ROOT / "agentsim"
 
 LAYERS: list[set[str]] = [
     {"agentsim.errors", "agentsim._version"},
+    {"agentsim.threads"},
     {"agentsim._native"},
     {"agentsim.core"},
     {"agentsim.space"},

@@ -1,8 +1,9 @@
 """``agentsim info``: what this machine gives agentsim, and what to change when something is missing.
 
-:func:`collect` gathers the facts (versions; CPU cores, torch threads, native bf16; CUDA devices
-with memory; the distributed backends; optional packages; the native CPU kernels: which library
-is in use and why, loading it, or building it on first use, where needed) without starting anything heavy;
+:func:`collect` gathers the facts (versions; CPU cores this process may use, torch threads, the
+cores other processes keep busy over 0.2 s, native bf16; CUDA devices with memory; the
+distributed backends; optional packages; the native CPU kernels: which library is in use and
+why, loading it, or building it on first use, where needed) without starting anything heavy;
 :func:`recommendations` turns them into advice; :func:`format_info` prints both.
 
 Examples:
@@ -21,9 +22,12 @@ import importlib
 import importlib.metadata
 import os
 import platform
+import time
 from typing import Any
 
 import torch
+
+from agentsim.threads import CpuSample, busy_threads, other_load, usable_cores
 
 __all__ = ["collect", "format_info", "recommendations"]
 
@@ -37,11 +41,12 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+def _other_load(seconds: float = 0.2) -> float | None:
+    """Cores the other processes kept busy over ``seconds`` (None off Linux)."""
+    before = CpuSample.take()
+    time.sleep(seconds)
+    after = CpuSample.take()
+    return None if before is None or after is None else round(other_load(before, after), 2)
 
 
 def collect() -> dict[str, Any]:
@@ -53,9 +58,9 @@ def collect() -> dict[str, Any]:
                 "torch_cuda": torch.version.cuda, "numpy": _version("numpy"), "h5py": _version("h5py"),
                 "matplotlib": _version("matplotlib")}
     bf16, found = bf16_supported(torch.device("cpu"))
-    cpu = {"cores": _cores(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "bf16": bf16, "bf16_detail": found,
-           "machine": platform.machine()}
+    cpu = {"cores": usable_cores(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "agentsim_threads": os.environ.get("AGENTSIM_THREADS"),
+           "other_load": _other_load(), "bf16": bf16, "bf16_detail": found, "machine": platform.machine()}
     devices = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -95,6 +100,15 @@ def recommendations(facts: dict[str, Any]) -> list[str]:
     if cpu["torch_threads"] > cpu["cores"]:
         out.append(f"torch uses {cpu['torch_threads']} threads on {cpu['cores']} available cores: "
                    f"set OMP_NUM_THREADS={cpu['cores']} (or fewer) to avoid oversubscription")
+    load = cpu.get("other_load")
+    if load is not None and cpu["torch_threads"] > 1:
+        free = busy_threads(cpu["cores"], load, cpu["torch_threads"])
+        if free < cpu["torch_threads"]:
+            fixed = cpu.get("agentsim_threads") not in (None, "", "auto")
+            out.append(f"the machine is busy: other processes keep {load:.1f} of {cpu['cores']} cores busy, so "
+                       f"{cpu['torch_threads']} threads outnumber the free cores; "
+                       + (f"AGENTSIM_THREADS={cpu['agentsim_threads']} fixes the threads: unset it to let runs "
+                          "adapt" if fixed else f"runs adapt and use {free} (AGENTSIM_THREADS=N fixes them)"))
     if not cpu["bf16"]:
         out.append(f"no native bf16 on this CPU ({cpu['bf16_detail']}): train with --precision fp32 "
                    "(--precision bf16 is refused here); --compress bf16 still works")
@@ -125,6 +139,8 @@ def format_info(facts: dict[str, Any]) -> str:
     lines.append(f"cpu: {cpu['machine']}, {cpu['cores']} cores available ({cpu['logical_cpus']} logical), "
                  f"torch threads {cpu['torch_threads']}"
                  + (f" (OMP_NUM_THREADS={cpu['omp_num_threads']})" if cpu["omp_num_threads"] else "")
+                 + (f" (AGENTSIM_THREADS={cpu['agentsim_threads']})" if cpu.get("agentsim_threads") else "")
+                 + ("" if cpu.get("other_load") is None else f"; other processes busy on {cpu['other_load']:.1f} cores")
                  + f"; bf16 {'yes' if cpu['bf16'] else 'no'} ({cpu['bf16_detail']})")
     if cuda["devices"]:
         for d in cuda["devices"]:

@@ -506,6 +506,8 @@ def _run_locked(args: argparse.Namespace, spec: Any) -> int:
           f"{rate * agents:.3g} agent-updates/s)")
     print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
     print(model.plan(result.timings))
+    if result.threads:
+        print(result.threads)
     if nprocs > 1 and result.perf:
         from agentsim.engine.perf import summarize_perf
 

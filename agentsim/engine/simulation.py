@@ -61,6 +61,7 @@ from agentsim.io.locks import lock_on_rank0
 from agentsim.io.recording import Recorder, check_every, recording, space_record
 from agentsim.space.base import check_reaches
 from agentsim.space.grid import Grid
+from agentsim.threads import ThreadGovernor
 
 if TYPE_CHECKING:
     from agentsim.io.checkpoint import CheckpointWrite
@@ -157,6 +158,9 @@ class RunResult:
         groups: The cut of every group field summed with ``ctx.group_totals`` (share of members in
             groups that span ranks, ghost groups per rank: :func:`~agentsim.engine.perf.group_figures`;
             also attributes of the file's ``/perf``).
+        threads: One line: the torch threads the steps ran with on the CPU, and why fewer than the
+            cap where other processes kept cores busy (:class:`agentsim.threads.ThreadGovernor`);
+            empty on a GPU or from :func:`agentsim.launch` (each process runs one thread).
     """
 
     metrics: dict[str, np.ndarray]
@@ -170,6 +174,7 @@ class RunResult:
     comm_seconds: list[float] = field(default_factory=list)
     comm_bytes: list[int] = field(default_factory=list)
     groups: dict[str, float] = field(default_factory=dict)
+    threads: str = ""
 
     def __repr__(self) -> str:
         steps = len(self.metrics.get("step", [])) - 1
@@ -179,10 +184,12 @@ class RunResult:
                 f"path={self.path!r}, metrics=[{', '.join(shown[:8])}{', ...' if len(shown) > 8 else ''}])")
 
     def plan(self) -> str:
-        """The model's execution order with this run's milliseconds per substep and share."""
+        """The model's execution order with this run's milliseconds per substep and share, and the
+        threads it ran with.
+        """
         if self.model is None:
             raise ConfigError("this result holds no model to show")
-        return self.model.plan(self.timings)
+        return self.model.plan(self.timings) + (f"\n{self.threads}" if self.threads else "")
 
 
 @dataclass
@@ -352,6 +359,8 @@ class Simulation:
         self.seed = check_seed(seed)
         self.n_agents = check_agents(self.model.default_agents if agents is None else agents)
         self.device = resolve_device(device)
+        # torch's threads follow the cores other processes leave free (agentsim.threads)
+        self.threads: ThreadGovernor | None = ThreadGovernor() if self.device.type == "cpu" else None
         self.comm: Comm = comm if comm is not None else LocalComm()
         self.groups = GroupSums(self.comm)  # ctx.group_totals: per-group sums over ranks, cut groups cached
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
@@ -582,6 +591,8 @@ class Simulation:
             raise SimulationError(f"this Simulation stopped with an error ({self.failed}); its state may be partly "
                                   "updated: build a new Simulation")
         computing = self.state.step + 1
+        if self.threads is not None:
+            self.threads.tick()
         try:
             with torch.set_grad_enabled(self.differentiable and self._history):
                 self._step()
@@ -965,6 +976,8 @@ class Simulation:
             self._in_run = False
             self._rows = []
             self.partition.release()
+            if self.threads is not None:
+                self.threads.restore()
         groups = self._group_figures()
         recorder.write_perf_attrs(groups)
         recorder.close(completed=True)
@@ -976,7 +989,7 @@ class Simulation:
         comm = figs.last(figs.comm, figs.comm_taken - first_comm)
         return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
                          figs.last(figs.perf, taken), [c.seconds for c in comm], [c.bytes_sent for c in comm],
-                         groups)
+                         groups, self.threads.summary() if self.threads is not None and self.threads.active else "")
 
     def _group_figures(self) -> dict[str, float]:
         """The cut of each group field over ranks (a collective on several ranks: every rank has
