@@ -195,7 +195,8 @@ def test_rank_figures_travel_as_one_row_and_come_back_typed():
     row = mine.to_tensor()
     assert row.shape == (1, len(PERF_FIGURES)) and row.dtype == torch.float64
     gathered = RanksFigures.from_tensor(torch.cat([row, theirs.to_tensor()]))
-    assert gathered.agents.tolist() == [10.0, 30.0] and gathered.migrated.tolist() == [0.0, 2.0]
+    assert gathered.agents == [10.0, 30.0] and gathered.migrated == [0.0, 2.0]
+    assert RanksFigures.of_one(theirs).rank(0) == theirs
     assert gathered.rank(0) == mine and gathered.rank(1) == theirs
     with pytest.raises(ValueError, match=r"expected \[W, 7\] figures"):
         RanksFigures.from_tensor(torch.zeros(2, 6, dtype=torch.float64))

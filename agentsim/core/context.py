@@ -48,7 +48,7 @@ from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
 
 _Out = TypeVar("_Out")  # what a collective group method returns
 
-__all__ = ["Birth", "Context", "Death", "Effects", "EnvView", "Flag", "InitContext", "MetricsContext",
+__all__ = ["CLEAR", "Birth", "Context", "Death", "Effects", "EnvView", "Flag", "InitContext", "MetricsContext",
            "NeighborView", "PopulationView"]
 
 Halos = Mapping[str, Mapping[str, Tensor]]  # population -> field -> rows of other ranks' agents
@@ -65,6 +65,9 @@ class Flag(NamedTuple):
 
     message: str
     condition: Tensor
+
+
+CLEAR = torch.zeros((), dtype=torch.bool)  # the condition of a flag found clear when it was made (never written)
 
 
 class Birth(NamedTuple):

@@ -384,8 +384,10 @@ class OverlapExchange:
         sent = got["ints"][:, 4:].to(torch.float64)  # [W, W] migrants from row rank to column rank
         report, self._report = self._report, None
         summary = report.summary(got, at_step_end, rank=comm.rank)
-        summary.figures.agents += sent.sum(0) - sent.sum(1)
-        summary.figures.migrated += sent.sum(1)  # and any of a rebalance, counted before
+        figures = summary.figures
+        figures.agents = [a + d for a, d in zip(figures.agents, (sent.sum(0) - sent.sum(1)).tolist(), strict=True)]
+        # and any of a rebalance, counted before
+        figures.migrated = [m + d for m, d in zip(figures.migrated, sent.sum(1).tolist(), strict=True)]
         self.partition.add_summary(summary)
 
     # ------------------------------------------------------------------ the split run

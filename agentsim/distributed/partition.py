@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from agentsim.core.comm import Comm, post_all_gather, row_counts
-from agentsim.core.context import Effects, Flag, Halos
+from agentsim.core.context import CLEAR, Effects, Flag, Halos
 from agentsim.core.env import changed_cells, merge_layer, raised_cells
 from agentsim.core.metrics import MetricSums
 from agentsim.core.params import Params
@@ -92,30 +92,33 @@ PERF_FIGURES = RankFigures._fields
 
 @dataclass
 class RanksFigures:
-    """Every rank's :class:`RankFigures` of one step: each field a float64 tensor ``[W]`` (rank order),
-    the columns of the gathered rows.
+    """Every rank's :class:`RankFigures` of one step: each field a list ``[W]`` of floats (rank
+    order), the columns of the gathered rows.
     """
 
-    agents: Tensor
-    step_seconds: Tensor
-    comm_seconds: Tensor
-    bytes_sent: Tensor
-    halo_rows: Tensor
-    halo_bytes: Tensor
-    migrated: Tensor
+    agents: list[float]
+    step_seconds: list[float]
+    comm_seconds: list[float]
+    bytes_sent: list[float]
+    halo_rows: list[float]
+    halo_bytes: list[float]
+    migrated: list[float]
 
     @classmethod
     def from_tensor(cls, rows: Tensor) -> RanksFigures:
-        """From every rank's :meth:`RankFigures.to_tensor` row, gathered: ``[W, 7]`` float64 (the fields
-        are its columns, not copies).
-        """
+        """From every rank's :meth:`RankFigures.to_tensor` row, gathered: ``[W, 7]`` float64."""
         if rows.dim() != 2 or rows.shape[1] != len(PERF_FIGURES):
             raise ValueError(f"expected [W, {len(PERF_FIGURES)}] figures (got {list(rows.shape)})")
-        return cls(*rows.unbind(1))
+        return cls(*rows.t().tolist())
+
+    @classmethod
+    def of_one(cls, figures: RankFigures) -> RanksFigures:
+        """The figures of a run on one process."""
+        return cls(*([float(v)] for v in figures))
 
     def rank(self, rank: int) -> RankFigures:
         """One rank's figures."""
-        return RankFigures(*(float(getattr(self, name)[rank]) for name in PERF_FIGURES))
+        return RankFigures(*(getattr(self, name)[rank] for name in PERF_FIGURES))
 
 # Runs a substep on a (sub)state with the given halos and returns what it asked for; flags
 # of an agentwise substep stay per agent (see Context(per_agent_flags=True)).
@@ -162,6 +165,20 @@ class StepReport:
         if self.env:
             rows["env"] = torch.stack([env_checksum(layer) for layer in self.env.values()]).cpu()[None]
         return rows
+
+    def alone(self) -> StepSummary:
+        """The summary on one process, as :meth:`summary` of this report's own :meth:`rows` (the same
+        flags raised), without making them: one stack of the flags' conditions and no exchange.
+        """
+        raised: list[str] = []
+        if any(f.condition is not CLEAR for f in self.flags):
+            up = torch.stack([f.condition.reshape(()) for f in self.flags]).to(device="cpu", dtype=torch.bool)
+            if bool(up.any()):
+                on = up.tolist()
+                tail = any(on[MAX_FLAGS - 1:])  # flags past the last slot share it, as in rows()
+                raised = [f.message for i, f in enumerate(self.flags) if (on[i] if i < MAX_FLAGS - 1 else tail)]
+        return StepSummary(self.step, raised, RanksFigures.of_one(self.figures), self.sums,
+                           True, self.seconds)
 
     def summary(self, got: Mapping[str, Tensor], at_step_end: bool, rank: int) -> StepSummary:
         """What every rank learns from every rank's :meth:`rows` (``[W, ...]``, rank order); ``rank``: this rank.
@@ -417,6 +434,9 @@ class IdentityPartition:
         end it. Without ``hold``, now (one all_gather).
         """
         self.take_figures(report)
+        if comm.world_size == 1:  # nothing to exchange
+            self._summaries.append(report.alone())
+            return
         self.finish_report(comm)  # the last step's, if still in flight (one at a time, in step order)
         rows = report.rows()
         if comm.world_size == 1 or not hold or self.report_due(state.step):

@@ -32,6 +32,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from agentsim.distributed.partition import RanksFigures
@@ -43,24 +44,23 @@ def step_figures(figures: RanksFigures, counts: Sequence[int], moved: Sequence[i
     """A step's figures over ranks.
 
     Args:
-        figures: Every rank's figures (each ``[W]``, rank order).
+        figures: Every rank's figures (each a list ``[W]``, rank order).
         counts: Agents per rank at the end of the step, before any rebalancing.
         moved: Agents per rank after rebalancing, or None if borders did not move.
     """
     before = sum(counts) / len(counts)
     after = list(moved) if moved is not None else list(counts)
     mean = sum(after) / len(after)
+    seconds, comm, w = figures.step_seconds, figures.comm_seconds, len(figures.step_seconds)
     return {
         "agents/max": float(max(after)), "agents/mean": mean,
         "agents/imbalance": max(after) / mean if mean > 0 else 1.0,
         "agents/imbalance_before_balance": max(counts) / before if before > 0 else 1.0,
-        "rank_step_seconds/max": float(figures.step_seconds.max()),
-        "rank_step_seconds/mean": float(figures.step_seconds.mean()),
-        "comm/seconds_max": float(figures.comm_seconds.max()),
-        "comm/seconds_mean": float(figures.comm_seconds.mean()),
-        "comm/bytes_sent": float(figures.bytes_sent.sum()),
-        "halo/rows": float(figures.halo_rows.sum()), "halo/bytes": float(figures.halo_bytes.sum()),
-        "migrated": float(figures.migrated.sum()), "rebalanced": float(moved is not None),
+        "rank_step_seconds/max": max(seconds), "rank_step_seconds/mean": math.fsum(seconds) / w,
+        "comm/seconds_max": max(comm), "comm/seconds_mean": math.fsum(comm) / w,
+        "comm/bytes_sent": math.fsum(figures.bytes_sent), "halo/rows": math.fsum(figures.halo_rows),
+        "halo/bytes": math.fsum(figures.halo_bytes), "migrated": math.fsum(figures.migrated),
+        "rebalanced": float(moved is not None),
     }
 
 

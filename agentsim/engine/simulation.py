@@ -23,6 +23,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import zlib
@@ -40,7 +41,7 @@ from torch import Tensor
 from agentsim._native import build as native
 from agentsim.core import ops
 from agentsim.core.comm import Comm, CommStats, LocalComm
-from agentsim.core.context import Birth, Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
+from agentsim.core.context import CLEAR, Birth, Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
 from agentsim.core.groups import GroupSums
 from agentsim.core.model import Model
 from agentsim.core.params import Params
@@ -783,13 +784,12 @@ class Simulation:
                     # One pass on the CPU: a NaN or an inf anywhere makes the sum non-finite (the four
                     # passes of isnan and isinf only then, or when the sum overflowed); elsewhere no host
                     # sync here. Every rank makes the same flags, whatever it found.
-                    clean = t.device.type == "cpu" and bool(torch.isfinite(t.sum()))
-                    none = torch.zeros((), dtype=torch.bool)
+                    clean = t.device.type == "cpu" and math.isfinite(t.sum().item())
                     if self.check_nan:
-                        flags.append(Flag(f"{s.name}: NaN in {ref}", none if clean else torch.isnan(t).any()))
+                        flags.append(Flag(f"{s.name}: NaN in {ref}", CLEAR if clean else torch.isnan(t).any()))
                     if self.check_inf:
                         flags.append(Flag(f"{s.name}: inf in {ref} (check_inf=False allows it)",
-                                          none if clean else torch.isinf(t).any()))
+                                          CLEAR if clean else torch.isinf(t).any()))
         return flags
 
     def _store_snapshot(self, s: Substep, halos: Halos) -> None:
@@ -821,10 +821,10 @@ class Simulation:
         if summary.raised:
             raise SimulationError(f"step {summary.step}: " + "; ".join(summary.raised))
         figures = summary.figures
-        counts = [int(v) for v in figures.agents.tolist()]
+        counts = [int(v) for v in figures.agents]
         moved = self.partition.rebalance(self.state, self.comm, counts) if summary.at_step_end else None
         perf = step_figures(figures, counts, moved)
-        step_seconds = float(figures.step_seconds[self.comm.rank])
+        step_seconds = figures.step_seconds[self.comm.rank]
         self._figures.take(perf, step_seconds, summary.seconds)
         if summary.sums is not None:
             row = {"step_seconds": step_seconds,
