@@ -106,9 +106,47 @@ def test_fixed_sum_blocks_with_large_values_and_any_thread_count(built):
         torch.set_num_threads(threads)
 
 
+def _checked_by_torch(x: torch.Tensor, limit: float) -> tuple[int, bool, float]:
+    """The brute force of fixed_sum_checked: the torch sum, the magnitude check, sum(floor(|x|)) in float64."""
+    v = x.to(torch.float64)
+    total = int(ops.to_fixed(torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0).clamp(-1e9, 1e9), 24).sum())
+    invalid = bool((v.isnan() | (v.abs() >= limit)).any())
+    return total, invalid, float(x.abs().floor().sum(dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fixed_sum_checked_is_the_sum_and_its_checks_on_any_thread_count(built, dtype):
+    g = torch.Generator().manual_seed(2)
+    limit = 2.0**38
+    x = (torch.randn(300_001, dtype=torch.float64, generator=g) * 1e5).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            for part in (x, x[:1000], x[:0], x[::7]):  # several threads' pieces, one, none, strided
+                got = cpu_kernels.fixed_sum_checked(part, 24, limit)
+                assert got is not None
+                total, invalid, floors = _checked_by_torch(part, limit)
+                assert (got.total, got.invalid, got.floors) == (total, invalid, floors)
+                assert got.total == int(cpu_kernels.fixed_sum(part, 24))
+            for bad in (float("nan"), float("inf"), -float("inf"), limit, -limit * 3):
+                y = x.clone()
+                y[123_456] = bad
+                got = cpu_kernels.fixed_sum_checked(y, 24, limit)
+                assert got is not None and got.invalid, (t, bad)
+            y = x.clone()
+            y[5] = float(torch.tensor(limit, dtype=dtype).nextafter(torch.tensor(0.0, dtype=dtype)))  # just below
+            got = cpu_kernels.fixed_sum_checked(y, 24, limit)
+            assert got is not None and not got.invalid
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_fixed_sum_declines_what_it_does_not_cover():
     assert cpu_kernels.fixed_sum(torch.ones(3, dtype=torch.float16), 24) is None
     assert cpu_kernels.fixed_sum(torch.ones(3, requires_grad=True), 24) is None
+    assert cpu_kernels.fixed_sum_checked(torch.ones(3, dtype=torch.float16), 24, 2.0**38) is None
+    assert cpu_kernels.fixed_sum_checked(torch.ones(3, requires_grad=True), 24, 2.0**38) is None
 
 
 def test_without_a_compiler_the_torch_ops_run_with_one_warning(tmp_path):

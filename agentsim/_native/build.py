@@ -213,6 +213,9 @@ def library() -> Library | None:
     mode = _mode()
     if mode == "0":
         return None
+    got = _loaded.get(mode)
+    if isinstance(got, Library):  # found before: no lock (a dict read is atomic)
+        return got
     with _lock:
         got = _loaded.get(mode)
         if got is None:
@@ -331,6 +334,9 @@ def parallel_for(n: int, min_per_thread: int, body: Callable[[int, int], object]
     The pool is made again after a fork.
     """
     global _pool, _pool_size, _pool_pid
+    if n < 2 * min_per_thread:  # one piece (thread_ranges' count is 1): no split to make
+        body(0, n)
+        return
     calls = [functools.partial(body, a, b) for a, b in thread_ranges(n, min_per_thread)]
     if len(calls) == 1:
         calls[0]()

@@ -18,6 +18,8 @@ Each function returns None (or False) where it does not apply, and its caller us
 - :func:`fixed_sum`: ``sum(round_half_even(x * 2**frac_bits))`` in wrapping int64, the metric
   reduction of :mod:`agentsim.core.metrics`, in one pass instead of four (a float64 copy, the scaling,
   the rounding, the conversion to int64) and no temporaries.
+  :func:`fixed_sum_checked`: the same sum, and in the same call the checks of its values (NaN,
+  magnitude, a bound on the sum) as Python numbers: a metric's whole reduction in one call.
 - :func:`csr_from_pair_chunks`: the CSR of an undirected graph from regenerable pair chunks
   (count, place, sort rows; on torch's threads, in 2 MiB pages): no ``[2, m]`` edge list held.
 - :func:`add_wrap`: ``pos = wrap(pos + delta)`` in a periodic box, in place (``Box.move``).
@@ -47,6 +49,7 @@ import ctypes
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -56,6 +59,7 @@ from agentsim._native.bindings import Function, Library, RadiusSearch
 from agentsim._native.rng import as_int64
 
 __all__ = [
+    "CheckedSum",
     "add_columns",
     "add_wrap",
     "cell_sort",
@@ -64,6 +68,7 @@ __all__ = [
     "equal_any",
     "exp",
     "fixed_sum",
+    "fixed_sum_checked",
     "flatnonzero",
     "gather_sum",
     "group_members",
@@ -103,6 +108,7 @@ class _Kernels:
         self.keep_only = lib["agentsim_keep_only"]
         self.scaled_total = lib["agentsim_scaled_total"]
         self.fixed_sum = _by_dtype(lib, "agentsim_fixed_sum")
+        self.fixed_sum_checked = _by_dtype(lib, "agentsim_fixed_sum_checked")
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
         self.expand = _by_dtypes(lib, "agentsim_expand")
         self.add_columns = _by_dtypes(lib, "agentsim_add_columns")
@@ -723,6 +729,40 @@ def fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:
     parts: list[int] = []  # one wrapping sum per thread's range
     native.parallel_for(x.numel(), _PARALLEL_MIN, lambda a, b: parts.append(fn(ptr + item * a, b - a, scale)))
     return _wrapped_total(parts)
+
+
+class CheckedSum(NamedTuple):
+    """What :func:`fixed_sum_checked` gives: ``total`` (the wrapping int64 fixed-point sum),
+    ``invalid`` (some value NaN or of magnitude ``>= limit``) and ``floors`` (the sum of
+    ``floor(|x|)`` in float64: exact below 2**53, in any order).
+    """
+
+    total: int
+    invalid: bool
+    floors: float
+
+
+def fixed_sum_checked(x: Tensor, frac_bits: int, limit: float) -> CheckedSum | None:
+    """:func:`fixed_sum` of ``x`` and, in the same call, whether some value is NaN or of magnitude
+    ``limit`` or more, and the sum of ``floor(|x|)``: a metric's sum and its checks as Python numbers
+    (no tensor made). None where the kernel does not apply (as :func:`fixed_sum`).
+    """
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad:
+        return None
+    k = _kernels()
+    if k is None:
+        return None
+    x = x.contiguous()
+    fn, ptr, item, scale = k.fixed_sum_checked[x.dtype], x.data_ptr(), x.element_size(), float(2**frac_bits)
+    parts: list[tuple[int, float, float]] = []  # per thread's range: (wrapping sum, invalid, floors)
+
+    def piece(a: int, b: int) -> None:
+        out = (ctypes.c_double * 2)()
+        total = fn(ptr + item * a, b - a, scale, limit, ctypes.addressof(out))
+        parts.append((total, out[0], out[1]))
+
+    native.parallel_for(x.numel(), _PARALLEL_MIN, piece)
+    return CheckedSum(as_int64(sum(p[0] for p in parts)), any(p[1] for p in parts), math.fsum(p[2] for p in parts))
 
 
 def squared_norm_fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:

@@ -92,7 +92,7 @@ METRIC_SUM_LIMIT = 2.0 ** (63 - METRIC_FRAC_BITS)
 
 MetricFn = Callable[[MetricsContext], Any]
 # One metric's entries in the sums: their names, whether each is a float, their int64 sums ``[k]`` (CPU).
-Block = tuple[list[str], list[bool], Tensor]
+Block = tuple[list[str], list[bool], "Tensor | list[int]"]  # entry names, float or not, int64 values
 
 
 def check_metric_name(name: object, what: str = "metric") -> str:
@@ -403,6 +403,15 @@ class Metric:
                 count = int(value.shape[0])
             elif value.dim() <= 1:
                 is_float = value.is_floating_point()
+                checked = cpu_kernels.fixed_sum_checked(value, METRIC_FRAC_BITS, METRIC_VALUE_LIMIT) \
+                    if is_float else None
+                if checked is not None:  # the sum and its checks in one call, as Python ints
+                    bound = 0 if checked.invalid else int(min(checked.floors + value.numel(), METRIC_SUM_LIMIT))
+                    names, floats = [self.name, self.name + _INVALID, self.name + _BOUND], [True, False, False]
+                    ints = [checked.total, int(checked.invalid), bound]
+                    if self.reduce == "mean":
+                        names, floats, ints = [*names, self.name + _COUNT], [*floats, False], [*ints, value.numel()]
+                    return [(names, floats, ints)]
                 total = _exact_sum(value) if is_float else _integer_sum(value)
                 block = ([self.name], [is_float], total.reshape(1))
                 count = value.numel()
@@ -498,14 +507,32 @@ def local_sums(metrics: Sequence[Metric], mc: MetricsContext) -> MetricSums:
     elementwise (int64) for the global sums.
     """
     pops = mc.state.populations
-    blocks: dict[str, Block] = {f"n_{name}": ([f"n_{name}"], [False], torch.tensor([pop.n], dtype=torch.int64))
-                                for name, pop in pops.items()}
+    blocks: dict[str, Block] = {f"n_{name}": ([f"n_{name}"], [False], [pop.n]) for name, pop in pops.items()}
     for metric in metrics:  # each metric's values summed and freed before the next is computed
         for block in metric.sums(mc):
             blocks[block[0][0]] = block
     names = [n for block in blocks.values() for n in block[0]]
     is_float = [f for block in blocks.values() for f in block[1]]
-    return MetricSums(names, is_float, torch.cat([block[2] for block in blocks.values()]))
+    return MetricSums(names, is_float, _join([block[2] for block in blocks.values()]))
+
+
+def _join(parts: list[Tensor | list[int]]) -> Tensor:
+    """``[k]`` int64 on the CPU: the blocks' values one after another (one tensor made from the
+    Python ints next to each other, not one per block).
+    """
+    out: list[Tensor] = []
+    ints: list[int] = []
+    for part in parts:
+        if isinstance(part, list):
+            ints += part
+            continue
+        if ints:
+            out.append(torch.tensor(ints, dtype=torch.int64))
+            ints = []
+        out.append(part)
+    if ints or not out:
+        out.append(torch.tensor(ints, dtype=torch.int64))
+    return out[0] if len(out) == 1 else torch.cat(out)
 
 
 _INT_CHUNK = 1 << 20  # elements converted to int64 at a time (torch's integer sum converts the whole input)

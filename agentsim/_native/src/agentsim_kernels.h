@@ -162,6 +162,8 @@ void agentsim_equal_any_f64(const double *x, int64_t n, const double *values, in
 /* the wrapping int64 sum of nearbyint(x[i] * scale), scale a power of two */
 int64_t agentsim_fixed_sum32(const float *x, int64_t n, double scale);
 int64_t agentsim_fixed_sum64(const double *x, int64_t n, double scale);
+int64_t agentsim_fixed_sum_checked32(const float *x, int64_t n, double scale, double limit, double *range);
+int64_t agentsim_fixed_sum_checked64(const double *x, int64_t n, double scale, double limit, double *range);
 /* the same of the rows' squared norms in double, x [n, k] */
 int64_t agentsim_sq_norm_fixed_sum32(const float *x, int64_t n, int64_t k, double scale);
 int64_t agentsim_sq_norm_fixed_sum64(const double *x, int64_t n, int64_t k, double scale);

@@ -39,6 +39,25 @@ int64_t NAME(const T *x, int64_t n, double scale) { FIXED_BLOCKS((double)x[i]) }
 FIXED_SUM(agentsim_fixed_sum64, double)
 FIXED_SUM(agentsim_fixed_sum32, float)
 
+/* FIXED_SUM_CHECKED(NAME, T): FIXED_SUM, and what a metric's sum needs checked about the values
+   (agentsim.core.metrics: _range_entries): range[0] = 1 if some x[i] is NaN or |x[i]| >= limit
+   (else 0), range[1] = the sum of floor(|x[i]|) in double (exact, in any order, below 2**53). */
+#define FIXED_SUM_CHECKED(NAME, T) \
+int64_t NAME(const T *x, int64_t n, double scale, double limit, double *range) { \
+    int bad = 0; \
+    double floors = 0.0; \
+    for (int64_t i = 0; i < n; i++) { \
+        const double v = (double)x[i]; \
+        bad |= !(v > -limit && v < limit); \
+        floors += floor(fabs(v)); \
+    } \
+    range[0] = bad ? 1.0 : 0.0; \
+    range[1] = floors; \
+    FIXED_BLOCKS((double)x[i]) \
+}
+FIXED_SUM_CHECKED(agentsim_fixed_sum_checked64, double)
+FIXED_SUM_CHECKED(agentsim_fixed_sum_checked32, float)
+
 /* SQ_NORM_FIXED_SUM(NAME, T): FIXED_SUM of the SQ_NORM column of x [n, k] without the column: the
    wrapping sum of (int64) nearbyint(s[i] * scale), s[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double
    (each square and each sum rounded, left to right). */
