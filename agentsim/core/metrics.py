@@ -492,14 +492,15 @@ class Derived(NamedTuple):
 
 class MetricSums(NamedTuple):
     """Exact metric sums: entry names, which entries are floats, ``[k]`` int64 on the CPU (floats in
-    fixed point with :data:`METRIC_FRAC_BITS` fractional bits). A vector metric ``name`` of K
+    fixed point with :data:`METRIC_FRAC_BITS` fractional bits): a tensor, or the Python ints where
+    every entry came as one (one process makes no tensor of them). A vector metric ``name`` of K
     entries occupies K consecutive entries ``name#0`` ... ``name#K-1``; a mean's count is the
     entry ``name#count``.
     """
 
     names: list[str]
     is_float: list[bool]
-    values: Tensor
+    values: Tensor | list[int]
 
 
 def local_sums(metrics: Sequence[Metric], mc: MetricsContext) -> MetricSums:
@@ -516,10 +517,13 @@ def local_sums(metrics: Sequence[Metric], mc: MetricsContext) -> MetricSums:
     return MetricSums(names, is_float, _join([block[2] for block in blocks.values()]))
 
 
-def _join(parts: list[Tensor | list[int]]) -> Tensor:
-    """``[k]`` int64 on the CPU: the blocks' values one after another (one tensor made from the
-    Python ints next to each other, not one per block).
+def _join(parts: list[Tensor | list[int]]) -> Tensor | list[int]:
+    """``[k]`` int64 on the CPU: the blocks' values one after another: the Python ints as they are
+    where every block gave ints, else one tensor (made from the ints next to each other, not one
+    per block).
     """
+    if all(isinstance(part, list) for part in parts):
+        return [v for part in parts for v in part]
     out: list[Tensor] = []
     ints: list[int] = []
     for part in parts:
@@ -666,7 +670,7 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
         ConfigError: A derived metric returned an array of more than one dimension.
     """
     declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
-    raw = sums.values.cpu().numpy()
+    raw = np.asarray(sums.values, dtype=np.int64) if isinstance(sums.values, list) else sums.values.cpu().numpy()
     names = tuple(sums.names)
     _check_ranges(step, names, raw)
     scale = 2.0 ** -METRIC_FRAC_BITS

@@ -161,7 +161,7 @@ class StepReport:
         messages = "\n".join(f.message for f in self.flags).encode()
         rows["flag_sig"] = torch.tensor([[len(self.flags), zlib.crc32(messages)]], dtype=torch.int64)
         if self.sums is not None:
-            rows["sums"] = self.sums.values[None]
+            rows["sums"] = torch.as_tensor(self.sums.values, dtype=torch.int64)[None]
         if self.env:
             rows["env"] = torch.stack([env_checksum(layer) for layer in self.env.values()]).cpu()[None]
         return rows

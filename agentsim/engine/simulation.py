@@ -43,6 +43,7 @@ from agentsim.core import ops
 from agentsim.core.comm import Comm, CommStats, LocalComm
 from agentsim.core.context import CLEAR, Birth, Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
 from agentsim.core.groups import GroupSums
+from agentsim.core.metrics import MetricSums
 from agentsim.core.model import Model
 from agentsim.core.params import Params
 from agentsim.core.policy import resolve_actors
@@ -433,6 +434,7 @@ class Simulation:
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
         self._history = True  # a differentiable run's steps record autograd history (see without_history)
+        self._read_only: dict[str, list[tuple[str, str]]] = {}  # per substep, the fields it may read, not write
         if self.device.type == "cpu":  # the steps' freed tensors reused, not fresh pages (after init: its
             native.reuse_freed_memory()  # one-off temporaries go back to the system)
 
@@ -594,24 +596,51 @@ class Simulation:
         computing = self.state.step + 1
         if self.threads is not None:
             self.threads.tick()
+        grad = self.differentiable and self._history
         try:
-            with torch.set_grad_enabled(self.differentiable and self._history):
+            if grad == torch.is_grad_enabled():
                 self._step()
+            else:
+                with torch.set_grad_enabled(grad):
+                    self._step()
         except BaseException as e:
             self.failed = f"{type(e).__name__} in step {computing}: {e}"
             raise
 
     def _step(self) -> None:
-        state, part = self.state, self.partition
+        """One step, the same sequence on any number of processes.
+
+        The spine:
+        1. rows: sorted by cell or shuffled, where due (:meth:`_arrange_rows`);
+        2. substeps, in order (:meth:`_run_substeps`): each with its halos, through a checked
+           :class:`~agentsim.core.context.Context`, then env merges, deaths and births, error
+           flags and migrations; the last step's report arrives after the first;
+        3. the step closes (:meth:`_close_step`): its number, a sort where due, its metric sums in a run;
+        4. its report (:meth:`_send_report`): flags, sums and figures to every process (on one
+           process, taken at once), raised and recorded when it arrives (:meth:`_take`).
+        """
         t_enter, stats_enter = time.perf_counter(), self.comm.stats.snapshot()
+        self._arrange_rows()
+        flags, seconds = self._run_substeps()
+        sums = self._close_step()
+        self._send_report(flags, seconds, sums, t_enter, stats_enter)
+
+    def _arrange_rows(self) -> None:
+        """Sort the rows by cell (:mod:`agentsim.engine.locality`) where due, then shuffle them
+        (``shuffle_rows``); first finish what is in flight, since it may hold row numbers.
+        """
+        state = self.state
         sort_now = self.locality.due(state.step) and self._sorted_at != state.step
-        if sort_now or self.shuffle_rows:  # nothing in flight may hold row numbers now
+        if sort_now or self.shuffle_rows:
             self._settle()
             if sort_now:
                 self.locality.apply(state)
             if self.shuffle_rows:  # after the sort, so that the shuffle is what the step sees
                 for pop in state.populations.values():
                     pop.permute(torch.randperm(pop.n, device=self.device))
+
+    def _run_substeps(self) -> tuple[list[Flag], dict[str, float]]:
+        """Every substep once, in order: the step's flags and each substep's seconds."""
         flags: list[Flag] = []
         seconds: dict[str, float] = {}
         sync = self.device.type == "cuda"
@@ -621,20 +650,30 @@ class Simulation:
             if self.trace is not None:
                 self.trace(self, s)
             if i == 0:
-                part.finish_report(self.comm)  # the last step's report, if it was still in flight
+                self.partition.finish_report(self.comm)  # the last step's report, if it was still in flight
             if sync:
                 torch.cuda.synchronize(self.device)
             seconds[s.name] = time.perf_counter() - t0
             self._take_reports()  # the last step's summary may arrive with this step's exchange
+        return flags, seconds
+
+    def _close_step(self) -> MetricSums | None:
+        """The state's step is the new one; sort where due; the metric sums, inside a run."""
+        state = self.state
         state.step += 1
         if not self.shuffle_rows and self.locality.due(state.step):
             # Sorted now, before the report: an exchange that travels into the next step holds
             # row numbers, so the next step could not sort without waiting for it.
             self.locality.apply(state)
             self._sorted_at = state.step
-        sums = self.model.metric_sums(self.view()) if self._in_run else None
-        # The step's figures: the step itself, and the last step's report exchange, which ended
-        # after that report was sent (see agentsim.engine.perf).
+        return self.model.metric_sums(self.view()) if self._in_run else None
+
+    def _send_report(self, flags: list[Flag], seconds: dict[str, float], sums: MetricSums | None, t_enter: float,
+                     stats_enter: CommStats) -> None:
+        """This rank's report of the step, with its figures: the step itself and the last step's
+        report exchange, which ended after that report was sent (see :mod:`agentsim.engine.perf`).
+        """
+        state = self.state
         carried_seconds, carried = self._carried
         stats = self.comm.stats.since(stats_enter)
         stats = CommStats(stats.calls + carried.calls, stats.bytes_sent + carried.bytes_sent,
@@ -645,7 +684,8 @@ class Simulation:
                               comm_seconds=stats.seconds, bytes_sent=float(stats.bytes_sent))
         t_report, stats_report = time.perf_counter(), self.comm.stats.snapshot()
         env = state.env if self.comm.world_size > 1 else None  # every process's copies compared
-        part.end_step(state, StepReport(state.step, flags, figures, sums, seconds, env), self.comm, hold=self._in_run)
+        self.partition.end_step(state, StepReport(state.step, flags, figures, sums, seconds, env), self.comm,
+                                hold=self._in_run)
         self._carried = (time.perf_counter() - t_report, self.comm.stats.since(stats_report))
         self._take_reports()
 
@@ -703,7 +743,7 @@ class Simulation:
                       groups=self.groups if groups is None else groups)
         if self.checks is not None:  # env layers that refuse negative indices, for this call
             state.env.update(checked_env(state.env, s))
-        versions = _read_only_versions(s, state)
+        versions = _read_only_versions(s, state, self._read_only)
         try:
             s(ctx)
             for (pop, key), (tensor_id, version) in versions.items():
@@ -849,7 +889,7 @@ class Simulation:
             raise SimulationError(f"this Simulation stopped with an error ({self.failed}); build a new Simulation")
         self._settle()
         sums = self.model.metric_sums(self.view())
-        total = self.comm.sum_int64(sums.values)
+        total = self.comm.sum_int64(torch.as_tensor(sums.values, dtype=torch.int64))
         return self.model.metric_row(self.state.step, sums._replace(values=total))
 
     # ---------------------------------------------------------------- running
@@ -1020,21 +1060,22 @@ def _plain_state(state: State, effects: Effects) -> None:
     effects.flags[:] = [f._replace(condition=plain(f.condition)) for f in effects.flags]
 
 
-def _read_only_versions(s: Substep, state: State) -> dict[tuple[str, str], tuple[int, int]]:
-    """Version counters of the tensors ``s`` may read but not write (in-place write detection)."""
+def _read_only_versions(s: Substep, state: State, kept: dict[str, list[tuple[str, str]]]
+                        ) -> dict[tuple[str, str], tuple[int, int]]:
+    """Version counters of the tensors ``s`` may read but not write (in-place write detection);
+    ``kept``: which they are, by substep name (found at the first call).
+    """
+    refs = kept.get(s.name)
+    if refs is None:
+        refs = kept[s.name] = [(name, key) for name in state.populations if s.touches(name)
+                               for key in sorted(s.readable(name) - s.writable(name))]
+        refs += [(ENV, key) for key in sorted(s.readable(ENV) - {UID} - s.writable(ENV))]
     out: dict[tuple[str, str], tuple[int, int]] = {}
-    for name, pop in state.populations.items():
-        if not s.touches(name):
-            continue
-        writable = s.writable(name)
-        for key in s.readable(name):
-            if key not in writable and key in pop:
-                t = pop[key]
-                out[(name, key)] = (id(t), ops.tensor_version(t))
-    for key in s.readable(ENV) - {UID} - s.writable(ENV):
-        if key in state.env:
-            t = state.env[key]
-            out[(ENV, key)] = (id(t), ops.tensor_version(t))
+    for name, key in refs:
+        fields = state.env if name == ENV else state.populations[name]
+        if key in fields:
+            t = fields[key]
+            out[(name, key)] = (id(t), ops.tensor_version(t))
     return out
 
 

@@ -110,6 +110,8 @@ def recording(state: State, record: Iterable[str] | None) -> Recording:
 
 def _shape(value: Any) -> tuple[int, ...]:
     """The shape of a metric value: ``()`` for a number, ``(K,)`` for a vector."""
+    if isinstance(value, (int, float)):
+        return ()
     shape = getattr(value, "shape", None)
     return tuple(shape) if shape is not None else tuple(np.shape(value))
 
