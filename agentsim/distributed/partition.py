@@ -114,7 +114,7 @@ class RanksFigures:
     @classmethod
     def of_one(cls, figures: RankFigures) -> RanksFigures:
         """The figures of a run on one process."""
-        return cls(*([float(v)] for v in figures))
+        return cls(*[[v] for v in figures])
 
     def rank(self, rank: int) -> RankFigures:
         """One rank's figures."""

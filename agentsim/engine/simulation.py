@@ -978,24 +978,26 @@ class Simulation:
                 recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
             bar = progress_bar(steps, progress, "step")
             t0 = time.perf_counter()
-            for _ in range(steps):
-                self.step()
-                frame = recorder.frame_due(self.state.step - origin, span)
-                checkpoint = checkpoint_every is not None and self.state.step % checkpoint_every == 0
-                if frame or checkpoint or self.state.step - start == steps:  # this step's summary, now
-                    self._settle()
-                for row, perf in self._rows:
-                    rows.append(row)
-                    recorder.write_row(row["step"], row, perf)
-                self._rows = []
-                if frame:
-                    recorder.write_frame(self.state.step, self.partition.frame(self.state, recorder.spec, self.comm))
-                recorder.flush(force=checkpoint)  # before a checkpoint: the file holds every step it covers
-                if checkpoint:
-                    assert checkpoint_dir is not None
-                    self.save_checkpoint(checkpoint_dir, keep, asynchronous=checkpoint_async)
-                if bar is not None:
-                    bar.update(1)
+            with torch.set_grad_enabled(self.differentiable and self._history):  # for every step at once
+                for _ in range(steps):
+                    self.step()
+                    frame = recorder.frame_due(self.state.step - origin, span)
+                    checkpoint = checkpoint_every is not None and self.state.step % checkpoint_every == 0
+                    if frame or checkpoint or self.state.step - start == steps:  # this step's summary, now
+                        self._settle()
+                    for row, perf in self._rows:
+                        rows.append(row)
+                        recorder.write_row(row["step"], row, perf)
+                    self._rows = []
+                    if frame:
+                        frame_rows = self.partition.frame(self.state, recorder.spec, self.comm)
+                        recorder.write_frame(self.state.step, frame_rows)
+                    recorder.flush(force=checkpoint)  # before a checkpoint: the file holds every step it covers
+                    if checkpoint:
+                        assert checkpoint_dir is not None
+                        self.save_checkpoint(checkpoint_dir, keep, asynchronous=checkpoint_async)
+                    if bar is not None:
+                        bar.update(1)
             self.wait_checkpoint()
             t_run = time.perf_counter() - t0
             if bar is not None:
