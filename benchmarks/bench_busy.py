@@ -7,7 +7,9 @@ builds the model, takes one step, then times ``--steps`` steps. The modes:
 - ``default``: nothing set (agentsim adapts its threads to the load, :mod:`agentsim.threads`);
 - ``one``: ``AGENTSIM_THREADS=1``;
 - ``fixed``: ``AGENTSIM_THREADS=<usable cores>`` (torch's threads, never adapted: the default before
-  the governor).
+  the governor);
+- ``passive``: as ``fixed``, with ``OMP_WAIT_POLICY=PASSIVE`` (torch's threads sleep at their barriers
+  instead of spinning): the alternative to adapting.
 
 The busy condition starts ``--busy`` Python processes spinning in a loop for the whole of each
 measurement. Figures: the median seconds of each (workload, condition, mode) and the ratios
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 
 WORKLOADS = {"sir": ("sir", 1_000_000, 50), "sugarscape": ("sugarscape", 100_000, 30), "boids": ("boids", 20_000, 30)}
-MODES = ("default", "one", "fixed")
+MODES = ("default", "one", "fixed", "passive")
 
 _TIMED = """
 import sys, time, json
@@ -50,8 +52,10 @@ def measure(workload: str, mode: str, cores: int) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k not in ("AGENTSIM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     if mode == "one":
         env["AGENTSIM_THREADS"] = "1"
-    elif mode == "fixed":
+    elif mode in ("fixed", "passive"):
         env["AGENTSIM_THREADS"] = str(cores)
+        if mode == "passive":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
     done = subprocess.run([sys.executable, "-c", _TIMED, model, str(agents), str(steps)], env=env,
                           capture_output=True, text=True, check=True, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -95,11 +99,14 @@ def main() -> None:
         summary[w] = {"median_seconds": med,
                       "busy_default_over_one": med["busy"]["default"] / med["busy"]["one"],
                       "busy_fixed_over_one": med["busy"]["fixed"] / med["busy"]["one"],
+                      "busy_passive_over_one": med["busy"]["passive"] / med["busy"]["one"],
                       "idle_default_over_fixed": med["idle"]["default"] / med["idle"]["fixed"],
+                      "idle_passive_over_fixed": med["idle"]["passive"] / med["idle"]["fixed"],
                       "idle_one_over_default": med["idle"]["one"] / med["idle"]["default"]}
         print(f"{w}: busy default/one {summary[w]['busy_default_over_one']:.2f}x (fixed/one "
-              f"{summary[w]['busy_fixed_over_one']:.2f}x); idle default/fixed "
-              f"{summary[w]['idle_default_over_fixed']:.2f}x")
+              f"{summary[w]['busy_fixed_over_one']:.2f}x, passive/one {summary[w]['busy_passive_over_one']:.2f}x); "
+              f"idle default/fixed {summary[w]['idle_default_over_fixed']:.2f}x (passive/fixed "
+              f"{summary[w]['idle_passive_over_fixed']:.2f}x)")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout.strip()
     out = {"suite": "busy-threads", "date": time.strftime("%Y-%m-%d %H:%M"), "git_commit": commit,
