@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-WORKLOADS = {"sir": ("sir", 1_000_000, 50), "sugarscape": ("sugarscape", 100_000, 30), "boids": ("boids", 20_000, 30)}
+WORKLOADS = {"sir": ("sir", 1_000_000, 50), "sugarscape": ("sugarscape", 100_000, 30), "boids": ("boids", 20_000, 100)}
 MODES = ("default", "one", "fixed", "passive")
 
 _TIMED = """

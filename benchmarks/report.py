@@ -19,6 +19,8 @@ not rendered, with the missing fields):
 - ``models*.json`` (``bench_models.py``) and ``neighbors*.json`` (``bench_neighbors.py``);
 - ``scaling*.json`` (``bench_scaling.py``): strong scaling, grouped by model and agents;
 - ``ab*.json`` (``bench_ab.py``): new / old ratios per work item;
+- ``busy-threads*.json`` (``bench_busy.py``): threads on an idle and on a busy machine;
+- ``fixed-cost*.json`` (``bench_fixed_cost.py``): the engine's cost per step of small models;
 - ``parent_kills.json``, ``writer_kills.json``, ``untrusted_files.json``,
   ``stress_write_failures.json`` (the ``stress_*.py`` scripts).
 
@@ -89,6 +91,8 @@ REQUIRED = {
     "covid-scale": ["rows"],
     "covid-ranks": ["rows"],
     "partition": ["rows"],
+    "busy-threads": ["usable_cores", "busy_processes", "rounds", "workloads", "seconds", "summary"],
+    "fixed-cost": ["rounds", "work", "units", "per_round", "median"],
 }
 
 
@@ -883,6 +887,68 @@ def covid_ranks_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                    lines, plot, (7.0, 1.0 + 0.4 * n), "seconds per simulated day of the covid model by processes")
 
 
+def busy_threads_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_busy.py``: the default threads against one, fixed and passive threads, idle and busy."""
+    lines = provenance(files)
+    modes = ("default", "one", "fixed", "passive")
+    for rel, d in files:
+        lines += [f"`{rel}` ({d['usable_cores']} usable cores; busy: {d['busy_processes']} CPU-bound process(es) "
+                  f"beside the run; {d['rounds']} alternating rounds, a fresh process each): seconds for the "
+                  "steps, medians, and the ratios of the medians:", ""]
+        rows = []
+        for w, (model, agents, steps) in d["workloads"].items():
+            med = d["summary"][w]["median_seconds"]
+            for condition in ("idle", "busy"):
+                row = [f"{model} {int(agents):,} x {steps}", condition,
+                       *(num(med[condition].get(m)) for m in modes)]
+                one, fixed = med[condition].get("one"), med[condition].get("fixed")
+                default = med[condition].get("default")
+                row.append(num(default / one if default and one else None, 2))
+                row.append(num(default / fixed if default and fixed else None, 2))
+                rows.append(row)
+        lines += table(["workload", "machine", *modes, "default / one", "default / fixed"], rows)
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for _, d in files:
+            for w, by in d["seconds"].items():
+                base = _median(by["busy"]["one"])
+                for m in modes:
+                    if by["busy"].get(m):
+                        bars.append((f"{w} busy, {m}", [v / base for v in by["busy"][m]]))
+        _bars(ax, bars, "seconds / median of one thread, busy machine (dots: each round)", log=False)
+        ax.axvline(1.0, color="grey", linewidth=0.8)
+    n = sum(len(d["seconds"]) for _, d in files) * len(modes)
+    return Section("busy-threads", "Threads on a busy machine (`bench_busy.py`)", [rel for rel, _ in files], lines,
+                   plot, (7.0, 1.0 + 0.3 * n), alt="step time on a busy machine relative to one thread, by mode")
+
+
+def fixed_cost_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_fixed_cost.py``: small models' cost per step, this checkout against an older one."""
+    lines = provenance(files)
+    for rel, d in files:
+        old = d.get("old_commit")
+        lines += [f"`{rel}` (one process, one thread; {d['rounds']} alternating rounds"
+                  + (f"; old: {_short(old)}" if old else "") + "): medians of the rounds" +
+                  (", and the median of the per-round ratios new / old:" if old else ":"), ""]
+        rows = [[w, f"{d['work'][w][0]:,} agents", d["units"][w], num(d["median"][w].get("new")),
+                 num(d["median"][w].get("old")), num(d.get("median_ratio_new_over_old", {}).get(w))]
+                for w in d["median"]]
+        lines += table(["work", "size", "unit", "new", "old", "new / old"], rows)
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for _, d in files:
+            for w, by in d["per_round"].items():
+                if d["units"][w] == "ms per step":
+                    bars += [(f"{w} {side}", values) for side, values in by.items()]
+        _bars(ax, bars, "ms per step (dots: each round)", log=True)
+    n = sum(2 * len(d["per_round"]) for _, d in files)
+    return Section("fixed-cost", "The engine's cost per step of small models (`bench_fixed_cost.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 1.0 + 0.3 * n),
+                   alt="ms per step of small models, this checkout and an older one")
+
+
 def classify(rel: str, d: Any) -> str | None:
     """The suite a results file belongs to (by its name), or None."""
     name = Path(rel).name
@@ -910,6 +976,10 @@ def classify(rel: str, d: Any) -> str | None:
         return "covid-ranks"
     if name.startswith("covid"):
         return "covid"
+    if name.startswith("busy-threads"):
+        return "busy-threads"
+    if name.startswith("fixed-cost"):
+        return "fixed-cost"
     if name in STRESS:
         return name
     return None
@@ -954,7 +1024,8 @@ def render(results: Path) -> Report:
                        ("covid-scale", covid_scale_section), ("covid-ranks", covid_ranks_section),
                        ("partition", partition_section), ("roofline", roofline_section),
                        ("models", models_section), ("neighbors", neighbors_section),
-                       ("scaling", scaling_section), ("ab", ab_section)):
+                       ("scaling", scaling_section), ("ab", ab_section), ("busy-threads", busy_threads_section),
+                       ("fixed-cost", fixed_cost_section)):
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
     stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,
