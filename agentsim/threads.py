@@ -192,18 +192,24 @@ class ThreadGovernor:
         cap: The most threads (default: torch's threads now).
         cores: The usable cores (default: :func:`usable_cores`).
         sample: What reads the CPU times (default: :meth:`CpuSample.take`; None where it cannot).
+
+    Attributes:
+        history: Thread count to the steps run with it.
+        others, most_others: The cores other processes kept busy in the last sample, and the most.
+        shed: Whether the load ever made it run fewer threads than the cap.
+        active: Whether it adapts (not where ``AGENTSIM_THREADS`` fixes the threads, nor with a cap of 1).
     """
 
     cap: int = 0
     cores: int = field(default_factory=usable_cores)
     sample: Callable[[], CpuSample | None] = field(default=CpuSample.take, repr=False)
-    history: dict[int, int] = field(default_factory=dict)
-    others: float = 0.0  # cores the other processes used in the last sample
-    most_others: float = 0.0  # the most of all samples
-    shed: bool = False  # whether the load ever made it run fewer threads than the cap
-    active: bool = True
-    _last: CpuSample | None = None
-    _set: int = 0  # what this governor last gave torch
+    history: dict[int, int] = field(default_factory=dict, init=False)
+    others: float = field(default=0.0, init=False)
+    most_others: float = field(default=0.0, init=False)
+    shed: bool = field(default=False, init=False)
+    active: bool = field(default=True, init=False)
+    _last: CpuSample | None = field(default=None, init=False, repr=False)
+    _set: int = field(default=0, init=False, repr=False)  # what this governor last gave torch
 
     def __post_init__(self) -> None:
         import torch

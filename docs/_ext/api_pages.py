@@ -20,6 +20,7 @@ from typing import Any
 PUBLIC_MODULES: dict[str, str] = {
     "agentsim": "the names a model and a run need: Model, Param, Context, spaces, run, Study, ...",
     "agentsim.engine": "the engine: Simulation and RunResult",
+    "agentsim.threads": "torch's CPU threads: at most the usable cores, fewer while other processes keep cores busy",
     "agentsim.space.continuous": "continuous space: the box, its cell grid, radius searches",
     "agentsim.space.graph": "networks: the graph space and its builders",
     "agentsim.io": "reading trajectory files (numpy, pandas, xarray)",
