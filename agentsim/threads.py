@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -118,14 +119,16 @@ def configured_threads() -> int | None:
 
 def cap_threads() -> None:
     """Set torch's threads once, at ``import agentsim``: ``AGENTSIM_THREADS=N`` gives N; else, unless
-    ``OMP_NUM_THREADS`` chose them, at most :func:`usable_cores`.
-
-    Raises:
-        ConfigError: ``AGENTSIM_THREADS`` is neither ``auto`` nor a whole number >= 1.
+    ``OMP_NUM_THREADS`` chose them, at most :func:`usable_cores`. A bad ``AGENTSIM_THREADS`` is
+    only warned of here (the import goes on); a run, or the ``agentsim`` command, refuses it.
     """
     import torch
 
-    fixed = configured_threads()
+    try:
+        fixed = configured_threads()
+    except ConfigError as e:
+        warnings.warn(f"agentsim: {e}; a run refuses it", RuntimeWarning, stacklevel=2)
+        return
     if fixed is not None:
         torch.set_num_threads(fixed)
     elif "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > usable_cores():

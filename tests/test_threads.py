@@ -87,9 +87,23 @@ def test_agentsim_threads_fixes_torchs_threads_at_import() -> None:
     done = _python("import agentsim, torch; print(torch.get_num_threads())", AGENTSIM_THREADS="1")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
-    bad = _python("import agentsim", AGENTSIM_THREADS="many")
-    assert bad.returncode != 0
-    assert "AGENTSIM_THREADS: expected 'auto' or a whole number >= 1 (got 'many')" in bad.stderr
+
+
+def test_a_bad_agentsim_threads_is_warned_at_import_and_refused_by_a_run_and_the_command() -> None:
+    expected = "AGENTSIM_THREADS: expected 'auto' or a whole number >= 1 (got 'many')"
+    code = ("import warnings\nwith warnings.catch_warnings(record=True) as seen:\n    warnings.simplefilter('always')\n"
+            "    import agentsim\nprint(seen[0].message)\n"
+            "try:\n    agentsim.Simulation(agentsim.get_model('randomwalk'), agents=10)\n"
+            "except agentsim.ConfigError as e:\n    print('refused:', e)\n")
+    done = _python(code, AGENTSIM_THREADS="many")
+    assert done.returncode == 0, done.stderr
+    warned, refused = done.stdout.strip().splitlines()
+    assert expected in warned and refused == f"refused: {expected}"
+    command = subprocess.run([sys.executable, "-m", "agentsim", "run", "randomwalk", "--agents", "10", "--steps", "1"],
+                             env={**os.environ, "AGENTSIM_THREADS": "many"}, capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert command.returncode == 2
+    assert f"agentsim: error: {expected}" in command.stderr and "Traceback" not in command.stderr
 
 
 class FakeMachine:

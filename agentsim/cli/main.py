@@ -73,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentsim.errors import AgentsimError, ConfigError
+from agentsim.threads import configured_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -710,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``agentsim`` command; returns its exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
     try:
+        configured_threads()  # a bad AGENTSIM_THREADS stops every command here
         if args.command == "models":
             return cmd_models()
         if args.command == "bench":
