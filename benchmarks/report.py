@@ -21,6 +21,7 @@ not rendered, with the missing fields):
 - ``ab*.json`` (``bench_ab.py``): new / old ratios per work item;
 - ``busy-threads*.json`` (``bench_busy.py``): threads on an idle and on a busy machine;
 - ``fixed-cost*.json`` (``bench_fixed_cost.py``): the engine's cost per step of small models;
+- ``abm-comparison*.json`` (``bench_abm_comparison.py``): the ABM framework comparison's workloads beside Mesa;
 - ``parent_kills.json``, ``writer_kills.json``, ``untrusted_files.json``,
   ``stress_write_failures.json`` (the ``stress_*.py`` scripts).
 
@@ -93,6 +94,7 @@ REQUIRED = {
     "partition": ["rows"],
     "busy-threads": ["usable_cores", "busy_processes", "rounds", "workloads", "seconds", "summary"],
     "fixed-cost": ["rounds", "work", "units", "per_round", "median"],
+    "abm-comparison": ["versions", "rounds", "runs_per_round", "workloads", "per_round", "summary"],
 }
 
 
@@ -949,6 +951,39 @@ def fixed_cost_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                    alt="ms per step of small models, this checkout and an older one")
 
 
+def abm_comparison_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_abm_comparison.py``: the comparison's workloads, Mesa's implementations against agentsim."""
+    lines = provenance(files)
+    for rel, d in files:
+        v = d["versions"]
+        lines += [f"`{rel}` (Mesa {v.get('mesa', NOT_RECORDED)}, agentsim {v.get('agentsim', NOT_RECORDED)}; the "
+                  f"comparison at {d.get('comparison_commit') or NOT_RECORDED}; one thread; {d['rounds']} alternating "
+                  f"rounds of {d['runs_per_round']} runs): medians over every run; a run builds the model and takes "
+                  "every step; the end state is the flock's polarization or the share of happy agents:", ""]
+        rows = []
+        for w, s in d["summary"].items():
+            med = s["median"]
+            rows.append([w, num(med["mesa"]["run"] * 1e3), num(med["agentsim"]["run"] * 1e3),
+                         num(s["mesa_over_agentsim_run"], 3), num(s["mesa_over_agentsim_steps"], 3),
+                         num(s.get("agents_jl_published_ratio"), 3), num(s["agentsim_ms_per_step"]),
+                         f"{med['mesa']['end']:.3f} / {med['agentsim']['end']:.3f}"])
+        lines += table(["workload", "Mesa ms a run", "agentsim ms a run", "Mesa / agentsim (run)",
+                        "Mesa / agentsim (steps)", "Agents.jl's published ratio", "agentsim ms a step",
+                        "end state Mesa / agentsim"], rows)
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for _, d in files:
+            for w, by in d["per_round"].items():
+                base = _median([float(x["run"]) for x in by["agentsim"]])
+                bars.append((f"{w} (Mesa / agentsim)", [float(x["run"]) / base for x in by["mesa"]]))
+        _bars(ax, bars, "Mesa's seconds a run / agentsim's median (dots: each run)", log=True)
+    n = sum(len(d["per_round"]) for _, d in files)
+    return Section("abm-comparison", "The ABM framework comparison's workloads beside Mesa (`bench_abm_comparison.py`)",
+                   [rel for rel, _ in files], lines, plot, (7.0, 1.0 + 0.4 * n),
+                   alt="how many times longer Mesa takes than agentsim, per workload")
+
+
 def classify(rel: str, d: Any) -> str | None:
     """The suite a results file belongs to (by its name), or None."""
     name = Path(rel).name
@@ -956,6 +991,8 @@ def classify(rel: str, d: Any) -> str | None:
         return None
     if name.startswith("peers-"):
         return "peers"
+    if name.startswith("abm-comparison"):
+        return "abm-comparison"
     if name.startswith("ab"):
         return "ab"
     if name.startswith("scaling"):
@@ -1025,7 +1062,7 @@ def render(results: Path) -> Report:
                        ("partition", partition_section), ("roofline", roofline_section),
                        ("models", models_section), ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section), ("busy-threads", busy_threads_section),
-                       ("fixed-cost", fixed_cost_section)):
+                       ("fixed-cost", fixed_cost_section), ("abm-comparison", abm_comparison_section)):
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
     stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,
