@@ -47,6 +47,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -201,17 +202,7 @@ class Grid:
             int64 tensor ``[k, 2]`` of ``(drow, dcol)``; ``k = (2r+1)^2`` for Moore
             and ``2r(r+1) + 1`` for von Neumann, minus one without the center.
         """
-        _check_kind(kind)
-        _check_int("radius", radius, 1)
-        span = torch.arange(-radius, radius + 1, dtype=torch.int64)
-        drow, dcol = torch.meshgrid(span, span, indexing="ij")  # row-major = lexicographic
-        off = torch.stack([drow.reshape(-1), dcol.reshape(-1)], dim=1)
-        keep = torch.ones(off.shape[0], dtype=torch.bool)
-        if kind == "von_neumann":
-            keep &= off.abs().sum(1) <= radius
-        if not include_center:
-            keep &= (off != 0).any(1)
-        return off[keep]
+        return _offset_table(kind, radius, include_center).clone()
 
     def neighbor_cells(
         self,
@@ -238,7 +229,7 @@ class Grid:
             same cell are all kept, so a row may hold duplicates.
         """
         flat = _as_index("cells", cells)
-        off = self.offsets(kind, radius, include_center).to(flat.device)
+        off = _offset_table(kind, radius, include_center).to(flat.device)  # (read only)
         height, width = self.shape
         row = torch.div(flat, width, rounding_mode="floor").unsqueeze(-1) + off[:, 0]
         col = torch.remainder(flat, width).unsqueeze(-1) + off[:, 1]
@@ -359,3 +350,19 @@ def _shifted_sum(x: Tensor, offsets: list[tuple[int, int]], periodic: bool, radi
     for dr, dc in offsets:
         out += padded[..., radius + dr : radius + dr + height, radius + dc : radius + dc + width]
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _offset_table(kind: str, radius: int, include_center: bool) -> Tensor:
+    """:meth:`Grid.offsets`, made once per argument triple (never written: callers copy it or read it)."""
+    _check_kind(kind)
+    _check_int("radius", radius, 1)
+    span = torch.arange(-radius, radius + 1, dtype=torch.int64)
+    drow, dcol = torch.meshgrid(span, span, indexing="ij")  # row-major = lexicographic
+    off = torch.stack([drow.reshape(-1), dcol.reshape(-1)], dim=1)
+    keep = torch.ones(off.shape[0], dtype=torch.bool)
+    if kind == "von_neumann":
+        keep &= off.abs().sum(1) <= radius
+    if not include_center:
+        keep &= (off != 0).any(1)
+    return off[keep]
