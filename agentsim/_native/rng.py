@@ -172,16 +172,17 @@ class Kernel:
         self._functions = {name: library[symbol] for name, (_, symbol) in _FUNCTIONS.items()}
 
     def run(self, name: str, ids: Tensor, golden: int, salt: int, salts: list[int], d: int,
-            *extra: int | list[float] | None) -> Tensor:
+            *extra: int | list[float] | None, shape: tuple[int, ...] | None = None) -> Tensor:
         """Draws for contiguous CPU int64 ``ids`` ``[n]``: a ``[n, d]`` tensor of the function's dtype
         (``extra``: ``integers``' upper bound ``high``; the normals' ``paired`` (1: both outputs of
         each transform), ``first`` (1: skip the first cosine output), ``[scale]`` and ``[shift per
-        draw]`` lists, or None, None for standard normals).
+        draw]`` lists, or None, None for standard normals), or of ``shape`` (``n * d`` values: the
+        same rows, in the caller's shape).
         ``salts``: one per raw draw (normals: two per Box-Muller pair).
         """
         dtype, _ = _FUNCTIONS[name]
         n = ids.numel()
-        out = torch.empty((n, d), dtype=dtype)
+        out = torch.empty((n, d) if shape is None else shape, dtype=dtype)
         salt_array = (ctypes.c_uint64 * len(salts))(*(s & 0xFFFFFFFFFFFFFFFF for s in salts))
         args = [(ctypes.c_double * len(x))(*x) if isinstance(x, list) else x for x in extra]  # alive during the call
         fn = self._functions[name]

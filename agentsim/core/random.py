@@ -97,6 +97,7 @@ class CounterRNG:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int (got {type(seed).__name__})")
         self.seed = seed
+        self._salts: dict[tuple[int, int | str], int] = {}  # (seed, stream) -> _stream_salt
 
     def __repr__(self) -> str:
         return f"CounterRNG(seed={self.seed})"
@@ -108,8 +109,16 @@ class CounterRNG:
         return mix64(ids * GOLDEN + self._stream_salt(stream))
 
     def _stream_salt(self, stream: int | str) -> int:
-        """The seed and stream hashed together: an id's key is ``mix(id * golden + salt)``."""
-        return mix64_int(mix64_int(self.seed) ^ stream_id(stream))
+        """The seed and stream hashed together: an id's key is ``mix(id * golden + salt)`` (kept by
+        seed and stream: a run asks for the same few streams every step).
+        """
+        key = (self.seed, stream)
+        salt = self._salts.get(key)
+        if salt is None:
+            if len(self._salts) >= 4096:  # streams made of numbers may be many: the table stays small
+                self._salts.clear()
+            salt = self._salts[key] = mix64_int(mix64_int(self.seed) ^ stream_id(stream))
+        return salt
 
     def bits(
         self, ids: Tensor, step: int, stream: int | str, draw: int = 0, draws: int | None = None
@@ -149,9 +158,10 @@ class CounterRNG:
         if len(raw) > MAX_DRAWS:
             return None
         salts = [_draw_salt(step, r) for r in raw]
-        flat = ids.reshape(-1).to(torch.int64).contiguous()
-        out = k.run(kind, flat, GOLDEN, self._stream_salt(stream), salts, n, *extra)
-        return out.reshape(ids.shape) if draws is None else out.reshape(*ids.shape, n)
+        flat = ids if ids.dim() == 1 and ids.dtype == torch.int64 and ids.is_contiguous() \
+            else ids.reshape(-1).to(torch.int64).contiguous()
+        shape = tuple(ids.shape) if draws is None else (*ids.shape, n)  # the [n, d] rows, as the caller's shape
+        return k.run(kind, flat, GOLDEN, self._stream_salt(stream), salts, n, *extra, shape=shape)
 
     def uniform(
         self,
