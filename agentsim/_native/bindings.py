@@ -114,7 +114,6 @@ FUNCTIONS: dict[str, Signature] = {
     **{f"agentsim_equal_any_{t}": _sig("ops.c", None, ("x", PTR), ("n", I64), ("values", PTR), ("k", I64), ("out", PTR))
        for t in ("i8", "i16", "i32", "i64", "u8", "f32", "f64")},
     # metrics.c
-    **{f"agentsim_fixed_sum{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("scale", F64)) for f in _FLOATS},
     **{f"agentsim_fixed_sum_checked{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("scale", F64),
                                               ("limit", F64), ("range", PTR)) for f in _FLOATS},
     **{f"agentsim_sq_norm_fixed_sum{f}": _sig("metrics.c", I64, ("x", PTR), ("n", I64), ("k", I64), ("scale", F64))

@@ -107,7 +107,6 @@ class _Kernels:
         self.push_changes = lib["agentsim_push_changes"]
         self.keep_only = lib["agentsim_keep_only"]
         self.scaled_total = lib["agentsim_scaled_total"]
-        self.fixed_sum = _by_dtype(lib, "agentsim_fixed_sum")
         self.fixed_sum_checked = _by_dtype(lib, "agentsim_fixed_sum_checked")
         self.sq_norm_fixed_sum = _by_dtype(lib, "agentsim_sq_norm_fixed_sum")
         self.expand = _by_dtypes(lib, "agentsim_expand")
@@ -719,16 +718,8 @@ def fixed_sum(x: Tensor, frac_bits: int) -> Tensor | None:
     gives, bit for bit), or None where the kernel does not apply (not a CPU float32/float64
     tensor, needs grad, no kernel).
     """
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad:
-        return None
-    k = _kernels()
-    if k is None:
-        return None
-    x = x.contiguous()
-    fn, ptr, item, scale = k.fixed_sum[x.dtype], x.data_ptr(), x.element_size(), float(2**frac_bits)
-    parts: list[int] = []  # one wrapping sum per thread's range
-    native.parallel_for(x.numel(), _PARALLEL_MIN, lambda a, b: parts.append(fn(ptr + item * a, b - a, scale)))
-    return _wrapped_total(parts)
+    checked = fixed_sum_checked(x, frac_bits, math.inf)
+    return None if checked is None else torch.tensor(checked.total, dtype=torch.int64)
 
 
 class CheckedSum(NamedTuple):

@@ -159,9 +159,8 @@ void agentsim_equal_any_f32(const float *x, int64_t n, const float *values, int6
 void agentsim_equal_any_f64(const double *x, int64_t n, const double *values, int64_t k, uint8_t *out);
 
 /* ---------------------------------------------------------------- exact metric sums (metrics.c) */
-/* the wrapping int64 sum of nearbyint(x[i] * scale), scale a power of two */
-int64_t agentsim_fixed_sum32(const float *x, int64_t n, double scale);
-int64_t agentsim_fixed_sum64(const double *x, int64_t n, double scale);
+/* the wrapping int64 sum of nearbyint(x[i] * scale), scale a power of two; range[0] = 1 if some
+   x[i] is NaN or |x[i]| >= limit, range[1] = the sum of floor(|x[i]|) */
 int64_t agentsim_fixed_sum_checked32(const float *x, int64_t n, double scale, double limit, double *range);
 int64_t agentsim_fixed_sum_checked64(const double *x, int64_t n, double scale, double limit, double *range);
 /* the same of the rows' squared norms in double, x [n, k] */

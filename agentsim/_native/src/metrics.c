@@ -1,4 +1,4 @@
-/* Exact metric sums (agentsim/_native/kernels.py: fixed_sum, squared_norm_fixed_sum; used by
+/* Exact metric sums (agentsim/_native/kernels.py: fixed_sum_checked, squared_norm_fixed_sum; used by
    agentsim.core.metrics): fixed-point sums in wrapping int64, the bits of the torch ops on any
    split over threads. */
 #include <math.h>
@@ -6,7 +6,7 @@
 #include "agentsim_kernels.h"
 #include "common.h"
 
-/* FIXED_SUM(NAME, T): the wrapping sum of (int64) nearbyint(x[i] * scale), as torch's int64 sum of
+/* The wrapping sum of (int64) nearbyint(x[i] * scale), as torch's int64 sum of
    the rounded values: scale is a power of two, so x * scale is exact and the rounding (to nearest,
    ties to even) is the only one. Blocks of FIXED_BLOCK
    entries whose |x * scale| < 2**51 take a vectorized path: v + 1.5 * 2**52 rounds v to an integer
@@ -34,12 +34,8 @@
         s += part; \
     } \
     return (int64_t)s;
-#define FIXED_SUM(NAME, T) \
-int64_t NAME(const T *x, int64_t n, double scale) { FIXED_BLOCKS((double)x[i]) }
-FIXED_SUM(agentsim_fixed_sum64, double)
-FIXED_SUM(agentsim_fixed_sum32, float)
-
-/* FIXED_SUM_CHECKED(NAME, T): FIXED_SUM, and what a metric's sum needs checked about the values
+/* FIXED_SUM_CHECKED(NAME, T): the fixed-point sum of x [n] (FIXED_BLOCKS), and what a metric's sum
+   needs checked about the values
    (agentsim.core.metrics: _range_entries): range[0] = 1 if some x[i] is NaN or |x[i]| >= limit
    (else 0), range[1] = the sum of floor(|x[i]|) in double (exact, in any order, below 2**53). */
 #define FIXED_SUM_CHECKED(NAME, T) \
@@ -58,8 +54,8 @@ int64_t NAME(const T *x, int64_t n, double scale, double limit, double *range) {
 FIXED_SUM_CHECKED(agentsim_fixed_sum_checked64, double)
 FIXED_SUM_CHECKED(agentsim_fixed_sum_checked32, float)
 
-/* SQ_NORM_FIXED_SUM(NAME, T): FIXED_SUM of the SQ_NORM column of x [n, k] without the column: the
-   wrapping sum of (int64) nearbyint(s[i] * scale), s[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double
+/* SQ_NORM_FIXED_SUM(NAME, T): the fixed-point sum (FIXED_BLOCKS) of the SQ_NORM column of x [n, k]
+   without the column: the wrapping sum of (int64) nearbyint(s[i] * scale), s[i] = x[i, 0]^2 + x[i, 1]^2 + ... in double
    (each square and each sum rounded, left to right). */
 #define SQ_NORM_FIXED_SUM(NAME, T) \
 static inline double NAME##_row(const T *x, int64_t i, int64_t k) { \
