@@ -24,8 +24,8 @@ polarization (length of the mean unit heading), Schelling's share of happy agent
 
 Where agentsim differs from the declarations, on purpose: every agent decides from the same state
 (synchronous; the declarations activate agents one at a time in random order), and movers settle
-conflicts by random keys; agentsim's boids hold float32 positions; its Schelling grid is a torus
-(the declaration's grid is bounded); its wolves and sheep start with integer energies in
+conflicts by random keys; agentsim's boids hold float32 positions; Schelling runs on a bounded
+grid as declared (``torus=False``); its wolves and sheep start with integer energies in
 ``[0, 2 gain)`` (the declaration: ``[1, 2 gain]``). So the trajectories differ; the aggregate
 dynamics are compared.
 Published time ratios to Mesa (Mesa 3.2.0): Agents.jl 9.4x, 3.3x (WolfSheep small, large), 159x, 60x
@@ -114,7 +114,7 @@ if kind == "flocking":
     model = asim.get_model("boids").configure(params={"density": agents / side**2, "vision": reach})
 elif kind == "schelling":
     model = asim.get_model("schelling").configure(params={"density": agents / side**2, "radius": int(reach),
-                                                          "homophily": homophily})
+                                                          "homophily": homophily, "torus": False})
 else:
     sheep_p, wolf_p = {25: (0.2, 0.1), 100: (0.4, 0.2)}[side]
     model = asim.get_model("wolfsheep").configure(params={

@@ -1,4 +1,5 @@
-"""Schelling segregation on a 2D torus grid.
+"""Schelling segregation on a 2D grid, a torus unless ``torus=False`` (a bounded grid, where cells at
+the border have fewer neighbors).
 
 Residents of two groups occupy distinct cells of a grid with ``density`` of the
 cells filled. Each step, synchronously:
@@ -33,8 +34,9 @@ model = Model(
         "minority_fraction": Param(0.5, "fraction of residents in group 1", ge=0, le=1),
         "homophily": Param(3, "similar neighbors needed to be happy", ge=0),
         "radius": Param(1, "Moore neighborhood radius (cells)", ge=1),
+        "torus": Param(True, "the grid wraps around (False: bounded, as the ABM framework comparison declares it)"),
     },
-    description="Schelling segregation on a torus grid",
+    description="Schelling segregation on a grid (a torus by default)",
     default_agents=10_000,
 )
 
@@ -102,12 +104,12 @@ def assess(ctx: Context) -> None:
 
 @model.init
 def init(ic: InitContext) -> Grid:
-    """Residents on distinct random cells of a torus sized for ``density``; groups at random; assessed."""
+    """Residents on distinct random cells of a grid sized for ``density``; groups at random; assessed."""
     n = ic.n_agents
     side = max(2, math.ceil(math.sqrt(n / ic.params["density"])))
     if n >= side * side:
         raise ConfigError(f"schelling: {n} residents do not fit with density {ic.params['density']}")
-    grid = Grid((side, side), periodic=True)
+    grid = Grid((side, side), periodic=ic.params["torus"])
     cells = torch.arange(grid.n_cells, device=ic.device)
     chosen = torch.argsort(ic.rng.bits(cells, "placement"), stable=True)[:n]
     uid = ic.uids("resident", n)

@@ -291,3 +291,24 @@ def test_randomwalk_mean_squared_displacement(drift):
     t = np.arange(51)
     expected = 2 * t + (drift * t) ** 2
     assert np.allclose(m["msd"][1:], expected[1:], rtol=0.03)
+
+
+def test_schelling_on_a_bounded_grid_counts_only_the_neighbors_inside():
+    """torus=False (the ABM framework comparison's grid): a resident's occupied Moore neighbors are
+    those of the cells inside the grid, against a brute-force count (a corner has at most 3).
+    """
+    import agentsim as asim
+
+    sim = asim.Simulation(asim.get_model("schelling"), agents=300, seed=2, params={"torus": False, "density": 0.9})
+    grid, res = sim.space, sim.state["resident"]
+    assert not grid.periodic
+    height, width = grid.shape
+    occupied = set(res["cell"].tolist())
+    expected = []
+    for cell in res["cell"].tolist():
+        r, c = divmod(cell, width)
+        expected.append(sum((r + dr) * width + c + dc in occupied for dr in (-1, 0, 1) for dc in (-1, 0, 1)
+                            if (dr, dc) != (0, 0) and 0 <= r + dr < height and 0 <= c + dc < width))
+    assert res["occupied"].tolist() == expected
+    assert max(expected) == 8 and min(e for e, cell in zip(expected, res["cell"].tolist(), strict=True)
+                                       if cell in (0, width - 1, grid.n_cells - width, grid.n_cells - 1)) <= 3
