@@ -959,14 +959,16 @@ def abm_comparison_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
         lines += [f"`{rel}` (Mesa {v.get('mesa', NOT_RECORDED)}, agentsim {v.get('agentsim', NOT_RECORDED)}; the "
                   f"comparison at {d.get('comparison_commit') or NOT_RECORDED}; one thread; {d['rounds']} alternating "
                   f"rounds of {d['runs_per_round']} runs): medians over every run; a run builds the model and takes "
-                  "every step; the end state is the flock's polarization or the share of happy agents:", ""]
+                  "every step; the end state is the flock's polarization, the share of happy agents, or the sheep "
+                  "and wolves:", ""]
         rows = []
         for w, s in d["summary"].items():
             med = s["median"]
             rows.append([w, num(med["mesa"]["run"] * 1e3), num(med["agentsim"]["run"] * 1e3),
                          num(s["mesa_over_agentsim_run"], 3), num(s["mesa_over_agentsim_steps"], 3),
                          num(s.get("agents_jl_published_ratio"), 3), num(s["agentsim_ms_per_step"]),
-                         f"{med['mesa']['end']:.3f} / {med['agentsim']['end']:.3f}"])
+                         " / ".join(f"{m['end']:.3f}" if not m.get("end2") else f"{m['end']:,.0f}, {m['end2']:,.0f}"
+                                    for m in (med["mesa"], med["agentsim"]))])
         lines += table(["workload", "Mesa ms a run", "agentsim ms a run", "Mesa / agentsim (run)",
                         "Mesa / agentsim (steps)", "Agents.jl's published ratio", "agentsim ms a step",
                         "end state Mesa / agentsim"], rows)
