@@ -383,6 +383,7 @@ class Metric:
         value = self.fn(mc)
         if self.hist is not None:
             return [self._histogram(value)]
+        ranges: list[int] | None = None  # a float value's range entries, where the kernel made them
         if isinstance(value, ExactSum):
             count = int(value.n_values)
             block: Block = ([self.name], [True], value.total.to(torch.int64).cpu().reshape(1))
@@ -406,14 +407,11 @@ class Metric:
                 checked = cpu_kernels.fixed_sum_checked(value, METRIC_FRAC_BITS, METRIC_VALUE_LIMIT) \
                     if is_float else None
                 if checked is not None:  # the sum and its checks in one call, as Python ints
-                    bound = 0 if checked.invalid else int(min(checked.floors + value.numel(), METRIC_SUM_LIMIT))
-                    names, floats = [self.name, self.name + _INVALID, self.name + _BOUND], [True, False, False]
-                    ints = [checked.total, int(checked.invalid), bound]
-                    if self.reduce == "mean":
-                        names, floats, ints = [*names, self.name + _COUNT], [*floats, False], [*ints, value.numel()]
-                    return [(names, floats, ints)]
-                total = _exact_sum(value) if is_float else _integer_sum(value)
-                block = ([self.name], [is_float], total.reshape(1))
+                    block = ([self.name], [True], [checked.total])
+                    ranges = _range_ints(checked.invalid, checked.floors, value.numel())
+                else:
+                    total = _exact_sum(value) if is_float else _integer_sum(value)
+                    block = ([self.name], [is_float], total.reshape(1))
                 count = value.numel()
             else:
                 raise ConfigError(f"metric '{self.name}': expected per-agent values [n] or rows [n, K] (got shape "
@@ -423,9 +421,10 @@ class Metric:
                               f"(got {type(value).__name__})")
         blocks = [block]
         if isinstance(value, Tensor) and value.is_floating_point():
-            blocks.append(([self.name + _INVALID, self.name + _BOUND], [False, False], _range_entries(value)))
+            blocks.append(([self.name + _INVALID, self.name + _BOUND], [False, False],
+                           ranges if ranges is not None else _range_entries(value)))
         if self.reduce == "mean":
-            blocks.append(([self.name + _COUNT], [False], torch.tensor([count], dtype=torch.int64)))
+            blocks.append(([self.name + _COUNT], [False], [count]))
         return blocks
 
     def _histogram(self, value: Any) -> Block:
@@ -441,22 +440,29 @@ class Metric:
         return self.entries(k), [False] * k, histogram_counts(value, edges)
 
 
-def _range_entries(values: Tensor) -> Tensor:
-    """``[2]`` int64: whether ``values`` hold NaN, inf or a magnitude of :data:`METRIC_VALUE_LIMIT` or
-    more (1, else 0), and a bound on the magnitude of their (column) sums, the sum of
+def _range_entries(values: Tensor) -> list[int]:
+    """Two int64 entries: whether ``values`` hold NaN, inf or a magnitude of
+    :data:`METRIC_VALUE_LIMIT` or more (1, else 0), and a bound on the magnitude of their (column) sums, the sum of
     ``floor(|v|) + 1`` over the values (exact, so the same for any split of the agents among ranks;
     capped at :data:`METRIC_SUM_LIMIT`). A fixed-point sum would turn either into garbage without a
     word; :func:`metric_row` raises on the global entries.
     """
     if values.numel() == 0:
-        return torch.zeros(2, dtype=torch.int64)
+        return _range_ints(False, 0.0, 0)
     v = values.detach()
     low, high = (float(x) for x in torch.aminmax(v))
     if not -METRIC_VALUE_LIMIT < low <= high < METRIC_VALUE_LIMIT:  # also False for NaN
-        return torch.tensor([1, 0], dtype=torch.int64)
+        return _range_ints(True, 0.0, v.numel())
     # integers below 2**53 add exactly in float64 in any order; past that the sum is far over the cap
-    bound = float(v.abs().floor_().sum(dtype=torch.float64)) + v.numel()
-    return torch.tensor([0, int(min(bound, METRIC_SUM_LIMIT))], dtype=torch.int64)
+    return _range_ints(False, float(v.abs().floor_().sum(dtype=torch.float64)), v.numel())
+
+
+def _range_ints(invalid: bool, floors: float, n: int) -> list[int]:
+    """The two range entries of ``n`` float values: ``[1, 0]`` where some value is invalid, else
+    ``[0, bound]``, the bound ``sum(floor(|v|)) + n`` (``floors`` + ``n``) capped at
+    :data:`METRIC_SUM_LIMIT`.
+    """
+    return [1, 0] if invalid else [0, int(min(floors + n, METRIC_SUM_LIMIT))]
 
 
 def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:

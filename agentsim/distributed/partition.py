@@ -175,8 +175,7 @@ class StepReport:
             up = torch.stack([f.condition.reshape(()) for f in self.flags]).to(device="cpu", dtype=torch.bool)
             if bool(up.any()):
                 on = up.tolist()
-                tail = any(on[MAX_FLAGS - 1:])  # flags past the last slot share it, as in rows()
-                raised = [f.message for i, f in enumerate(self.flags) if (on[i] if i < MAX_FLAGS - 1 else tail)]
+                raised = _raised(self.flags, [*on[:MAX_FLAGS - 1], any(on[MAX_FLAGS - 1:])])  # the slots of rows()
         return StepSummary(self.step, raised, RanksFigures.of_one(self.figures), self.sums,
                            True, self.seconds)
 
@@ -191,7 +190,7 @@ class StepReport:
         up = got["flags"]
         same = bool((got["flag_sig"] == got["flag_sig"][0]).all())
         slots = up.any(0) if same else up[rank]
-        raised = [f.message for i, f in enumerate(self.flags) if bool(slots[min(i, MAX_FLAGS - 1)])]
+        raised = _raised(self.flags, slots.tolist())
         if not same:
             others = [r for r in range(up.shape[0]) if r != rank and bool(up[r].any())]
             if others:
@@ -211,6 +210,11 @@ class StepReport:
         if self.sums is not None:
             sums = MetricSums(self.sums.names, self.sums.is_float, got["sums"].sum(0))
         return StepSummary(self.step, raised, RanksFigures.from_tensor(got["v"]), sums, at_step_end, self.seconds)
+
+
+def _raised(flags: list[Flag], slots: list[bool]) -> list[str]:
+    """The messages of the flags whose slot is set (flags past the last slot share it)."""
+    return [f.message for i, f in enumerate(flags) if slots[min(i, MAX_FLAGS - 1)]]
 
 
 def env_checksum(layer: Tensor) -> Tensor:
