@@ -418,11 +418,12 @@ def meet(ctx: Context) -> None:
                  groups >= 2**32)  # (their numbers would reach the next place's ids)
         has = ops.flatnonzero(place >= 0)
         u = ctx.rng.uniform(people["uid"].index_select(0, has), layer, draws=k, dtype=torch.float64)  # [m, k]
-        count = groups.index_select(0, index.of.index_select(0, has).to(torch.int64)).unsqueeze(1)
-        which = torch.minimum((u * count).to(torch.int64), count.to(torch.int64) - 1)  # floor(u * count), below count
+        count = groups.index_select(0, index.of.index_select(0, has)).unsqueeze(1)  # [m, 1] float64
+        which = torch.minimum(u.mul_(count), count - 1, out=u).to(torch.int64)  # floor(u * count), below count
+        which.add_(place.index_select(0, has).to(torch.int64).unsqueeze(1) * 2**32)  # the place's ids
         contacts = people[f"{layer}_contacts"]
         contacts.fill_(-1)
-        contacts.index_copy_(0, has, place.index_select(0, has).to(torch.int64).unsqueeze(1) * 2**32 + which)
+        contacts.index_copy_(0, has, which)
 
 
 @model.substep(reads=["person.state", "person.age", "person.isolated", "person.vaccinated", "person.early_days",

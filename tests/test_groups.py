@@ -530,6 +530,17 @@ def test_number_counts_ids_in_a_range_of_up_to_128_per_agent_and_sorts_sparser_o
     assert torch.equal(ids2, want_ids) and torch.equal(of2, want_of.view(-1, 2))
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_smallest_id_skips_the_agents_in_no_group(dtype):
+    from agentsim.core import groups
+
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 50, 10_000):
+        field = torch.randint(-3, 2**30, (n,), generator=g).to(dtype)
+        field[0] = 2**30 + 5  # at least one id
+        assert groups._smallest_id(field, int(field.max())) == int(field[field >= 0].min())
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_id_ranges_cover_every_id_and_inside_is_the_brute_force(seed):
     from agentsim.core import groups

@@ -182,7 +182,7 @@ def push_count(indptr: Tensor, indices: Tensor, n_nodes: int, nodes: Tensor) -> 
     return out
 
 
-def group_members(of: Tensor, groups: int) -> tuple[Tensor, Tensor] | None:
+def group_members(of: Tensor, groups: int, counts: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
     """The memberships group by group, by a counting sort: ``(start [G + 1] int64, order [m] int32)``,
     group ``g``'s members' rows ``order[start[g]:start[g + 1]]`` in membership order (what a stable
     sort by group number gives); or None where the kernel does not apply (no kernel, not CPU, not
@@ -191,6 +191,7 @@ def group_members(of: Tensor, groups: int) -> tuple[Tensor, Tensor] | None:
     Args:
         of: ``[n]`` or ``[n, k]`` int32 group number of each membership (``groups``: none).
         groups: ``G``, the number of groups.
+        counts: ``[G]`` integers, each group's memberships in ``of`` where known (else counted here).
     """
     if of.device.type != "cpu" or of.dtype != torch.int32:
         return None
@@ -200,7 +201,9 @@ def group_members(of: Tensor, groups: int) -> tuple[Tensor, Tensor] | None:
     per = of.shape[1] if of.dim() == 2 else 1
     flat = of.contiguous().view(-1)
     start = torch.zeros(groups + 1, dtype=torch.int64)  # each group's first place in order
-    torch.cumsum(torch.bincount(flat, minlength=groups + 1)[:groups], 0, out=start[1:])
+    if counts is None:
+        counts = torch.bincount(flat, minlength=groups + 1)[:groups]
+    torch.cumsum(counts, 0, dtype=torch.int64, out=start[1:])
     cursor = start[:-1].clone()
     order = torch.empty(int(start[-1]), dtype=torch.int32)  # the members' rows, group by group
     k.group_members(flat.data_ptr(), flat.numel(), groups, cursor.data_ptr(), per, order.data_ptr())

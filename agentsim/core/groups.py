@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -126,16 +127,17 @@ def _memberships(of: Tensor, groups: int) -> Tensor:
     return inside.sum(1, dtype=torch.int64) if inside.dim() == 2 else inside.to(torch.int64)
 
 
-def _co_member_lists(of: Tensor, groups: int, memberships: Tensor,
-                     member_lists: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor] | None:
+def _co_member_lists(of: Tensor, groups: int, memberships: Tensor, member_lists: tuple[Tensor, Tensor] | None = None,
+                     counts: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
     """Each agent's group-mates (:attr:`GroupIndex.co_members`) from its group numbers ``of`` (``G``:
     no group), or None where they would be more than ``_PUSH_ENTRIES`` a membership on average,
     off the CPU or without the kernel library. ``member_lists``: ``(start, order)`` where known
-    (else made for this and dropped).
+    (else made for this and dropped); ``counts``: ``[G]`` each group's memberships in ``of`` where
+    known.
     """
     most = _PUSH_ENTRIES * max(int(memberships.sum()), 1)
     with native.one_off_memory():  # large temporaries of sizes not seen again
-        lists = member_lists if member_lists is not None else cpu_kernels.group_members(of, groups)
+        lists = member_lists if member_lists is not None else cpu_kernels.group_members(of, groups, counts)
         return None if lists is None else cpu_kernels.co_members(lists[0], lists[1], of.shape[0], most)
 
 
@@ -252,10 +254,17 @@ class GroupIndex:
         order: ``[m]`` int32 (int64 beyond 2**31 agents) rows of this rank's members, group by group
             (row order within a group; an agent with several memberships of one group appears once
             for each).
+        size_is_local: Whether every member of every group is here (no group is cut), so that
+            :attr:`size` also counts the memberships of :attr:`of` (and they are not counted again).
     """
 
-    def __init__(self, ids: Tensor, of: Tensor, size: Tensor) -> None:
-        self.ids, self.of, self.size = ids, of, size
+    def __init__(self, ids: Tensor, of: Tensor, size: Tensor, size_is_local: bool = False) -> None:
+        self.ids, self.of, self.size, self.size_is_local = ids, of, size, size_is_local
+
+    @property
+    def _local_counts(self) -> Tensor | None:
+        """``[G]`` each group's memberships here where :attr:`size` is they (else None: count them)."""
+        return self.size if self.size_is_local else None
 
     @property
     def start(self) -> Tensor:
@@ -272,7 +281,7 @@ class GroupIndex:
         """``(start, order)``: this rank's members group by group (a stable sort by number: a counting
         sort where the kernel applies).
         """
-        counted = cpu_kernels.group_members(self.of, self.ids.shape[0])
+        counted = cpu_kernels.group_members(self.of, self.ids.shape[0], self._local_counts)
         if counted is not None:
             return counted
         groups, of = self.ids.shape[0], self.of.reshape(-1)
@@ -294,7 +303,8 @@ class GroupIndex:
         entries each), off the CPU, or without the kernel library.
         """
         # the member lists where they are kept, else made for this and dropped
-        return _co_member_lists(self.of, self.ids.shape[0], self.memberships, self.__dict__.get("_member_lists"))
+        return _co_member_lists(self.of, self.ids.shape[0], self.memberships, self.__dict__.get("_member_lists"),
+                                self._local_counts)
 
     @functools.cached_property
     def memberships(self) -> Tensor:
@@ -611,7 +621,7 @@ def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     top = int(field.max()) if n else -1
     lo = int(field.min()) if n else 0
     if lo < 0 <= top:  # the smallest id, agents in no group aside (a later process's ids are far from 0)
-        lo = int(field.masked_fill(field < 0, top).min())
+        lo = _smallest_id(field, top)
     # a bitmap of the ids (2 bits per id of the range: at most 32 bytes an agent, up to about 1.2
     # times a sort's temporaries), else a count of the ids a window of n at a time
     numbered = cpu_kernels.number_ids(field, lo, top) if 0 <= top and top - lo < _BITMAP_SPAN * max(
@@ -621,6 +631,14 @@ def _number(field: Tensor) -> tuple[Tensor, Tensor]:
     if 0 <= top and top - lo < _COUNTING_WINDOWS * max(n, _MIN_WINDOW):
         return _number_by_counting(field, lo, top)
     return _number_by_sorting(field)
+
+
+def _smallest_id(field: Tensor, top: int) -> int:
+    """The smallest id >= 0 of ``field`` (``[n]`` integers, some negative; ``top`` its largest)."""
+    if field.device.type == "cpu":  # negative ids are the largest as unsigned integers (no masked copy)
+        a = field.numpy()
+        return int(a.view(np.uint64 if a.dtype == np.int64 else np.uint32).min())
+    return int(field.masked_fill(field < 0, top).min())
 
 
 _MAX_RANGES = 1 << 12  # id ranges a rank describes its groups by when it looks for cut groups
@@ -1086,7 +1104,7 @@ class GroupSums:
             self._add_peer_rows([(cut, size.view(-1, 1), cut.peer_numbers)])
         if ids.shape[0] and int(size.max()) >= 2**31:
             raise ConfigError(f"group field: a group of {int(size.max())} members; at most 2**31 - 1")
-        return GroupIndex(ids, of, size.to(torch.int32))
+        return GroupIndex(ids, of, size.to(torch.int32), size_is_local=cut.cut.shape[0] == 0)
 
     def _local(self, name: str, field: Tensor) -> _Cut:
         """One process: nothing is cut; the entry keeps the index while ``field`` stays the same."""
