@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 from equivalence import assert_same_bits, h5_datasets
 
 from agentsim.cli.main import main
+from agentsim.errors import OutputError
 from agentsim.io import locks
 from agentsim.io.checkpoint import CheckpointError
 from agentsim.io.locks import LockedError, lock_file, lock_run
@@ -362,3 +364,36 @@ def test_a_manifest_of_an_older_format_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert main([*QUIET, "--steps", "6", "--resume", str(ck)]) == 2
     assert "is of an older format: its manifest does not record the run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "link to a device"])
+def test_special_files_are_refused_as_outputs_and_left_as_they_are(tmp_path, capsys, kind):
+    from agentsim import Simulation, get_model
+    from agentsim.io.hdf5 import TrajectoryWriter
+    from agentsim.learn import train
+    from agentsim.study import Study
+
+    path = tmp_path / "out.h5"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path(os.devnull)
+    else:
+        path.symlink_to(os.devnull)
+    what = "a FIFO (named pipe)" if kind == "fifo" else "a character device"
+    before = os.stat(path)
+    for nprocs in ("1", "2"):
+        assert main([*QUIET, "--steps", "2", "--nprocs", nprocs, "--out", str(path)]) == 1
+        assert f"it is {what}; an output must be a regular file" in capsys.readouterr().err
+    assert main(["sweep", "randomwalk", "--agents", "50", "--steps", "2", "--seeds", "2", "--out", str(path)]) == 1
+    assert f"study file '{path}': it is {what}" in capsys.readouterr().err
+    with pytest.raises(OutputError, match=re.escape(f"training log '{path}': it is {what}")):
+        train("spillover", agents=20, updates=1, out=path)
+    for write in (lambda: Simulation(get_model("randomwalk"), agents=50, seed=1).run(2, out=path),
+                  lambda: TrajectoryWriter(path, model="demo", params={}, seed=1, steps=1, overwrite=True),
+                  lambda: Study("randomwalk", seeds=[1], steps=2, agents=50).run(out=path)):
+        with pytest.raises(OutputError, match=re.escape(f"it is {what}")):
+            write()
+    after = os.stat(path)
+    assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
+    assert not os.path.exists(f"{path}.lock") or kind == "device"

@@ -222,3 +222,51 @@ def test_rows_a_failed_flush_sized_but_never_filled_are_not_read(tmp_path, capsy
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "6 of 6 steps, did not complete" in out and "step=6" in out
+
+
+def test_a_resume_into_a_file_a_failed_flush_left_cuts_it_at_the_resumed_step(tmp_path, capsys):
+    # A full disk at step 10 of 10: /metrics ends in zero rows a failed flush sized (steps
+    # [0 .. 5, 0, 0, 0]), the frame of step 10 has its step but zeros for rows, and steps_completed
+    # may say 10. Readers stop at step 5; a resume from the checkpoint of step 5 into the file
+    # cuts it at step 5 exactly and ends with the uninterrupted run's data.
+    import h5py
+    import numpy as np
+
+    from agentsim.cli.main import main
+    from agentsim.io.hdf5 import read_trajectory
+
+    run = ["run", "randomwalk", "--agents", "200", "--steps", "10", "--every", "5", "--quiet",
+           "--checkpoint-every", "5", "--checkpoint-dir", str(tmp_path / "ck")]
+    whole, path = tmp_path / "whole.h5", tmp_path / "run.h5"
+    assert main([*run, "--out", str(whole)]) == 0
+    shutil.rmtree(tmp_path / "ck" / "step-00000010")
+    shutil.copy(whole, path)
+    with h5py.File(path, "r+") as f:
+        for ds in f["metrics"].values():
+            ds.resize(6, axis=0)  # steps 0 .. 5 written
+            ds.resize(9, axis=0)  # and three rows sized, never filled
+        group = f["agents/walker"]
+        first = int(group["offsets"][2])  # the frame of step 10: its step, zero rows
+        for name, ds in group.items():
+            if name not in ("step", "offsets"):
+                ds[first:] = 0
+        f.attrs["completed"] = False
+        f.attrs["steps_completed"] = 10
+    assert list(f_steps(path)) == [0, 1, 2, 3, 4, 5, 0, 0, 0]
+    got = read_trajectory(path)
+    assert got.attrs["steps_completed"] == 5 and list(got.steps("walker")) == [0, 5]  # no frame of zeros
+    assert main([*run, "--resume", str(tmp_path / "ck"), "--out", str(path)]) == 0
+    capsys.readouterr()
+    with h5py.File(whole, "r") as a, h5py.File(path, "r") as b:
+        assert bool(b.attrs["completed"]) and int(b.attrs["steps_completed"]) == 10
+        for group in ("metrics", "agents/walker", "env"):
+            if group in a:
+                for name, ds in a[group].items():
+                    assert np.array_equal(ds[...], b[group][name][...]), f"{group}/{name}"
+
+
+def f_steps(path):
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return f["metrics/step"][...]

@@ -87,7 +87,7 @@ from torch import Tensor
 from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from agentsim.io.faults import FailingFile, Fault, write_fault
-from agentsim.io.locks import process_exists
+from agentsim.io.locks import process_exists, special_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
 
@@ -590,7 +590,7 @@ class TrajectoryWriter:
         if "step" not in group:
             return _ScalarSeries(group)
         steps = group["step"][...]
-        n = int(np.searchsorted(steps, before, side="left"))
+        n = int(np.searchsorted(steps[:_increasing_rows(steps)], before, side="left"))  # (not a failed flush's rows)
         names = cls._datasets(group, ("step",))
         for name in [*names, "step"]:
             group[name].resize(n, axis=0)  # [T] and [T, K] alike
@@ -607,7 +607,7 @@ class TrajectoryWriter:
         if "step" not in group:
             return _Series(group)
         steps = group["step"][...]
-        k = int(np.searchsorted(steps, before, side="left"))
+        k = int(np.searchsorted(steps[:_increasing_rows(steps)], before, side="left"))  # (not a failed flush's rows)
         names = cls._datasets(group, ("step", "offsets"))
         n_rows = int(group["offsets"][k]) if rows else k
         for name in names:
@@ -626,6 +626,8 @@ class TrajectoryWriter:
             why = f"directory '{parent}' does not exist"
         elif os.path.isdir(self.path):
             why = "it is a directory"
+        elif special_file(self.path) is not None:
+            why = f"it is {special_file(self.path)}; an output must be a regular file or a path that does not exist yet"
         elif os.path.exists(self.path):
             if not overwrite:
                 why = "the file exists (pass overwrite=True to replace it)"
@@ -1087,16 +1089,20 @@ class Trajectory:
         self.edges: dict[str, np.ndarray] = _read_edges(file["metrics"]) if "metrics" in file else {}
         self.display: dict[str, Any] = _read_display(file["metrics"]) if "metrics" in file else {}
         self.perf: dict[str, np.ndarray] = _readable(_read_series(file["perf"])) if "perf" in file else {}
+        # Frames of a file that did not complete are read up to steps_completed: a frame after it
+        # may have been sized by a failed flush and never filled (its steps written, its rows not).
+        last: int | None = None
         if len(self.metrics.get("step", [])) and "steps_completed" in attrs:
             attrs["steps_completed"] = min(int(attrs["steps_completed"]), int(self.metrics["step"][-1]))
+            last = None if attrs.get("completed") else attrs["steps_completed"]
         self._pops: dict[str, _Population] = {}
         for name, g in (file["agents"].items() if "agents" in file else []):
             fields = [k for k in g.keys() if k not in _RESERVED_AGENT_NAMES]
             steps = g["step"][...]
-            k = _increasing_rows(steps)
+            k = _readable_frames(steps, last)
             self._pops[name] = _Population(steps[:k], g["offsets"][...][:k + 1], fields)
         env_steps = file["env/step"][...] if "env/step" in file else np.zeros(0, dtype=np.int64)
-        self._env_steps = env_steps[:_increasing_rows(env_steps)]
+        self._env_steps = env_steps[:_readable_frames(env_steps, last)]
         self.env_names: list[str] = [k for k in file["env"].keys() if k != "step"] if "env" in file else []
 
     @property
@@ -1225,6 +1231,14 @@ def _increasing_rows(steps: np.ndarray) -> int:
         return int(steps.size)
     bad = np.nonzero(np.diff(steps) <= 0)[0]
     return int(bad[0]) + 1 if bad.size else int(steps.size)
+
+
+def _readable_frames(steps: np.ndarray, last: int | None) -> int:
+    """How many leading frames of ``steps`` are read: those whose steps increase strictly, and
+    (``last`` not None) are at most ``last``.
+    """
+    k = _increasing_rows(steps)
+    return k if last is None else int(np.searchsorted(steps[:k], last, side="right"))
 
 
 def _readable(series: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

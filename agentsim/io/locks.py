@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -222,6 +223,33 @@ def _take_over(previous: dict[str, Any], lock: Lock) -> None:
         time.sleep(0.02)
 
 
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is (``"a character device"``, ...) where it exists (through links) and is
+    neither a regular file nor a directory: never an output to write, replace or lock beside;
+    else None.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # (absent; a NUL in the name is the writer's error to give)
+        return None
+    return next((kind for test, kind in _SPECIAL if test(mode)), None if stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+                else "not a regular file")
+
+
+def check_output_path(path: str | os.PathLike[str], what: str) -> None:
+    """An OutputError where ``path`` exists as a special file (a device, a FIFO, a socket):
+    outputs are regular files or new paths.
+    """
+    kind = special_file(path)
+    if kind is not None:
+        raise OutputError(f"cannot write the {what} '{os.fspath(path)}': it is {kind}; an output must be a "
+                          f"regular file or a path that does not exist yet")
+
+
 def lock_run(out: str | os.PathLike[str] | None = None, checkpoint_dir: str | os.PathLike[str] | None = None, *,
              what: str = "trajectory file") -> list[Lock]:
     """Take the locks of a run's output file ``out`` and checkpoint directory (either may be None);
@@ -229,8 +257,11 @@ def lock_run(out: str | os.PathLike[str] | None = None, checkpoint_dir: str | os
 
     Raises:
         LockedError: Another running process holds one (the message names it).
-        OutputError: A lock file cannot be created.
+        OutputError: A lock file cannot be created, or ``out`` is a special file (a device, a FIFO,
+            a socket: nothing is locked or written beside it).
     """
+    if out is not None:
+        check_output_path(out, what)
     taken: list[Lock] = []
     try:
         for target, kind, name in ((out, "file", what), (checkpoint_dir, "dir", "checkpoint directory")):
