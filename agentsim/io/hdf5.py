@@ -87,6 +87,7 @@ from torch import Tensor
 from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from agentsim.io.faults import FailingFile, Fault, write_fault
+from agentsim.io.h5check import check_regular, check_self_contained
 from agentsim.io.locks import process_exists, special_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
@@ -548,6 +549,7 @@ class TrajectoryWriter:
             a = self._file.attrs
             if _attr(a.get("format")) != FORMAT:
                 raise OutputError(f"cannot continue '{self.path}': not an agentsim trajectory")
+            check_self_contained(self._file, self.path, "trajectory")
             for key, want in (("model", model), ("params", params_json), ("seed", seed)):
                 if _attr(a.get(key)) != want:
                     raise ConfigError(f"cannot continue '{self.path}': it holds a run with {key} "
@@ -1260,9 +1262,10 @@ def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
             newer format version.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise OutputError(f"cannot read trajectory '{path}': no such file")
-    if os.path.isdir(path) or not h5py.is_hdf5(path):
+    if os.path.isdir(path):
+        raise OutputError(f"cannot read trajectory '{path}': not an HDF5 file")
+    check_regular(path, "trajectory")
+    if not h5py.is_hdf5(path):
         raise OutputError(f"cannot read trajectory '{path}': not an HDF5 file")
     with _open(path) as f:
         fmt = _attr(f.attrs.get("format"))
@@ -1275,6 +1278,7 @@ def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
             raise OutputError(
                 f"'{path}' has trajectory format_version {version!r}; this agentsim reads versions <= {FORMAT_VERSION}"
             )
+        check_self_contained(f, path, "trajectory")
         try:
             return Trajectory(path, f)
         except (KeyError, ValueError, OSError, RuntimeError) as e:  # h5py raises RuntimeError on bad links

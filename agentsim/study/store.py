@@ -39,6 +39,7 @@ import numpy as np
 
 from agentsim.errors import AgentsimError, ConfigError, OutputError, write_cause
 from agentsim.io.faults import write_fault
+from agentsim.io.h5check import DamagedFileError, check_regular, check_self_contained, dataset_problem
 from agentsim.io.hdf5 import detach_file, injected_error, open_for_writing
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -128,13 +129,23 @@ class StudyFile:
                 spec: Mapping[str, Any]) -> None:
         if resume and os.path.exists(self.path):
             self.file = _open(self.path, "a", writing=True)
-            saved = _check_format(self.file, self.path)
+            damaged = False
+            try:
+                saved = _check_format(self.file, self.path)
+                check_self_contained(self.file, self.path, "study file", strings=True)
+            except DamagedFileError:  # (rebuilt below from what reads back)
+                damaged = True
+            except OutputError:
+                self.file.close()
+                raise
             if json.dumps(saved, sort_keys=True) != text:
                 diff = sorted(k for k in set(saved) | set(spec) if saved.get(k) != spec.get(k))
                 self.file.close()
                 raise ConfigError(f"--resume: study file '{self.path}' holds another study (it differs in: "
                                   f"{', '.join(diff)})")
             try:  # a write that failed part way (a full disk) can leave links to blocks never written
+                if damaged:
+                    raise KeyError("links that do not read back")
                 self.done()
                 len(self.file["failures"])
             except (KeyError, OSError, RuntimeError, ValueError):
@@ -189,7 +200,10 @@ class StudyFile:
                             g = src[group][name]
                             if group == "runs" and not g.attrs.get("completed", False):
                                 continue
-                            for key in g:  # every series reads back
+                            for key in g:  # every series reads back, from this file only
+                                link = g.get(key, getlink=True)
+                                if not isinstance(link, h5py.HardLink) or dataset_problem(g[key], True):
+                                    raise ValueError(f"series {key!r} is not a dataset of this file")
                                 g[key][...]
                             src.copy(g, dst[group], name=name)
                             kept += group == "runs"
@@ -400,12 +414,12 @@ def read_study(path: str | os.PathLike[str]) -> StudyData:
     not finish) and the quantile bands.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise OutputError(f"cannot read study file '{path}': no such file")
+    check_regular(path, "study file")
     if not h5py.is_hdf5(path):
         raise OutputError(f"cannot read study file '{path}': not an HDF5 file")
     with _open(path, "r") as f:
         spec = _check_format(f, path)
+        check_self_contained(f, path, "study file", strings=True)
         runs = {}
         for k, g in f["runs"].items():
             if g.attrs.get("completed", False):
@@ -440,8 +454,7 @@ def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
     from the file itself.
     """
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise OutputError(f"cannot read study file '{path}': no such file")
+    check_regular(path, "study file")
     try:
         f = h5py.File(path, "r")
     except OSError as e:
@@ -455,6 +468,7 @@ def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
                               "ask again") from e
     with f:
         _check_format(f, path)
+        check_self_contained(f, path, "study file", strings=True)
         total = int(f.attrs["runs_total"])
         try:
             done = sum(1 for g in f["runs"].values() if g.attrs.get("completed", False))
