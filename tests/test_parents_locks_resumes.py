@@ -339,6 +339,19 @@ def test_a_resume_with_other_agents_is_refused_listing_the_differences(tmp_path,
         assert int(f.attrs["steps_completed"]) == 4 and bool(f.attrs["completed"])
 
 
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_resume_into_a_file_of_another_run_is_refused_before_anything_is_cut(tmp_path, capsys, nprocs):
+    ck = _checkpointed(tmp_path)  # 300 walkers
+    other = tmp_path / "other.h5"
+    assert main(["run", "randomwalk", "--quiet", "--agents", "600", "--steps", "6", "--out", str(other)]) == 0
+    before = other.read_bytes()
+    capsys.readouterr()
+    assert main([*QUIET, "--steps", "6", "--resume", str(ck), "--nprocs", str(nprocs),
+                 "--out", str(other)]) == 2
+    assert f"cannot continue '{other}': it holds a run with agents 600, not 300" in capsys.readouterr().err
+    assert other.read_bytes() == before  # not cut, not marked
+
+
 def test_the_python_api_refuses_the_same_differences(tmp_path):
     from agentsim import Simulation, get_model
 

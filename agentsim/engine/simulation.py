@@ -963,7 +963,8 @@ class Simulation:
         recorder = Recorder(out, recording(self.state, record), self.comm.rank, every,
                             continue_before=start if append else None, model=self.model.name,
                             params=dict(self.params), seed=self.seed, steps=span, world_size=self.comm.world_size,
-                            display=self.model.metric_display(), space=space_record(self.space))
+                            display=self.model.metric_display(), space=space_record(self.space),
+                            agents=self.n_agents)
         rows = _MetricRows()
         t_run = 0.0
         self._in_run = True

@@ -6,7 +6,8 @@ Root attributes:
     ``format`` = ``"agentsim-trajectory"``; ``format_version`` = 1; ``model`` (str);
     ``params`` (JSON str); ``seed`` (int); ``steps`` (int, the number requested);
     ``steps_completed`` (int: the largest step in ``/metrics``, updated as the run
-    goes, each time metric rows reach the file); ``world_size`` (int); ``versions`` (JSON str with keys ``agentsim``,
+    goes, each time metric rows reach the file); ``agents`` (int, the run's agents at the start, in files
+    written by runs); ``world_size`` (int); ``versions`` (JSON str with keys ``agentsim``,
     ``torch``, ``numpy``, ``h5py``, ``python``); ``completed`` (bool, False until the
     writer is closed with ``completed=True``).
 
@@ -408,6 +409,7 @@ class TrajectoryWriter:
         overwrite: bool = True,
         display: Mapping[str, Mapping[str, Any]] | None = None,
         space: Mapping[str, Any] | None = None,
+        agents: int | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self._display = _display_attrs(display)
@@ -457,6 +459,8 @@ class TrajectoryWriter:
             a["steps"] = steps
             a["steps_completed"] = 0
             a["world_size"] = world_size
+            if agents is not None:
+                a["agents"] = _check_int("agents", agents, 0)
             if space is not None:
                 a["space"] = json.dumps(dict(space), sort_keys=True)
             a["versions"] = json.dumps(_versions(), sort_keys=True)
@@ -522,7 +526,7 @@ class TrajectoryWriter:
     def continue_file(cls, path: str | os.PathLike[str], *, model: str, params: Mapping[str, Any], seed: int,
                       before: int, steps: int, world_size: int = 1,
                       display: Mapping[str, Mapping[str, Any]] | None = None,
-                      space: Mapping[str, Any] | None = None) -> TrajectoryWriter:
+                      space: Mapping[str, Any] | None = None, agents: int | None = None) -> TrajectoryWriter:
         """Open the file of an interrupted (or finished) run to write on from step ``before``.
 
         Every row and frame of a step ``>= before`` is dropped (the resumed run writes them
@@ -532,7 +536,8 @@ class TrajectoryWriter:
         Raises:
             OutputError: The file cannot be opened for writing (missing, unreadable, not an
                 agentsim trajectory).
-            ConfigError: It is the trajectory of another model, other parameters or seed.
+            ConfigError: It is the trajectory of another model, other parameters or seed, or (both
+                known) another number of agents at the start: nothing in it is changed.
         """
         self = cls.__new__(cls)
         self.path = os.fspath(path)
@@ -550,7 +555,10 @@ class TrajectoryWriter:
             if _attr(a.get("format")) != FORMAT:
                 raise OutputError(f"cannot continue '{self.path}': not an agentsim trajectory")
             check_self_contained(self._file, self.path, "trajectory")
-            for key, want in (("model", model), ("params", params_json), ("seed", seed)):
+            checks: list[tuple[str, Any]] = [("model", model), ("params", params_json), ("seed", seed)]
+            if agents is not None and "agents" in a:
+                checks.append(("agents", agents))
+            for key, want in checks:
                 if _attr(a.get(key)) != want:
                     raise ConfigError(f"cannot continue '{self.path}': it holds a run with {key} "
                                       f"{_attr(a.get(key))!r}, not {want!r}")
