@@ -474,11 +474,14 @@ def _local_table(index: GroupIndex, field: Tensor, rows: Tensor, flat: Tensor) -
     groups, width = index.ids.shape[0], flat.shape[1]
     number = index.of.index_select(0, rows).reshape(-1)  # G: in no group (row zeroed below)
     flat = _per_membership(field, flat)
-    sums = torch.zeros((groups + 1, width), dtype=torch.int64, device=flat.device)
     if width == 1:
+        sums = torch.zeros((groups + 1, 1), dtype=torch.int64, device=flat.device)
         sums.view(-1).index_add_(0, number, flat.view(-1))
-    else:
-        sums.index_add_(0, number, flat)
+    else:  # column by column (torch's index_add_ of [m, k] rows is about 10x slower on the CPU)
+        columns = torch.zeros((width, groups + 1), dtype=torch.int64, device=flat.device)
+        for j in range(width):
+            columns[j].index_add_(0, number, flat[:, j].contiguous())
+        sums = columns.t().contiguous()
     sums[groups] = 0  # what agents in no group added
     return sums
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentsim.core.ops import take_rows
+from agentsim.core.ops import flatnonzero, take_rows
 from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
 
 UID = "uid"
@@ -155,6 +155,8 @@ class Population:
         """Every field's rows selected by a bool mask ``[n]`` or an index tensor (int64 index
         rows gathered by :func:`~agentsim.core.ops.take_rows`).
         """
+        if isinstance(index_or_mask, Tensor) and index_or_mask.dtype == torch.bool and index_or_mask.dim() == 1:
+            index_or_mask = flatnonzero(index_or_mask)  # (once, not a nonzero per field)
         if isinstance(index_or_mask, Tensor) and index_or_mask.dtype == torch.int64:
             return {k: take_rows(v, index_or_mask.to(v.device)) for k, v in self._fields.items()}
         return {k: v[index_or_mask] for k, v in self._fields.items()}

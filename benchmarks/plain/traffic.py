@@ -1,0 +1,77 @@
+"""Nagel-Schreckenberg traffic, one lane on a ring road (agentsim, plain torch substeps).
+
+Units: one step (about 1 s), one cell (about 7.5 m); speeds in cells per step.
+
+Every car, from the state at the start of the step (parallel update):
+
+1. accelerates: ``v = min(v + 1, vmax)`` (``vmax`` 5);
+2. brakes to the gap: ``v = min(v, gap)``, ``gap`` the empty cells to the car ahead;
+3. dawdles: ``v = v - 1`` with probability ``p_slow`` (0.3) if ``v > 0``;
+4. moves ``v`` cells.
+
+agentsim has no 1-D space and no "car ahead" query, so the road is a ``Grid((length, 1))``
+(one column, a torus: the row wraps; a ``(1, length)`` row would run too, but the spatial
+partitioner's ``strips`` and ``blocks`` layouts cut along rows and would leave every car on one
+process) and a car finds its gap by looking at the cells ahead:
+it reads the other cars' ``cell`` through ``ctx.neighbors`` within ``reach="moore:vmax"``,
+marks the occupied cells (``grid.occupancy``) and takes the first occupied one of the ``vmax``
+cells ahead (sugarscape's ``look``). Cars start on distinct random cells with ``v = 0``.
+
+Metric: ``speed``, the mean speed (cells per step).
+
+Run: ``agentsim run benchmarks/plain/traffic.py:MODEL --agents 200000 --steps 100`` or
+``run(steps, seed, agents=..., length=...)`` below.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import agentsim as asim
+
+PARAMS = {
+    "length": asim.Param(1_000_000, "road length (cells); must exceed the number of cars", ge=2),
+    "vmax": asim.Param(5, "speed limit (cells per step)", ge=1),
+    "p_slow": asim.Param(0.3, "probability of a random slowdown per step", ge=0.0, le=1.0),
+}
+MODEL = asim.Model("traffic", params=PARAMS, default_agents=200_000)
+
+
+@MODEL.init
+def init(ic: asim.InitContext) -> asim.Grid:
+    length = ic.params["length"]
+    if ic.n_agents > length:
+        raise asim.ConfigError(f"{ic.n_agents} cars do not fit on {length} cells")
+    road = asim.Grid((length, 1))
+    key = ic.rng.uniform(torch.arange(length), "place")  # cells in a random order keyed by cell
+    uid = ic.uids("car", ic.n_agents)
+    ic.add("car", uid=uid, cell=torch.argsort(key)[: ic.n_agents], v=torch.zeros_like(uid))
+    return road
+
+
+@MODEL.substep(reads=["car.cell"], writes=["car.v", "car.cell"],
+               neighbors={"car": ["cell"]}, reach="moore:vmax")
+def drive(ctx: asim.Context) -> None:
+    car, road, p = ctx["car"], ctx.space, ctx.params
+    occupied = road.occupancy(ctx.neighbors("car")["cell"]) > 0  # bool [length]
+    ahead = torch.arange(1, p["vmax"] + 1)  # 1..vmax
+    x = car["cell"]  # one column: the cell is the row, the position along the road
+    blocked = occupied[road.cell_index(x[:, None] + ahead, 0)]  # [n, vmax]
+    # gap: empty cells before the first occupied one (vmax if none within vmax)
+    gap = torch.where(blocked.any(1), blocked.to(torch.int8).argmax(1), p["vmax"])
+    v = torch.minimum(torch.clamp(car["v"] + 1, max=p["vmax"]), gap)
+    v = torch.where((v > 0) & (ctx.rng.uniform(car["uid"]) < p["p_slow"]), v - 1, v)
+    car["v"] = v
+    car["cell"] = road.cell_index(x + v, 0)
+
+
+@MODEL.metric(reduce="mean")
+def speed(state: asim.MetricsContext) -> torch.Tensor:
+    return state["car"]["v"]
+
+
+def run(steps: int, seed: int, **sizes) -> dict:
+    """Run with the Python API; ``sizes``: ``agents`` (cars) and any parameter (``length``...)."""
+    agents = sizes.pop("agents", MODEL.default_agents)
+    m = asim.Simulation(MODEL, agents, seed, params=sizes).run(steps).metrics
+    return {"speed": m["speed"]}
