@@ -41,6 +41,24 @@ class CollectiveError(AgentsimError, RuntimeError):
     """
 
 
+class RunStopped(AgentsimError):
+    """A run stopped at a step boundary because the process was asked to (SIGINT, SIGTERM; see
+    :mod:`agentsim.engine.stops`).
+
+    Attributes:
+        signum: The signal.
+        step: The last step completed.
+        checkpoint: The final checkpoint written, or None.
+    """
+
+    def __init__(self, message: str, signum: int, step: int, checkpoint: str | None = None) -> None:
+        super().__init__(message)
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int, str | None]]:
+        return (type(self), (str(self), self.signum, self.step, self.checkpoint))
+
+
 class OutputError(AgentsimError, OSError):
     """A trajectory file could not be created, written or read."""
 

@@ -66,13 +66,16 @@ that one. The workers of ``--nprocs`` die with the command (:mod:`agentsim.runne
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentsim.errors import AgentsimError, ConfigError
+from agentsim.engine.stops import Terminated, exit_status, graceful_stops, requested, terminate_on_sigterm
+from agentsim.errors import AgentsimError, ConfigError, RunStopped
 from agentsim.threads import configured_threads
 
 
@@ -443,8 +446,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     # The locks on --out and the checkpoint directory first (rank 0 under torchrun), then --resume:
     # a killed run that wrote them has stopped by the time the checkpoint to resume is chosen.
     rank0 = world_size_from_env() == 1 or os.environ.get("RANK", "0") == "0"
-    with hold(spec.out if rank0 else None, spec.checkpoint_dir if rank0 else None):
-        return _run_locked(args, spec)
+    with graceful_stops(), hold(spec.out if rank0 else None, spec.checkpoint_dir if rank0 else None):
+        try:
+            return _run_locked(args, spec)
+        except RunStopped as e:  # every rank stopped after the same step: this process says how to go on
+            signum = requested() or e.signum  # (the launcher's own signal: its workers got SIGTERM)
+            if rank0:
+                print(f"agentsim: {_stop_line(e, spec, signum)}", file=sys.stderr)
+            return exit_status(signum)
+
+
+def _stop_line(e: RunStopped, spec: Any, signum: int) -> str:
+    """One line on a run stopped by a signal: where it stopped, what the output holds, how to resume."""
+    name = signal.Signals(signum).name if signum in {s.value for s in signal.Signals} else f"signal {signum}"
+    out = f"; '{spec.out}' holds steps 0-{e.step} (not completed)" if spec.out else ""
+    if e.checkpoint is None:
+        return f"stopped by {name} after step {e.step}{out}; no --checkpoint-dir, so it cannot be resumed"
+    argv = list(sys.argv[1:]) if sys.argv[1:2] == ["run"] else ["run", "..."]
+    if "--resume" not in argv:
+        argv += ["--resume", str(spec.checkpoint_dir)]
+    return (f"stopped by {name} after step {e.step}{out}; final checkpoint {e.checkpoint}; resume with: "
+            f"agentsim {' '.join(argv)}")
 
 
 def run_spec(args: argparse.Namespace, cfg: Mapping[str, Any]) -> Any:
@@ -711,37 +733,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``agentsim`` command; returns its exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
     try:
-        configured_threads()  # a bad AGENTSIM_THREADS stops every command here
-        if args.command == "models":
-            return cmd_models()
-        if args.command == "bench":
-            return cmd_bench(args)
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "calibrate":
-            return cmd_calibrate(args)
-        if args.command == "info":
-            return cmd_info(args)
-        if args.command == "inspect":
-            return cmd_inspect(args.path)
-        if args.command == "plot":
-            from agentsim.plot import plot_pages
-
-            for written in plot_pages(args.file, args.out, args.metrics):
-                print(f"wrote {written}")
-            return 0
-        if args.command == "animate":
-            from agentsim.plot import animate_file
-
-            print(f"wrote {animate_file(args.file, args.out, args.fps)}")
-            return 0
-        if args.command == "sweep":
-            return cmd_sweep(args)
-        if args.command == "study":
-            return cmd_study_status(args.file)
-        if args.command == "check":
-            return cmd_check(args)
-        return cmd_run(args)
+        with terminate_on_sigterm() if args.command != "run" else contextlib.nullcontext():
+            return _command(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)
         return 2
@@ -751,6 +744,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C outside a run's steps, or a second one: at once
+        print(f"agentsim: interrupted (SIGINT); {_interrupted(args)}", file=sys.stderr)
+        return exit_status(signal.SIGINT)
+    except Terminated:
+        print(f"agentsim: stopped by SIGTERM; {_interrupted(args)}", file=sys.stderr)
+        return exit_status(signal.SIGTERM)
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """What an interrupted command left (one clause)."""
+    if args.command in ("run", "train", "sweep"):
+        return ("files written so far are kept, not marked completed; resume from the last checkpoint with --resume"
+                if args.command != "sweep" else "finished runs are kept in the study file; go on with --resume")
+    return "nothing was changed" if args.command in ("inspect", "models", "info", "study", "check") else "stopped"
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the command of ``args``."""
+    configured_threads()  # a bad AGENTSIM_THREADS stops every command here
+    if args.command == "models":
+        return cmd_models()
+    if args.command == "bench":
+        return cmd_bench(args)
+    if args.command == "train":
+        return cmd_train(args)
+    if args.command == "calibrate":
+        return cmd_calibrate(args)
+    if args.command == "info":
+        return cmd_info(args)
+    if args.command == "inspect":
+        return cmd_inspect(args.path)
+    if args.command == "plot":
+        from agentsim.plot import plot_pages
+
+        for written in plot_pages(args.file, args.out, args.metrics):
+            print(f"wrote {written}")
+        return 0
+    if args.command == "animate":
+        from agentsim.plot import animate_file
+
+        print(f"wrote {animate_file(args.file, args.out, args.fps)}")
+        return 0
+    if args.command == "sweep":
+        return cmd_sweep(args)
+    if args.command == "study":
+        return cmd_study_status(args.file)
+    if args.command == "check":
+        return cmd_check(args)
+    return cmd_run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -137,6 +137,7 @@ class StepReport:
         figures: This rank's figures (the partitioner fills its own: halo and migrations).
         sums: This rank's exact metric sums, when the run records the step's metrics.
         seconds: This rank's seconds per substep (kept here, not sent).
+        stop: The signal that asked this rank's process to stop (:mod:`agentsim.engine.stops`), or 0.
     """
 
     step: int
@@ -145,6 +146,7 @@ class StepReport:
     sums: MetricSums | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     env: dict[str, Tensor] | None = None
+    stop: int = 0
 
     def rows(self) -> dict[str, Tensor]:
         """The report as one-row tensors, the same names, dtypes and shapes on every rank, whatever
@@ -159,7 +161,7 @@ class StepReport:
             slots[MAX_FLAGS - 1] |= bool(up[MAX_FLAGS - 1:].any())
         rows["flags"] = slots[None]
         messages = "\n".join(f.message for f in self.flags).encode()
-        rows["flag_sig"] = torch.tensor([[len(self.flags), zlib.crc32(messages)]], dtype=torch.int64)
+        rows["flag_sig"] = torch.tensor([[len(self.flags), zlib.crc32(messages), self.stop]], dtype=torch.int64)
         if self.sums is not None:
             rows["sums"] = torch.as_tensor(self.sums.values, dtype=torch.int64)[None]
         if self.env:
@@ -177,7 +179,7 @@ class StepReport:
                 on = up.tolist()
                 raised = _raised(self.flags, [*on[:MAX_FLAGS - 1], any(on[MAX_FLAGS - 1:])])  # the slots of rows()
         return StepSummary(self.step, raised, RanksFigures.of_one(self.figures), self.sums,
-                           True, self.seconds)
+                           True, self.seconds, self.stop)
 
     def summary(self, got: Mapping[str, Tensor], at_step_end: bool, rank: int) -> StepSummary:
         """What every rank learns from every rank's :meth:`rows` (``[W, ...]``, rank order); ``rank``: this rank.
@@ -188,7 +190,8 @@ class StepReport:
         each rank raises its own and names the other ranks that raised theirs.
         """
         up = got["flags"]
-        same = bool((got["flag_sig"] == got["flag_sig"][0]).all())
+        same = bool((got["flag_sig"][:, :2] == got["flag_sig"][0, :2]).all())
+        stop = int(got["flag_sig"][:, 2].max())  # any rank's request stops every rank
         slots = up.any(0) if same else up[rank]
         raised = _raised(self.flags, slots.tolist())
         if not same:
@@ -209,7 +212,8 @@ class StepReport:
         sums = None
         if self.sums is not None:
             sums = MetricSums(self.sums.names, self.sums.is_float, got["sums"].sum(0))
-        return StepSummary(self.step, raised, RanksFigures.from_tensor(got["v"]), sums, at_step_end, self.seconds)
+        return StepSummary(self.step, raised, RanksFigures.from_tensor(got["v"]), sums, at_step_end, self.seconds,
+                           stop)
 
 
 def _raised(flags: list[Flag], slots: list[bool]) -> list[str]:
@@ -241,6 +245,8 @@ class StepSummary:
         sums: The metric sums over ranks, or None.
         at_step_end: Reduced at the end of its own step (the engine may rebalance then).
         seconds: This rank's seconds per substep.
+        stop: The signal with which some rank's process was asked to stop, or 0: every rank
+            stops after the step it learns this in.
     """
 
     step: int
@@ -249,6 +255,7 @@ class StepSummary:
     sums: MetricSums | None
     at_step_end: bool
     seconds: dict[str, float]
+    stop: int = 0
 
 
 class Partitioner(Protocol):

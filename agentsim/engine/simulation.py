@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 import zlib
 from collections import deque
@@ -53,12 +54,13 @@ from agentsim.core.substep import ENV, Substep
 from agentsim.distributed.partition import Partitioner, RankFigures, StepReport, StepSummary
 from agentsim.distributed.partitioners import check_sync_every_for, make_partition
 from agentsim.distributed.snapshot import NeighborSnapshots
+from agentsim.engine import stops
 from agentsim.engine.contract import ContractChecks, checked_env, plain
 from agentsim.engine.locality import LocalityOrder
 from agentsim.engine.memory import check_memory
 from agentsim.engine.perf import GROUP_COLUMNS, group_figures, step_figures
 from agentsim.engine.progress import progress_bar
-from agentsim.errors import ConfigError, FieldAccessError, OutputError, SimulationError
+from agentsim.errors import ConfigError, FieldAccessError, OutputError, RunStopped, SimulationError
 from agentsim.io.locks import lock_on_rank0
 from agentsim.io.recording import Recorder, check_every, recording, space_record
 from agentsim.space.base import check_reaches
@@ -431,6 +433,7 @@ class Simulation:
         self._rows: list[tuple[dict[str, Any], dict[str, float]]] = []  # metric rows arrived, not yet recorded
         self._checkpoint_write: CheckpointWrite | None = None  # an asynchronous checkpoint in flight
         self._in_run = False
+        self._stop_signal = 0  # a stop request every rank learned of (engine.stops): the run ends after this step
         self._sorted_at = -1  # the step after which the rows were last sorted by cell
         self._carried = (0.0, CommStats())  # the last report's exchange, counted in the next step
         self._history = True  # a differentiable run's steps record autograd history (see without_history)
@@ -684,8 +687,8 @@ class Simulation:
                               comm_seconds=stats.seconds, bytes_sent=float(stats.bytes_sent))
         t_report, stats_report = time.perf_counter(), self.comm.stats.snapshot()
         env = state.env if self.comm.world_size > 1 else None  # every process's copies compared
-        self.partition.end_step(state, StepReport(state.step, flags, figures, sums, seconds, env), self.comm,
-                                hold=self._in_run)
+        report = StepReport(state.step, flags, figures, sums, seconds, env, stops.requested() if self._in_run else 0)
+        self.partition.end_step(state, report, self.comm, hold=self._in_run)
         self._carried = (time.perf_counter() - t_report, self.comm.stats.since(stats_report))
         self._take_reports()
 
@@ -860,6 +863,8 @@ class Simulation:
         """
         if summary.raised:
             raise SimulationError(f"step {summary.step}: " + "; ".join(summary.raised))
+        if summary.stop and self._in_run:
+            self._stop_signal = self._stop_signal or summary.stop
         figures = summary.figures
         counts = [int(v) for v in figures.agents]
         moved = self.partition.rebalance(self.state, self.comm, counts) if summary.at_step_end else None
@@ -968,6 +973,7 @@ class Simulation:
         rows = _MetricRows()
         t_run = 0.0
         self._in_run = True
+        self._stop_signal = 0
         self._rows = []
         try:
             row = self.metrics()
@@ -984,8 +990,10 @@ class Simulation:
                     self.step()
                     frame = recorder.frame_due(self.state.step - origin, span)
                     checkpoint = checkpoint_every is not None and self.state.step % checkpoint_every == 0
-                    if frame or checkpoint or self.state.step - start == steps:  # this step's summary, now
-                        self._settle()
+                    if frame or checkpoint or self._stop_signal or self.state.step - start == steps:
+                        self._settle()  # this step's summary, now
+                    stopping = self._stop_signal != 0 and self.state.step - start < steps
+                    checkpoint = checkpoint or (stopping and checkpoint_dir is not None)
                     for row, perf in self._rows:
                         rows.append(row)
                         recorder.write_row(row["step"], row, perf)
@@ -994,11 +1002,15 @@ class Simulation:
                         frame_rows = self.partition.frame(self.state, recorder.spec, self.comm)
                         recorder.write_frame(self.state.step, frame_rows)
                     recorder.flush(force=checkpoint)  # before a checkpoint: the file holds every step it covers
+                    saved = None
                     if checkpoint:
                         assert checkpoint_dir is not None
-                        self.save_checkpoint(checkpoint_dir, keep, asynchronous=checkpoint_async)
+                        saved = self.save_checkpoint(checkpoint_dir, keep,
+                                                     asynchronous=checkpoint_async and not stopping)
                     if bar is not None:
                         bar.update(1)
+                    if stopping:
+                        self._stop_run(saved)
             self.wait_checkpoint()
             t_run = time.perf_counter() - t0
             if bar is not None:
@@ -1012,7 +1024,7 @@ class Simulation:
             if self._checkpoint_write is not None:  # no collective here: the other ranks may be gone
                 self._checkpoint_write.cancel()
                 self._checkpoint_write = None
-            if self.failed is None:  # raised while recording, between steps
+            if self.failed is None and not isinstance(e, RunStopped):  # raised while recording, between steps
                 self.failed = f"{type(e).__name__} after step {self.state.step}: {e}"
             raise
         finally:
@@ -1033,6 +1045,19 @@ class Simulation:
         return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
                          figs.last(figs.perf, taken), [c.seconds for c in comm], [c.bytes_sent for c in comm],
                          groups, self.threads.summary() if self.threads is not None and self.threads.active else "")
+
+    def _stop_run(self, checkpoint: str | None) -> None:
+        """End a run that was asked to stop (every rank after the same step, its final
+        ``checkpoint`` written where the run has a directory): :class:`~agentsim.errors.RunStopped`.
+        """
+        self.wait_checkpoint()  # (an earlier one in flight)
+        signum, step = self._stop_signal, self.state.step
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        where = f"; final checkpoint {checkpoint}" if checkpoint is not None else ""
+        raise RunStopped(f"stopped by {name} after step {step}{where}", signum, step, checkpoint)
 
     def _group_figures(self) -> dict[str, float]:
         """The cut of each group field over ranks (a collective on several ranks: every rank has

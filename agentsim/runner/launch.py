@@ -50,6 +50,7 @@ from agentsim.core.comm import Comm
 from agentsim.core.model import Model
 from agentsim.distributed.comm import FAILURE_GRACE_SECONDS
 from agentsim.distributed.process_group import DEFAULT_TIMEOUT, check_timeout, init, shutdown
+from agentsim.engine import stops
 from agentsim.engine.simulation import RunResult
 from agentsim.engine.spec import RunOptions, RunSpec, make_simulation, model_ref, resolve_model, run_simulation
 from agentsim.errors import AgentsimError, ConfigError
@@ -72,8 +73,9 @@ _TERMINATE_SECONDS = 5.0  # SIGTERM, then SIGKILL after this long
 def _describe_error(e: BaseException) -> dict[str, Any]:
     is_comm = isinstance(e, (dist.DistError, errors.CollectiveError)) or any(
         s in str(e) for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe"))
+    stop = [e.signum, e.step, e.checkpoint] if isinstance(e, errors.RunStopped) else None
     return {"type": type(e).__name__, "module": type(e).__module__, "message": str(e),
-            "traceback": traceback.format_exc(), "is_comm": is_comm}
+            "traceback": traceback.format_exc(), "is_comm": is_comm, "stop": stop}
 
 
 def _worker(rank: int, world_size: int, port: int, timeout: float, device: str | None,
@@ -88,9 +90,13 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, device: str |
     torch.seed()
     np.random.seed()
     torch.set_num_threads(1)
+    # A terminal's Ctrl-C reaches every process of its group: the launcher passes each stop on as
+    # SIGTERM (stops.forward_to), so that a worker counts one request per stop, not two.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         comm = init(rank, world_size, "127.0.0.1", port, timeout=timeout, device=device, host_store=False)
-        result = fn(comm, *args)
+        with stops.graceful_stops((signal.SIGTERM,)):
+            result = fn(comm, *args)
         shutdown(ok=True)
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:
@@ -190,7 +196,7 @@ class _Failure:
 def _error_class(report: dict[str, Any] | None) -> type[AgentsimError]:
     if report is not None and report["module"] == errors.__name__:
         cls = getattr(errors, report["type"], None)
-        if isinstance(cls, type) and issubclass(cls, AgentsimError):
+        if isinstance(cls, type) and issubclass(cls, AgentsimError) and cls is not errors.RunStopped:
             return cls
     return AgentsimError
 
@@ -257,6 +263,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
             child.close()
             procs.append(p)
             conns.append(parent)
+        stops.forward_to([p.pid for p in procs if p.pid is not None])  # (inside graceful_stops only)
         if started is not None:
             started([p.pid for p in procs if p.pid is not None])
         results = _collect(procs, conns, world_size)
@@ -310,6 +317,10 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
                     failures.append(_Failure(rank, exitcode=procs[rank].exitcode))
         if failures and grace_end is None:
             grace_end = time.monotonic() + _GRACE_SECONDS
+    stopped = [f.report for f in failures if f.report is not None and f.report.get("stop")]
+    if stopped and len(stopped) == len(failures) and len(stopped) + len(results) == world_size:
+        signum, step, checkpoint = stopped[0]["stop"]  # (every rank stopped after the same step)
+        raise errors.RunStopped(stopped[0]["message"], signum, step, checkpoint)
     if failures or len(results) < world_size:
         if not failures:  # unreachable in practice: every rank either reports or exits
             failures = [_Failure(r, exitcode=procs[r].exitcode) for r in range(world_size) if r not in results]
@@ -490,7 +501,8 @@ def _run_attempts(spec: RunSpec, locks: list[Any]) -> list[Any]:
             return run_ranks(_run_simulation, world_size, (run,), timeout=spec.timeout,
                              device=None if spec.device == "cpu" else spec.device, started=started)
         except AgentsimError as e:
-            if attempt == max_restarts or isinstance(e, errors.OutputError):  # a full disk stays full: no restart
+            if attempt == max_restarts or isinstance(e, errors.OutputError | errors.RunStopped):  # no restart: a
+                # full disk stays full, a stop was asked for
                 raise
             newest = None if spec.checkpoint_dir is None else latest_checkpoint(spec.checkpoint_dir)
             start = 0 if newest is None else checkpoint_step(newest)
