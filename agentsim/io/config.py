@@ -44,15 +44,65 @@ KEYS = ("model", "agents", "steps", "seed", "device", "substeps", "params", "rec
         "resume", "append", "progress")
 
 
+MAX_BYTES = 1 << 20  # a config file's largest size (they hold a few dozen keys)
+MAX_DEPTH = 16  # the deepest nesting of tables and lists in a config file
+
+
+def _yaml_loader() -> Any:
+    """PyYAML's safe loader without aliases (``*name``: a few hundred bytes of them expand to
+    gigabytes) and with at most :data:`MAX_DEPTH` levels of nesting.
+    """
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"aliases (*name) are not allowed in config files (line {mark.line + 1})")
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return Loader
+
+
+def _check_plain(path: str, data: Any, where: str = "", depth: int = 0) -> None:
+    """Nesting of at most :data:`MAX_DEPTH` levels and no NUL in any string (no path holds one)."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"config file '{path}': nested more than {MAX_DEPTH} levels deep")
+    if isinstance(data, str) and "\0" in data:
+        raise ConfigError(f"config file '{path}': {where or 'a value'} holds a NUL character")
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        if isinstance(key, str) and "\0" in key:
+            raise ConfigError(f"config file '{path}': a key holds a NUL character")
+        _check_plain(path, value, f"'{key}'" if not where else f"{where}[{key!r:.40}]", depth + 1)
+
+
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and check a config file; returns a dict with keys from :data:`KEYS`."""
+    """Read and check a config file; returns a dict with keys from :data:`KEYS`.
+
+    Raises:
+        ConfigError: A malformed or oversized file (over :data:`MAX_BYTES`, nested deeper than
+            :data:`MAX_DEPTH`, YAML aliases, NUL characters), an unknown key or a value of the
+            wrong kind.
+        OutputError: The file cannot be read.
+    """
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_BYTES + 1)
     except OSError as e:
         raise OutputError(f"cannot read config file '{path}': {e.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"config file '{path}': larger than {MAX_BYTES:,} bytes (a config holds a few keys)")
     if suffix == ".toml":
         if sys.version_info >= (3, 11):
             import tomllib
@@ -62,6 +112,8 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
             data = tomllib.loads(raw.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"malformed TOML in '{path}': {e}") from None
+        except RecursionError:
+            raise ConfigError(f"config file '{path}': nested more than {MAX_DEPTH} levels deep") from None
     elif suffix in (".yaml", ".yml"):
         try:
             import yaml
@@ -69,11 +121,18 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
             raise ConfigError("YAML config files need PyYAML: pip install 'agentsim[yaml]' "
                               "(or use a .toml file)") from None
         try:
-            data = yaml.safe_load(raw)
+            loader = _yaml_loader()(raw)  # a SafeLoader: plain data only
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
         except yaml.YAMLError as e:
             raise ConfigError(f"malformed YAML in '{path}': {e}") from None
+        except RecursionError:
+            raise ConfigError(f"config file '{path}': nested more than {MAX_DEPTH} levels deep") from None
     else:
         raise ConfigError(f"config file '{path}': expected a .toml, .yaml or .yml file (got '{suffix or 'no suffix'}')")
+    _check_plain(path, data)
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{path}': expected a table of keys (got {type(data).__name__})")
     for key in data:
