@@ -233,7 +233,7 @@ def test_a_resumed_run_writes_on_into_the_same_file_as_one_uninterrupted_run(tmp
 
 def checkpoint_files(directory) -> dict[str, bytes]:
     """Every file of every checkpoint under ``directory`` by relative path (manifests without
-    the agentsim version)."""
+    the agentsim version, the run's id and the checksum that covers them)."""
     from pathlib import Path
 
     out = {}
@@ -241,7 +241,8 @@ def checkpoint_files(directory) -> dict[str, bytes]:
         if p.is_file():
             data = p.read_bytes()
             if p.name == "manifest.json":
-                data = json.dumps({k: v for k, v in json.loads(data).items() if k != "agentsim"}).encode()
+                data = json.dumps({k: v for k, v in json.loads(data).items()
+                                   if k not in ("agentsim", "run_id", "checksum")}).encode()
             out[str(p.relative_to(directory))] = data
     return out
 

@@ -410,3 +410,33 @@ def test_special_files_are_refused_as_outputs_and_left_as_they_are(tmp_path, cap
     after = os.stat(path)
     assert (after.st_mode, after.st_ino, after.st_rdev) == (before.st_mode, before.st_ino, before.st_rdev)
     assert not os.path.exists(f"{path}.lock") or kind == "device"
+
+
+def test_keep_prunes_only_the_checkpoints_of_the_run_that_writes(tmp_path, capsys):
+    ck = tmp_path / "ck"
+    first = ["run", "randomwalk", "--quiet", "--agents", "200", "--checkpoint-every", "2", "--keep", "2",
+             "--checkpoint-dir", str(ck)]
+    assert main([*first, "--steps", "10"]) == 0
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000008", "step-00000010"]
+    assert main([*first, "--steps", "6", "--seed", "3"]) == 0  # another run, the same directory
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000004", "step-00000006", "step-00000008",
+                                                        "step-00000010"]
+    # a resumed run goes on as the same run: its own checkpoints are pruned, the other's kept
+    assert main([*first, "--steps", "14", "--resume", str(ck / "step-00000010")]) == 0
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000004", "step-00000006", "step-00000012",
+                                                        "step-00000014"]
+
+
+def test_keep_prunes_only_the_checkpoints_of_the_training_that_writes(tmp_path):
+    from agentsim.learn.checkpoint import load_latest
+
+    ck = tmp_path / "ck"
+    train = ["train", "spillover", "--agents", "60", "--horizon", "4", "--hidden", "8", "--minibatches", "1",
+             "--epochs", "1", "--quiet", "--checkpoint-dir", str(ck), "--keep", "2"]
+    assert main([*train, "--updates", "6"]) == 0
+    assert sorted(p.name for p in ck.glob("ppo-*.json")) == ["ppo-000005.json", "ppo-000006.json"]
+    assert main([*train, "--updates", "3", "--seed", "4"]) == 0  # a second training in the same directory
+    assert sorted(p.name for p in ck.glob("ppo-*.json")) == ["ppo-000002.json", "ppo-000003.json",
+                                                            "ppo-000005.json", "ppo-000006.json"]
+    latest = load_latest(ck)  # names the second training's newest, which exists
+    assert latest is not None and latest["update"] == 3

@@ -172,14 +172,18 @@ def test_links_and_manifest_names_that_leave_the_directory_are_refused(tmp_path)
         load_latest(d)
     code, err = cli(*TRAIN, "--checkpoint-dir", str(d), "--resume")
     assert code == 2 and "may only name files in its own directory" in err and "Traceback" not in err, err
-    # a simulation manifest naming a shard elsewhere
+    # a simulation manifest naming its env or a shard elsewhere
     step = sim_checkpoint(tmp_path / "sim")
     manifest = json.loads((step / "manifest.json").read_text())
-    manifest["shards"][0]["file"] = "/etc/passwd"
-    manifest["checksum"] = manifest_checksum(manifest)
-    (step / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="names '/etc/passwd', not a file in"):
-        read_checkpoint(step)
+    for entry, message in ((manifest["env"], "names '/etc/passwd', not a file in"),
+                           (manifest["shards"][0], re.escape("lists the shards ['/etc/passwd'], not one shard of each"))):
+        before = entry["file"]
+        entry["file"] = "/etc/passwd"
+        manifest["checksum"] = manifest_checksum(manifest)
+        (step / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(CheckpointError, match=message):
+            read_checkpoint(step)
+        entry["file"] = before
 
 
 def test_flipped_bytes_and_an_edited_training_manifest_are_refused(tmp_path):

@@ -27,6 +27,7 @@ import math
 import os
 import signal
 import time
+import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -404,6 +405,7 @@ class Simulation:
         state = state.to(self.device)
         self.model.validate_state(state)
         check_positions(state, space)
+        self.run_id = uuid.uuid4().hex  # in its checkpoints' manifests: pruning touches only this run's
         self.resumed_from: str | None = None
         self.resume_manifest: dict[str, Any] | None = None  # the manifest of the checkpoint resumed
         self.file_settings: dict[str, Any] | None = None  # the trajectory's record/every (for checkpoints)
@@ -416,6 +418,7 @@ class Simulation:
             state = saved.state(like=state)
             self.resumed_from = str(saved.path)
             self.resume_manifest = saved.manifest
+            self.run_id = str(saved.manifest.get("run_id") or self.run_id)  # the run goes on
         self.space = space
         check_reaches(self.model.substeps, self.params, space)
         # shared= only when it is so: a partitioner written to the protocol before it (5 arguments) still works
@@ -529,7 +532,8 @@ class Simulation:
         self.partition.sync_env(self.state, self.comm)
         run = {"model": self.model.name, "fingerprint": model_fingerprint(self.model, self.state),
                "params": json_params(self.params), "seed": self.seed, "partition": self.partition.name,
-               "run": {**run_record(self.model, self.n_agents, self.sync_every), "file": self.file_settings}}
+               "run": {**run_record(self.model, self.n_agents, self.sync_every), "file": self.file_settings},
+               "run_id": self.run_id}
         write = start_checkpoint(directory, self.state, self.comm, run, keep, asynchronous)
         if asynchronous:
             self._checkpoint_write = write

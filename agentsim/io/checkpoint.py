@@ -345,7 +345,7 @@ class _ShardJob:
         for r in range(self.world_size):
             (self.path / f"{_shard_name(r, self.world_size)}.json").unlink(missing_ok=True)
         if self.keep is not None:
-            _prune(self.path.parent, self.keep)
+            _prune(self.path.parent, self.keep, manifest.get("run_id"))
 
 
 class _OtherRankFailed(Exception):
@@ -428,15 +428,29 @@ def _steps(directory: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def _prune(directory: Path, keep: int) -> None:
+def _run_id(path: Path) -> str | None:
+    """The ``run_id`` of the checkpoint at ``path`` (None: unreadable, or written before runs had ids)."""
+    try:
+        run_id = json.loads((path / MANIFEST).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) else None
+
+
+def _prune(directory: Path, keep: int, run_id: str | None = None) -> None:
+    """Keep the newest ``keep`` complete checkpoints of the run ``run_id`` under ``directory``;
+    remove its older ones and the unfinished checkpoints older than its newest. Another run's
+    checkpoints (another ``run_id``, or none) are never touched: a directory may be shared.
+    """
     entries = _steps(directory)
-    complete = [(s, p) for s, p in entries if (p / MANIFEST).is_file()]
+    complete = [(s, p) for s, p in entries if (p / MANIFEST).is_file() and (run_id is None or _run_id(p) == run_id)]
     if not complete:
         return
     kept = {p for _, p in complete[-keep:]}
     newest = complete[-1][0]
+    ours = {p for _, p in complete}
     for s, p in entries:
-        if p not in kept and (s < newest or (p / MANIFEST).is_file()):
+        if p not in kept and (p in ours or (s < newest and not (p / MANIFEST).is_file())):
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -633,6 +647,13 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     checkpoints (the newest complete one is read).
     """
     path, manifest = _manifest(_resolve(Path(path)))
+    world = manifest["world_size"]
+    want = [f"{_shard_name(r, world)}.pt" for r in range(world)] if 1 <= world <= 1 << 16 else None
+    if [entry["file"] for entry in manifest["shards"]] != want:
+        listed = [str(entry["file"])[:60] for entry in manifest["shards"][:8]]
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} lists the shards {listed}"
+                              f"{' ...' if len(manifest['shards']) > 8 else ''}, not one shard of each of its "
+                              f"{world} processes in rank order")
     shards = [_load(path, entry) for entry in manifest["shards"]]
     for entry, shard in zip(manifest["shards"], shards, strict=True):
         rows = {name: _rows(t) for name, t in shard.items()}
@@ -655,6 +676,10 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         if uids is not None and uids.numel() and int(uids.max()) >= manifest["next_uid"][name]:
             raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'next_uid.{name}' is {manifest['next_uid'][name]}, "
                                   f"not above the largest uid {int(uids.max())}")
+        repeated = uids.numel() - torch.unique(uids).numel() if uids is not None and uids.dim() == 1 else 0
+        if repeated:
+            raise CheckpointError(f"checkpoint {path}: population '{name}' holds {repeated} repeated uids (a shard "
+                                  "listed or written twice?)")
     return Checkpoint(path, manifest, fields, _load(path, manifest["env"], shard=False))
 
 

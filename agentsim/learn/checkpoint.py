@@ -57,9 +57,12 @@ _MANIFEST_KEYS: dict[str, type] = {"format": str, "version": int, "update": int,
                                    "checksum": str}
 
 
-def save(directory: str | os.PathLike[str], state: dict[str, Any], update: int, keep: int = 3) -> str:
+def save(directory: str | os.PathLike[str], state: dict[str, Any], update: int, keep: int = 3,
+         run_id: str | None = None) -> str:
     """Write ``state`` (tensors and plain data) as the checkpoint of ``update`` and point
-    ``latest`` at it; keep the newest ``keep`` checkpoints. Returns the state file's path.
+    ``latest`` at it; keep the newest ``keep`` checkpoints of the training ``run_id`` (recorded
+    in the manifest as ``run``): another training's checkpoints in the directory are never
+    removed (without ``run_id``, the newest ``keep`` of any). Returns the state file's path.
     """
     where = Path(directory)
     try:
@@ -69,15 +72,25 @@ def save(directory: str | os.PathLike[str], state: dict[str, Any], update: int, 
     path = where / f"ppo-{update:06d}.pt"
     digest = atomic_write(path, tensor_bytes({"format": FORMAT, "version": VERSION, **state}))
     manifest: dict[str, Any] = {"format": FORMAT, "version": VERSION, "update": int(update), "file": path.name,
-                                "sha256": digest}
+                                "sha256": digest, **({"run": run_id} if run_id is not None else {})}
     manifest["checksum"] = manifest_checksum(manifest)
     name = f"ppo-{update:06d}.json"
     atomic_write(where / name, (json.dumps(manifest, indent=1) + "\n").encode())
     atomic_write(where / _LATEST, name.encode())
-    for old in sorted(where.glob("ppo-*.json"))[:-max(keep, 1)]:
+    ours = [m for m in sorted(where.glob("ppo-*.json")) if run_id is None or _run_of(m) == run_id]
+    for old in ours[:-max(keep, 1)]:
         old.unlink()
         old.with_suffix(".pt").unlink(missing_ok=True)
     return str(path)
+
+
+def _run_of(manifest: Path) -> str | None:
+    """The training a checkpoint manifest belongs to (its ``run``), or None."""
+    try:
+        run = json.loads(manifest.read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, str) else None
 
 
 def load_latest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -37,6 +37,7 @@ import contextlib
 import os
 import sys
 import time
+import uuid
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,6 +128,7 @@ class Trainer:
             raise ConfigError(f"updates: expected an int >= 1 (got {updates!r})")
         self.updates = updates
         self.config = config or PPOConfig()
+        self.run_id = uuid.uuid4().hex  # in its checkpoints: pruning (--keep) touches only this training's
         self.comm: Comm = comm if comm is not None else LocalComm()
         self.partition, self.partition_options = partition, partition_options
         self.device = torch.device(device)
@@ -326,7 +328,8 @@ class Trainer:
                     log.write(row)
                 if checkpoint_dir is not None and self.comm.rank == 0 and (
                         self.update_index % checkpoint_every == 0 or self.update_index == target):
-                    saved.append(checkpoint.save(checkpoint_dir, self.state_dict(), self.update_index, keep=keep))
+                    saved.append(checkpoint.save(checkpoint_dir, self.state_dict(), self.update_index, keep=keep,
+                                                 run_id=self.run_id))
                 if bar is not None:
                     bar.set_postfix(mean_return=f"{row['mean_return']:.3g}", kl=f"{row['approx_kl']:.2g}")
                     bar.update(1)
@@ -356,7 +359,7 @@ class Trainer:
         """
         return {"identity": _jsonable(self.identity()), "update": self.update_index,
                 "net": dict(self.net.state_dict()), "optimizer": _plain(self.optimizer.state_dict()),
-                "history": [_plain(row) for row in self.history]}
+                "history": [_plain(row) for row in self.history], "run_id": self.run_id}
 
     def resume(self, checkpoint_dir: str | os.PathLike[str]) -> int:
         """Load the newest checkpoint in ``checkpoint_dir``; return its update count."""
@@ -381,6 +384,8 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.update_index = int(state["update"])
             self.history = list(state["history"])
+            run_id = state.get("run_id")
+            self.run_id = run_id if isinstance(run_id, str) else self.run_id  # the training goes on
         except (KeyError, RuntimeError, TypeError, ValueError, IndexError) as e:
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"checkpoint does not fit this training's network and optimizer ({detail[:200]})"
