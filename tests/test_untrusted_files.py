@@ -175,8 +175,9 @@ def test_links_and_manifest_names_that_leave_the_directory_are_refused(tmp_path)
     # a simulation manifest naming its env or a shard elsewhere
     step = sim_checkpoint(tmp_path / "sim")
     manifest = json.loads((step / "manifest.json").read_text())
-    for entry, message in ((manifest["env"], "names '/etc/passwd', not a file in"),
-                           (manifest["shards"][0], re.escape("lists the shards ['/etc/passwd'], not one shard of each"))):
+    env_named = "names '/etc/passwd', not a file in"
+    shard_list = re.escape("lists the shards ['/etc/passwd'], not one shard of each")
+    for entry, message in ((manifest["env"], env_named), (manifest["shards"][0], shard_list)):
         before = entry["file"]
         entry["file"] = "/etc/passwd"
         manifest["checksum"] = manifest_checksum(manifest)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 import agentsim as asim
@@ -25,6 +26,7 @@ from agentsim.errors import AgentsimError, OutputError
 from agentsim.io import recording
 from agentsim.io.checkpoint import latest_checkpoint
 from agentsim.io.faults import ENV
+from agentsim.io.hdf5 import read_trajectory
 from agentsim.runner.launch import run_ranks
 
 STEPS = 30
@@ -156,7 +158,7 @@ def test_a_study_run_whose_group_write_fails_is_not_complete_and_resume_runs_it(
     assert data.completed and len(data.runs) == 4
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)
 def test_a_real_full_disk_stops_the_run_on_one_and_two_processes(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -175,6 +177,28 @@ def test_a_real_full_disk_stops_the_run_on_one_and_two_processes(tmp_path):
             assert completed(out) in (None, False)
             for f in disk.iterdir():
                 f.unlink()
+        # every step a failed flush left readable is served, nothing else (on 1 and 2 processes,
+        # at sizes where the failure meets the first frames, the metrics or the later frames)
+        for nprocs, sizes in (("1", ("4m",)), ("2", ("3m", "4m", "9m"))):
+            for size in sizes:
+                subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+                out, ck = disk / "w.h5", disk / "ck"
+                proc = subprocess.run([sys.executable, "-m", "agentsim", "run", "wolfsheep", "--agents", "40000",
+                                       "--steps", "40", "--every", "5", "--checkpoint-every", "5", "--checkpoint-dir",
+                                       str(ck), "--quiet", "--nprocs", nprocs, "--out", str(out)],
+                                      capture_output=True, text=True, timeout=100)
+                assert proc.returncode == 1 and "No space left" in proc.stderr, proc.stderr[-2000:]
+                if out.exists():
+                    traj = read_trajectory(out)
+                    steps = traj.metrics["step"]
+                    assert list(steps) == list(range(len(steps))) and traj.attrs["steps_completed"] == steps[-1]
+                    for population in traj.populations:
+                        for step in traj.steps(population):
+                            assert step <= steps[-1]
+                            energy = traj.agents(population, "energy", step=int(step))
+                            assert (np.asarray(energy) != 0).mean() > 0.5, (nprocs, size, population, step)
+                shutil.rmtree(ck, ignore_errors=True)
+                out.unlink(missing_ok=True)
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 

@@ -65,29 +65,56 @@ def dataset_problem(ds: h5py.Dataset, strings: bool = False) -> str | None:
     return None
 
 
-def check_self_contained(file: h5py.File, path: str, what: str, strings: bool = False) -> None:
+_ERRORS = (OSError, RuntimeError, KeyError, ValueError)  # what h5py raises on a damaged object
+
+
+def check_self_contained(file: h5py.File, path: str, what: str, strings: bool = False,
+                         damaged_ok: bool = False) -> list[str]:
     """An OutputError naming the first object of ``file`` that reads outside it or is not what
-    agentsim writes (see the module docstring), a :class:`DamagedFileError` where its links
-    cannot all be read. ``strings``: string datasets are allowed (a study's summary).
+    agentsim writes (see the module docstring). Groups and objects whose headers cannot be read
+    (a write that failed part way) raise a :class:`DamagedFileError`, or with ``damaged_ok`` are
+    returned (their paths) for the caller to leave out: nothing in them is read. ``strings``:
+    string datasets are allowed (a study's summary).
     """
-    problems: list[str] = []
-
-    def visit(name: str, link: Any) -> int | None:
-        if isinstance(link, h5py.ExternalLink):
-            problems.append(f"'/{name}' is an external link to '{link.filename}:{link.path}'")
-        elif not isinstance(link, h5py.SoftLink | h5py.HardLink):
-            problems.append(f"'/{name}' is a link of an unknown class")
-        elif isinstance(link, h5py.HardLink):
-            obj = file.get(name)
-            if isinstance(obj, h5py.Dataset):
-                why = dataset_problem(obj, strings)
-                if why is not None:
-                    problems.append(f"dataset '/{name}' {why}")
-        return 1 if problems else None  # (stop at the first)
-
-    try:
-        file.visititems_links(visit)
-    except (OSError, RuntimeError, KeyError, ValueError) as e:
-        raise DamagedFileError(f"'{path}' is a damaged {what}: {e}") from e
-    if problems:
-        raise OutputError(f"cannot read {what} '{path}': {problems[0]}; agentsim reads only what a file holds itself")
+    damaged: list[str] = []
+    seen: set[Any] = set()
+    todo: list[tuple[str, h5py.Group]] = [("", file)]
+    while todo:
+        prefix, group = todo.pop()
+        try:
+            names = list(group.keys())
+        except _ERRORS as e:
+            if not damaged_ok:
+                raise DamagedFileError(f"'{path}' is a damaged {what}: {e}") from e
+            damaged.append(prefix or "/")
+            continue
+        for name in names:
+            where = f"{prefix}/{name}"
+            try:
+                link = group.get(name, getlink=True)
+                if isinstance(link, h5py.ExternalLink):
+                    problem: str | None = f"'{where}' is an external link to '{link.filename}:{link.path}'"
+                elif isinstance(link, h5py.SoftLink):
+                    continue  # (its target is visited as the hard link it names, or is missing)
+                elif not isinstance(link, h5py.HardLink):
+                    problem = f"'{where}' is a link of an unknown class"
+                else:
+                    obj = group[name]
+                    key = obj.id.__hash__()
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    if isinstance(obj, h5py.Group):
+                        todo.append((where, obj))
+                        continue
+                    why = dataset_problem(obj, strings) if isinstance(obj, h5py.Dataset) else None
+                    problem = None if why is None else f"dataset '{where}' {why}"
+            except _ERRORS as e:
+                if not damaged_ok:
+                    raise DamagedFileError(f"'{path}' is a damaged {what}: {e}") from e
+                damaged.append(where)
+                continue
+            if problem is not None:
+                raise OutputError(f"cannot read {what} '{path}': {problem}; agentsim reads only what a file holds "
+                                  "itself")
+    return damaged

@@ -1083,7 +1083,7 @@ class Trajectory:
         env_names: Environment layer names.
     """
 
-    def __init__(self, path: str, file: h5py.File) -> None:
+    def __init__(self, path: str, file: h5py.File, damaged: Sequence[str] = ()) -> None:
         self.path = path
         attrs = {k: _attr(v) for k, v in file.attrs.items()}
         for key in ("params", "versions", "space"):
@@ -1098,7 +1098,10 @@ class Trajectory:
         self.metrics: dict[str, np.ndarray] = _readable(_read_series(file["metrics"])) if "metrics" in file else {}
         self.edges: dict[str, np.ndarray] = _read_edges(file["metrics"]) if "metrics" in file else {}
         self.display: dict[str, Any] = _read_display(file["metrics"]) if "metrics" in file else {}
-        self.perf: dict[str, np.ndarray] = _readable(_read_series(file["perf"])) if "perf" in file else {}
+        self.perf: dict[str, np.ndarray] = {}
+        if "perf" in file and "/perf" not in damaged:
+            with contextlib.suppress(OSError, RuntimeError, KeyError, ValueError):  # (figures only)
+                self.perf = _readable(_read_series(file["perf"]))
         # Frames of a file that did not complete are read up to steps_completed: a frame after it
         # may have been sized by a failed flush and never filled (its steps written, its rows not).
         last: int | None = None
@@ -1106,13 +1109,23 @@ class Trajectory:
             attrs["steps_completed"] = min(int(attrs["steps_completed"]), int(self.metrics["step"][-1]))
             last = None if attrs.get("completed") else attrs["steps_completed"]
         self._pops: dict[str, _Population] = {}
-        for name, g in (file["agents"].items() if "agents" in file else []):
+        complete = bool(attrs.get("completed"))
+        for name, g in (file["agents"].items() if "agents" in file and "/agents" not in damaged else []):
+            if f"/agents/{name}" in damaged:
+                continue
             fields = [k for k in g.keys() if k not in _RESERVED_AGENT_NAMES]
             steps = g["step"][...]
             k = _readable_frames(steps, last)
-            self._pops[name] = _Population(steps[:k], g["offsets"][...][:k + 1], fields)
+            offsets = g["offsets"][...][:k + 1]
+            if not complete:  # frames whose rows reach past what a failed flush left readable: not served
+                k = _frames_that_read(k, _last_rows(g, fields, offsets))
+            self._pops[name] = _Population(steps[:k], offsets[:k + 1], fields)
         env_steps = file["env/step"][...] if "env/step" in file else np.zeros(0, dtype=np.int64)
-        self._env_steps = env_steps[:_readable_frames(env_steps, last)]
+        k = _readable_frames(env_steps, last)
+        env_names = [n for n in file["env"].keys() if n != "step"] if "env" in file else []
+        if not complete:
+            k = _frames_that_read(k, lambda j: [file["env"][n][j] for n in env_names])
+        self._env_steps = env_steps[:k]
         self.env_names: list[str] = [k for k in file["env"].keys() if k != "step"] if "env" in file else []
 
     @property
@@ -1251,6 +1264,24 @@ def _readable_frames(steps: np.ndarray, last: int | None) -> int:
     return k if last is None else int(np.searchsorted(steps[:k], last, side="right"))
 
 
+def _last_rows(group: h5py.Group, fields: list[str], offsets: np.ndarray) -> Callable[[int], Any]:
+    """A reader of frame ``j``'s last row of every field of a population ``group``."""
+    return lambda j: [group[f][int(offsets[j + 1]) - 1] for f in fields if offsets[j + 1] > offsets[j]]
+
+
+def _frames_that_read(k: int, read: Callable[[int], Any]) -> int:
+    """How many of the first ``k`` frames read back: the newest frame ``j`` for which ``read(j)``
+    raises no h5py error, plus one (a failed flush leaves a suffix of frames unreadable).
+    """
+    while k > 0:
+        try:
+            read(k - 1)
+            return k
+        except (OSError, RuntimeError, KeyError, ValueError):
+            k -= 1
+    return 0
+
+
 def _readable(series: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``series`` cut to its rows before the first step that does not increase."""
     if "step" not in series:
@@ -1286,9 +1317,9 @@ def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
             raise OutputError(
                 f"'{path}' has trajectory format_version {version!r}; this agentsim reads versions <= {FORMAT_VERSION}"
             )
-        check_self_contained(f, path, "trajectory")
+        damaged = check_self_contained(f, path, "trajectory", damaged_ok=not bool(_attr(f.attrs.get("completed"))))
         try:
-            return Trajectory(path, f)
+            return Trajectory(path, f, damaged)
         except (KeyError, ValueError, OSError, RuntimeError) as e:  # h5py raises RuntimeError on bad links
             why = _why(e) if isinstance(e, OSError) else e
             raise OutputError(f"'{path}' is a damaged agentsim trajectory: {why}") from e
