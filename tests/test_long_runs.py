@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -132,6 +133,49 @@ def test_ray_at_a_closed_port_fails_in_bounded_time_and_leaves_no_study_file(tmp
     assert not out.exists() and not os.path.exists(f"{out}.status.json")
     study.run(out, workers=1)  # the next run is not refused
     assert out.exists()
+
+
+def _listener(answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A server on a free local port that accepts, then sends ``answer`` (None: stays silent)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def serve() -> None:
+        held = []
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if answer is not None:
+                conn.recv(64)
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+@pytest.mark.timeout(60)
+def test_ray_at_an_address_that_accepts_but_is_not_ray_fails_within_the_connect_timeout():
+    pytest.importorskip("ray")
+    from agentsim.distributed.netcheck import speaks_grpc
+    from agentsim.study.executors import make_executor
+
+    for answer in (None, b"SSH-2.0-OpenSSH_9.6\r\n"):
+        server, _ = _listener(answer)
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        t0 = time.perf_counter()
+        with pytest.raises(NetworkError, match=f"ray: cluster address '{address}': something accepts connections "
+                                               "there but .* not a Ray cluster"):
+            make_executor("ray", 1, address, connect_timeout=2)
+        assert time.perf_counter() - t0 < 6
+        server.close()
+    server, _ = _listener(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00")  # an HTTP/2 server's first frame: SETTINGS
+    speaks_grpc(f"127.0.0.1:{server.getsockname()[1]}", 2)
+    server.close()
 
 
 @pytest.mark.timeout(60)

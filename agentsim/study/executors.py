@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from agentsim.distributed.netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout, reach
+from agentsim.distributed.netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout, reach, speaks_grpc
 from agentsim.errors import ConfigError, NetworkError
 
 __all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "make_executor"]
@@ -133,7 +133,10 @@ class RayExecutor:
                          runtime_env={"env_vars": env})
             else:
                 if address not in ("auto", "local"):  # Ray itself retries a dead address for minutes
+                    t0 = time.monotonic()
                     reach(address, connect_timeout, f"ray: cluster address {address!r}")
+                    speaks_grpc(address, max(0.5, connect_timeout - (time.monotonic() - t0)),
+                                f"ray: cluster address {address!r}")
                 try:
                     ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": env})
                 except (ConnectionError, TimeoutError) as e:
