@@ -27,6 +27,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,8 @@ def main() -> None:
                          "agentsim_default_over_numpy": med["agentsim"] / med["numpy"], "last_step": last}
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    result = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-              "commit": commit, "rounds": rounds, "summary": summary}
+    result = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+              "date": time.strftime("%Y-%m-%d"), "commit": commit, "rounds": rounds, "summary": summary}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 

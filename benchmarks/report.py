@@ -22,6 +22,7 @@ not rendered, with the missing fields):
 - ``busy-threads*.json`` (``bench_busy.py``): threads on an idle and on a busy machine;
 - ``fixed-cost*.json`` (``bench_fixed_cost.py``): the engine's cost per step of small models;
 - ``abm-comparison*.json`` (``bench_abm_comparison.py``): the ABM framework comparison's workloads beside Mesa;
+- ``plain-models*.json`` (``bench_plain.py``): three plain user models beside their NumPy versions;
 - ``parent_kills.json``, ``writer_kills.json``, ``untrusted_files.json``,
   ``stress_write_failures.json`` (the ``stress_*.py`` scripts).
 
@@ -95,6 +96,7 @@ REQUIRED = {
     "busy-threads": ["usable_cores", "busy_processes", "rounds", "workloads", "seconds", "summary"],
     "fixed-cost": ["rounds", "work", "units", "per_round", "median"],
     "abm-comparison": ["versions", "rounds", "runs_per_round", "workloads", "per_round", "summary"],
+    "plain-models": ["rounds", "summary"],
 }
 
 
@@ -986,6 +988,39 @@ def abm_comparison_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                    alt="how many times longer Mesa takes than agentsim, per workload")
 
 
+def plain_models_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``bench_plain.py``: user models written as the tutorials teach, beside plain NumPy."""
+    lines = provenance(files)
+    for rel, d in files:
+        lines += [f"`{rel}`: whole runs (set-up and every step) in fresh processes, alternating; NumPy on one "
+                  "thread, agentsim on one thread and with its default threads; medians; the last step's summary "
+                  "of each side (other random streams: close, not equal):", ""]
+        rows = []
+        for name, s in d["summary"].items():
+            sec, last = s["seconds"], s["last_step"]
+            rows.append([name, str(s["steps"]), num(sec["numpy"]), num(sec["agentsim-1"]), num(sec["agentsim"]),
+                         num(s["agentsim_one_thread_over_numpy"], 3), num(s["agentsim_default_over_numpy"], 3),
+                         " / ".join(", ".join(f"{k} {v:,.4g}" for k, v in last[side].items())
+                                    for side in ("numpy", "agentsim"))])
+        lines += table(["model", "steps", "NumPy s", "agentsim 1 thread s", "agentsim default s",
+                        "agentsim 1 thread / NumPy", "agentsim default / NumPy", "last step NumPy / agentsim"], rows)
+
+    def plot(ax: Any) -> None:
+        bars = []
+        for _, d in files:
+            for name in d["summary"]:
+                numpy = _median([float(r["seconds"]) for r in d["rounds"] if r["model"] == name and r["side"] == "numpy"
+                                 and "seconds" in r])
+                for side in ("agentsim-1", "agentsim"):
+                    bars.append((f"{name} ({side} / NumPy)", [float(r["seconds"]) / numpy for r in d["rounds"]
+                                                              if r["model"] == name and r["side"] == side
+                                                              and "seconds" in r]))
+        _bars(ax, bars, "agentsim's seconds / NumPy's median (dots: each round; 1: as fast)")
+    n = sum(2 * len(d["summary"]) for _, d in files)
+    return Section("plain-models", "Plain user models beside NumPy (`bench_plain.py`)", [rel for rel, _ in files],
+                   lines, plot, (7.0, 1.0 + 0.3 * n), alt="agentsim's time over NumPy's, per model and threads")
+
+
 def classify(rel: str, d: Any) -> str | None:
     """The suite a results file belongs to (by its name), or None."""
     name = Path(rel).name
@@ -995,6 +1030,8 @@ def classify(rel: str, d: Any) -> str | None:
         return "peers"
     if name.startswith("abm-comparison"):
         return "abm-comparison"
+    if name.startswith("plain-models"):
+        return "plain-models"
     if name.startswith("ab"):
         return "ab"
     if name.startswith("scaling"):
@@ -1064,7 +1101,8 @@ def render(results: Path) -> Report:
                        ("partition", partition_section), ("roofline", roofline_section),
                        ("models", models_section), ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section), ("busy-threads", busy_threads_section),
-                       ("fixed-cost", fixed_cost_section), ("abm-comparison", abm_comparison_section)):
+                       ("fixed-cost", fixed_cost_section), ("abm-comparison", abm_comparison_section),
+                       ("plain-models", plain_models_section)):
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
     stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,
