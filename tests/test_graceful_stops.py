@@ -84,9 +84,8 @@ def test_a_second_ctrl_c_stops_at_once_and_other_commands_end_with_one_line(tmp_
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    for args, sig in ((["train", "spillover", "--agents", "3000", "--updates", "1000", "--quiet"], signal.SIGTERM),
-                      (["sweep", "randomwalk", "--agents", "100000", "--steps", "100000", "--seeds", "1,2",
-                        "--workers", "2", "--out", str(tmp_path / "s.h5"), "--quiet"], signal.SIGINT)):
+    for args, sig in ((["sweep", "randomwalk", "--agents", "100000", "--steps", "100000", "--seeds", "1,2",
+                        "--workers", "2", "--out", str(tmp_path / "s.h5"), "--quiet"], signal.SIGINT),):
         proc = _start(args, tmp_path)
         time.sleep(5)
         assert proc.poll() is None
@@ -104,3 +103,28 @@ def test_outside_the_command_nothing_is_installed_and_requests_do_not_outlive_th
         stops.request(signal.SIGINT)  # the first request is kept
         assert stops.requested() == signal.SIGTERM
     assert stops.requested() == 0 and signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("nprocs", "sig"), [("1", signal.SIGTERM), ("2", signal.SIGINT)])
+def test_a_stopped_training_writes_a_final_checkpoint_and_resumes(tmp_path, nprocs, sig):
+    ck = tmp_path / "ck"
+    args = ["train", "spillover", "--agents", "2000", "--horizon", "8", "--hidden", "16", "--updates", "100000",
+            "--checkpoint-dir", str(ck), "--checkpoint-every", "100000", "--quiet", "--nprocs", nprocs]
+    updates = []
+    for again in ([], ["--resume"]):  # stopped, then resumed from the final checkpoint and stopped again
+        proc = _start([*args, *again], tmp_path)
+        time.sleep(6)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + sig, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        latest = (ck / "latest").read_text()
+        updates.append(int(latest[len("ppo-"):-len(".json")]))
+        assert lines[0].startswith(f"agentsim: stopped by {signal.Signals(sig).name} after update {updates[-1]}; "
+                                   f"final checkpoint {ck / f'ppo-{updates[-1]:06d}.pt'}; resume with: agentsim train"
+                                   ), lines
+    assert updates[1] > updates[0] >= 1
+

@@ -456,9 +456,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             return exit_status(signum)
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _stop_line(e: RunStopped, spec: Any, signum: int) -> str:
     """One line on a run stopped by a signal: where it stopped, what the output holds, how to resume."""
-    name = signal.Signals(signum).name if signum in {s.value for s in signal.Signals} else f"signal {signum}"
+    name = _signal_name(signum)
     out = f"; '{spec.out}' holds steps 0-{e.step} (not completed)" if spec.out else ""
     if e.checkpoint is None:
         return f"stopped by {name} after step {e.step}{out}; no --checkpoint-dir, so it cannot be resumed"
@@ -660,18 +667,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     progress = not args.quiet
     run = {"out": args.out, "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
            "keep": args.keep, "resume": args.resume, "progress": progress}
-    rank = 0
-    if world_size_from_env() > 1:  # under torchrun: this process is one rank
-        from agentsim.distributed.process_group import process_group
+    rank = int(os.environ.get("RANK", "0")) if world_size_from_env() > 1 else 0
+    with graceful_stops():
+        try:
+            if world_size_from_env() > 1:  # under torchrun: this process is one rank
+                from agentsim.distributed.process_group import process_group
 
-        with process_group(timeout=timeout, device=args.device) as comm:
-            rank = comm.rank
-            trainer = Trainer(model, args.policy, args.agents, args.seed, updates=args.updates, config=config,
-                              comm=comm, partition=args.partition, device=args.device)
-            result = trainer.train(**run)
-    else:
-        result = train(model, args.agents, args.updates, args.seed, world_size=args.nprocs, config=config,
-                       policy=args.policy, partition=args.partition, device=args.device, timeout=timeout, **run)
+                with process_group(timeout=timeout, device=args.device) as comm:
+                    trainer = Trainer(model, args.policy, args.agents, args.seed, updates=args.updates,
+                                      config=config, comm=comm, partition=args.partition, device=args.device)
+                    result = trainer.train(**run)
+            else:
+                result = train(model, args.agents, args.updates, args.seed, world_size=args.nprocs, config=config,
+                               policy=args.policy, partition=args.partition, device=args.device, timeout=timeout,
+                               **run)
+        except RunStopped as e:  # every rank after the same update
+            signum = requested() or e.signum  # (the launcher's own signal: its workers got SIGTERM)
+            if rank == 0:
+                resume = [*sys.argv[1:], *([] if "--resume" in sys.argv else ["--resume"])]
+                how = (f"; final checkpoint {e.checkpoint}; resume with: agentsim {' '.join(resume)}"
+                       if e.checkpoint else "; no --checkpoint-dir, so it cannot be resumed")
+                print(f"agentsim: stopped by {_signal_name(signum)} after update {e.step}{how}", file=sys.stderr)
+            return exit_status(signum)
     if rank != 0:
         return 0
     if args.plot:
@@ -733,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``agentsim`` command; returns its exit status (see the module docstring)."""
     args = build_parser().parse_args(argv)
     try:
-        with terminate_on_sigterm() if args.command != "run" else contextlib.nullcontext():
+        with terminate_on_sigterm() if args.command not in ("run", "train") else contextlib.nullcontext():
             return _command(args)
     except ConfigError as e:
         print(f"agentsim: error: {e}", file=sys.stderr)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 import uuid
@@ -51,9 +52,10 @@ from agentsim.core.comm import Comm, LocalComm
 from agentsim.core.model import Model
 from agentsim.core.policy import TILE, NetworkActor, PolicyNet, Step, one_thread
 from agentsim.core.random import CounterRNG, mix64_int, stream_id
+from agentsim.engine import stops
 from agentsim.engine.progress import progress_bar
 from agentsim.engine.simulation import check_agents, check_seed
-from agentsim.errors import ConfigError, SimulationError
+from agentsim.errors import ConfigError, RunStopped, SimulationError
 from agentsim.io.checkpoint import CheckpointError
 from agentsim.learn import checkpoint
 from agentsim.learn.episode import exact_sums, mean_return, policy_spec, reward_of, run_episode
@@ -326,8 +328,9 @@ class Trainer:
                 row = self.update()
                 if log is not None:
                     log.write(row)
+                stop = self._stop_requested() if self.update_index < target else 0
                 if checkpoint_dir is not None and self.comm.rank == 0 and (
-                        self.update_index % checkpoint_every == 0 or self.update_index == target):
+                        self.update_index % checkpoint_every == 0 or self.update_index == target or stop):
                     saved.append(checkpoint.save(checkpoint_dir, self.state_dict(), self.update_index, keep=keep,
                                                  run_id=self.run_id))
                 if bar is not None:
@@ -335,6 +338,11 @@ class Trainer:
                     bar.update(1)
                 elif progress and self.comm.rank == 0:
                     print(format_update(row, target), file=sys.stderr, flush=True)
+                if stop:
+                    final = saved[-1] if saved and checkpoint_dir is not None and self.comm.rank == 0 else None
+                    where = f"; final checkpoint {final}" if final is not None else ""
+                    raise RunStopped(f"stopped by {_signal_name(stop)} after update {self.update_index}{where}", stop,
+                                     self.update_index, final)
         except BaseException:
             if log is not None:
                 log.close(completed=False)
@@ -345,6 +353,16 @@ class Trainer:
             log.close(completed=True)
         return TrainResult(list(self.history), self.net, None if out is None else os.fspath(out), saved,
                            self.comm.world_size)
+
+    def _stop_requested(self) -> int:
+        """The signal that asked any rank to stop (:mod:`agentsim.engine.stops`), or 0: every rank
+        learns it after the same update (one small exchange per update on several ranks).
+        """
+        stop = stops.requested()
+        if self.comm.world_size > 1:
+            got = self.comm.all_gather_rows({"stop": torch.tensor([[stop]], dtype=torch.int64)}, rows_per_rank=1)
+            stop = int(got["stop"].max())
+        return stop
 
     # ---------------------------------------------------------------- checkpoints
     def identity(self) -> dict[str, Any]:
@@ -472,4 +490,11 @@ class _TrainingLog:
 
     def close(self, completed: bool) -> None:
         self.writer.close(completed=completed)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 

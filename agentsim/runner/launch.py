@@ -27,6 +27,7 @@ comes raises after the group's ``timeout``, so a run never hangs.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import pickle
@@ -37,6 +38,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import forkserver as mp_forkserver
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +83,18 @@ def _describe_error(e: BaseException) -> dict[str, Any]:
 def _worker(rank: int, world_size: int, port: int, timeout: float, device: str | None,
             fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection, launcher: int,
             environ: dict[str, str]) -> None:
+    # A terminal's Ctrl-C reaches every process of its group: workers ignore it (they were started
+    # ignoring it: run_ranks), and their launcher passes each stop on through the stop file
+    # (stops.STOP_FILE), which a worker started late reads as well; a SIGTERM of its own stops it too.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(environ)  # (the stop file's name, before the stops read it)
+    with stops.graceful_stops((signal.SIGTERM,)):
+        _work(rank, world_size, port, timeout, device, fn, args, conn, launcher, environ)
+
+
+def _work(rank: int, world_size: int, port: int, timeout: float, device: str | None,
+          fn: Callable[..., Any], args: tuple[Any, ...], conn: Connection, launcher: int,
+          environ: dict[str, str]) -> None:
     die_with(launcher)  # a launcher killed with SIGKILL takes its workers with it (not the fork server)
     os.environ.clear()  # the launcher's environment now, not the fork server's at its start
     os.environ.update(environ)
@@ -90,13 +104,9 @@ def _worker(rank: int, world_size: int, port: int, timeout: float, device: str |
     torch.seed()
     np.random.seed()
     torch.set_num_threads(1)
-    # A terminal's Ctrl-C reaches every process of its group: the launcher passes each stop on as
-    # SIGTERM (stops.forward_to), so that a worker counts one request per stop, not two.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         comm = init(rank, world_size, "127.0.0.1", port, timeout=timeout, device=device, host_store=False)
-        with stops.graceful_stops((signal.SIGTERM,)):
-            result = fn(comm, *args)
+        result = fn(comm, *args)
         shutdown(ok=True)
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:
@@ -202,14 +212,16 @@ def _error_class(report: dict[str, Any] | None) -> type[AgentsimError]:
 
 
 def _stop(procs: Sequence[Any], finished: bool) -> None:
-    """Let finished workers exit on their own (briefly); SIGTERM the rest, then SIGKILL."""
+    """Let finished workers exit on their own (briefly); SIGKILL the rest (their SIGTERM asks for a
+    stop at the next step: :mod:`agentsim.engine.stops`).
+    """
     deadline = time.monotonic() + _TERMINATE_SECONDS
     if finished:
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
-            p.terminate()
+            p.kill()
     deadline = time.monotonic() + _TERMINATE_SECONDS
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -254,16 +266,22 @@ def run_ranks(fn: Callable[..., Any], world_size: int, args: Iterable[Any] = (),
     procs, conns = [], []
     finished = False
     try:
+        stop_file = stops.stop_file_for_workers()  # (inside graceful_stops only)
+        environ = {**os.environ, **({stops.STOP_FILE: stop_file} if stop_file else {})}
+        forkserver = ctx.get_start_method() == "forkserver"
+        if forkserver:  # started ignoring SIGINT: so are the workers it forks (the launcher stops them)
+            with stops.children_ignore_sigint():
+                mp_forkserver.ensure_running()
         for rank in range(world_size):
             parent, child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker, name=f"agentsim-rank-{rank}", daemon=True,
                             args=(rank, world_size, store.port, timeout, device, fn, args, child, os.getpid(),
-                                  dict(os.environ)))
-            p.start()
+                                  environ))
+            with stops.children_ignore_sigint() if not forkserver else contextlib.nullcontext():
+                p.start()
             child.close()
             procs.append(p)
             conns.append(parent)
-        stops.forward_to([p.pid for p in procs if p.pid is not None])  # (inside graceful_stops only)
         if started is not None:
             started([p.pid for p in procs if p.pid is not None])
         results = _collect(procs, conns, world_size)
@@ -317,10 +335,11 @@ def _collect(procs: list[Any], conns: list[Connection], world_size: int) -> list
                     failures.append(_Failure(rank, exitcode=procs[rank].exitcode))
         if failures and grace_end is None:
             grace_end = time.monotonic() + _GRACE_SECONDS
-    stopped = [f.report for f in failures if f.report is not None and f.report.get("stop")]
+    stopped = sorted((f.rank, f.report) for f in failures if f.report is not None and f.report.get("stop"))
     if stopped and len(stopped) == len(failures) and len(stopped) + len(results) == world_size:
-        signum, step, checkpoint = stopped[0]["stop"]  # (every rank stopped after the same step)
-        raise errors.RunStopped(stopped[0]["message"], signum, step, checkpoint)
+        report = stopped[0][1]  # the lowest rank's (rank 0 names the final checkpoint); every rank stopped alike
+        signum, step, checkpoint = report["stop"]
+        raise errors.RunStopped(report["message"], signum, step, checkpoint)
     if failures or len(results) < world_size:
         if not failures:  # unreachable in practice: every rank either reports or exits
             failures = [_Failure(r, exitcode=procs[r].exitcode) for r in range(world_size) if r not in results]

@@ -21,6 +21,7 @@ the same study file.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import sys
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from agentsim.distributed.netcheck import DEFAULT_CONNECT_TIMEOUT, check_connect_timeout, reach, speaks_grpc
+from agentsim.engine import stops
 from agentsim.errors import ConfigError, NetworkError
 
 __all__ = ["EXECUTORS", "LocalExecutor", "RayExecutor", "make_executor"]
@@ -52,7 +54,7 @@ def _init_worker(driver: int) -> None:
     do not notice a driver killed with SIGKILL (each holds the writing end of the pool's task
     pipe, so their read never ends): they would sleep on, orphaned.
     """
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # (started ignoring SIGINT: the driver stops its workers, LocalExecutor.shutdown)
 
     def watch() -> None:
         while os.getppid() == driver:
@@ -79,7 +81,8 @@ class LocalExecutor:
 
     def submit(self, fn: Callable[..., dict[str, Any]], *args: Any) -> Any:
         """Start ``fn(*args)``; returns a handle."""
-        return self._pool.submit(fn, *args)
+        with stops.children_ignore_sigint():  # (workers start in submit)
+            return self._pool.submit(fn, *args)
 
     def wait(self, handles: list[Any]) -> list[Any]:
         """Block until at least one handle is finished; return the finished ones."""
@@ -101,8 +104,14 @@ class LocalExecutor:
             self._pool = self._new_pool()
             self._broken = False
 
-    def shutdown(self) -> None:
-        """Stop the workers (waiting for runs in flight)."""
+    def shutdown(self, now: bool = False) -> None:
+        """Stop the workers, waiting for the runs in flight; ``now``: killing them (an interrupted
+        study: they ignore the terminal's Ctrl-C).
+        """
+        if now:
+            for process in list(getattr(self._pool, "_processes", {}).values()):  # (no public handle)
+                with contextlib.suppress(OSError):
+                    process.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -166,8 +175,11 @@ class RayExecutor:
     def recover(self) -> None:
         """Nothing to do: a dead Ray worker fails its own task only."""
 
-    def shutdown(self) -> None:
-        """Shut down the local Ray instance this executor started (not a cluster it joined)."""
+    def shutdown(self, now: bool = False) -> None:
+        """Shut down the local Ray instance this executor started (not a cluster it joined; its
+        tasks in flight are its own); ``now`` as :meth:`LocalExecutor.shutdown` (a local instance's
+        workers end with it).
+        """
         if self._started:
             self._ray.shutdown()
 

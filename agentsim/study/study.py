@@ -323,8 +323,12 @@ class Study:
                 pool.recover()
                 if stopping:
                     todo.clear()
-        finally:
+        except BaseException:  # (Ctrl-C, SIGTERM, an error of the driver: the runs in flight are dropped)
+            pool.shutdown(now=True)
+            raise
+        else:
             pool.shutdown()
+        finally:
             if bar is not None:
                 bar.close()
         result.failed.sort()
