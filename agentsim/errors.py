@@ -76,6 +76,26 @@ def write_cause(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+_OUT_OF_MEMORY = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says the process could not get memory (a MemoryError, or torch's allocators'
+    RuntimeError under a memory limit).
+    """
+    return isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and not isinstance(e, AgentsimError)
+                                          and any(s in str(e).lower() for s in _OUT_OF_MEMORY))
+
+
+def memory_text(message: str) -> str:
+    """The first line of an out-of-memory message, at most 300 characters, after torch's
+    allocator's name (``"can't allocate memory: you tried to allocate ..."``).
+    """
+    text = message.strip().splitlines()[0] if message.strip() else "MemoryError"
+    at = text.find("DefaultCPUAllocator: ")
+    return text[at + len("DefaultCPUAllocator: "):][:300] if at >= 0 else text[:300]
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ``" Perhaps you meant 'x'?"`` for the closest choice, or ``""``."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)

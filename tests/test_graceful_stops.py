@@ -128,3 +128,19 @@ def test_a_stopped_training_writes_a_final_checkpoint_and_resumes(tmp_path, npro
                                    ), lines
     assert updates[1] > updates[0] >= 1
 
+
+@pytest.mark.timeout(300)
+def test_running_out_of_memory_under_a_limit_is_one_line(tmp_path):
+    import resource
+
+    def limit() -> None:  # ulimit -v 3 GiB
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    for extra in ([], ["--nprocs", "2"]):
+        done = subprocess.run([sys.executable, "-m", "agentsim", "run", "sir", "--agents", "200000000", "--steps", "2",
+                               "--quiet", *extra], capture_output=True, text=True, preexec_fn=limit, timeout=250,
+                              env={**os.environ, "AGENTSIM_MEMORY_CHECK": "0"}, cwd=tmp_path)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert "out of memory (can't allocate memory" in done.stderr and len(done.stderr.splitlines()) <= 2, \
+            done.stderr
+

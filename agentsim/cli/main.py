@@ -75,7 +75,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentsim.engine.stops import Terminated, exit_status, graceful_stops, requested, terminate_on_sigterm
-from agentsim.errors import AgentsimError, ConfigError, RunStopped
+from agentsim.errors import AgentsimError, ConfigError, RunStopped, memory_text, out_of_memory
 from agentsim.threads import configured_threads
 
 
@@ -761,6 +761,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         sys.stderr.close()
         return 0
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        print(f"agentsim: error: out of memory ({memory_text(str(e))}); use fewer agents, several processes "
+              "(--nprocs), or a higher memory limit (ulimit -v, the container's)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C outside a run's steps, or a second one: at once
         print(f"agentsim: interrupted (SIGINT); {_interrupted(args)}", file=sys.stderr)
         return exit_status(signal.SIGINT)

@@ -77,7 +77,8 @@ def _describe_error(e: BaseException) -> dict[str, Any]:
         s in str(e) for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe"))
     stop = [e.signum, e.step, e.checkpoint] if isinstance(e, errors.RunStopped) else None
     return {"type": type(e).__name__, "module": type(e).__module__, "message": str(e),
-            "traceback": traceback.format_exc(), "is_comm": is_comm, "stop": stop}
+            "traceback": traceback.format_exc(), "is_comm": is_comm, "stop": stop,
+            "out_of_memory": errors.out_of_memory(e)}
 
 
 def _worker(rank: int, world_size: int, port: int, timeout: float, device: str | None,
@@ -181,6 +182,8 @@ class _Failure:
         """One line: the error's type and the first line of its message, or the exit code."""
         if self.report is None:
             return f"exit code {self.exitcode}"
+        if self.report.get("out_of_memory"):
+            return f"out of memory ({errors.memory_text(self.report['message'])})"
         first = self.report["message"].strip().splitlines()[0] if self.report["message"].strip() else ""
         return f"{self.report['type']}: {first[:400]}" if first else self.report["type"]
 
@@ -199,6 +202,8 @@ class _Failure:
         r = self.report
         if r["module"] == errors.__name__:  # agentsim's own error: its message says it all
             return f"rank {self.rank} of {world_size} failed with {r['type']}: {r['message']}"
+        if r.get("out_of_memory"):  # (where is not the point: the process had no more memory)
+            return f"rank {self.rank} of {world_size} ran out of memory ({errors.memory_text(r['message'])})"
         return (f"rank {self.rank} of {world_size} failed with {r['type']}: {r['message']}\n"
                 f"--- traceback of rank {self.rank} ---\n{r['traceback'].rstrip()}")
 
