@@ -74,7 +74,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentsim.engine.stops import Terminated, exit_status, graceful_stops, requested, terminate_on_sigterm
+from agentsim.engine.stops import Terminated, exit_status, graceful_stops, requested, signal_name, terminate_on_sigterm
 from agentsim.errors import AgentsimError, ConfigError, RunStopped, memory_text, out_of_memory
 from agentsim.threads import configured_threads
 
@@ -456,16 +456,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             return exit_status(signum)
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def _stop_line(e: RunStopped, spec: Any, signum: int) -> str:
     """One line on a run stopped by a signal: where it stopped, what the output holds, how to resume."""
-    name = _signal_name(signum)
+    name = signal_name(signum)
     out = f"; '{spec.out}' holds steps 0-{e.step} (not completed)" if spec.out else ""
     if e.checkpoint is None:
         return f"stopped by {name} after step {e.step}{out}; no --checkpoint-dir, so it cannot be resumed"
@@ -687,7 +680,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 resume = [*sys.argv[1:], *([] if "--resume" in sys.argv else ["--resume"])]
                 how = (f"; final checkpoint {e.checkpoint}; resume with: agentsim {' '.join(resume)}"
                        if e.checkpoint else "; no --checkpoint-dir, so it cannot be resumed")
-                print(f"agentsim: stopped by {_signal_name(signum)} after update {e.step}{how}", file=sys.stderr)
+                print(f"agentsim: stopped by {signal_name(signum)} after update {e.step}{how}", file=sys.stderr)
             return exit_status(signum)
     if rank != 0:
         return 0

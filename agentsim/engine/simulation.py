@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 import uuid
 import zlib
@@ -1056,12 +1055,8 @@ class Simulation:
         """
         self.wait_checkpoint()  # (an earlier one in flight)
         signum, step = self._stop_signal, self.state.step
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
         where = f"; final checkpoint {checkpoint}" if checkpoint is not None else ""
-        raise RunStopped(f"stopped by {name} after step {step}{where}", signum, step, checkpoint)
+        raise RunStopped(f"stopped by {stops.signal_name(signum)} after step {step}{where}", signum, step, checkpoint)
 
     def _group_figures(self) -> dict[str, float]:
         """The cut of each group field over ranks (a collective on several ranks: every rank has

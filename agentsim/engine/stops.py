@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 __all__ = ["STOP_FILE", "Terminated", "children_ignore_sigint", "exit_status", "graceful_stops", "request",
-           "requested", "stop_file_for_workers", "terminate_on_sigterm"]
+           "requested", "signal_name", "stop_file_for_workers", "terminate_on_sigterm"]
 
 STOP_FILE = "AGENTSIM_STOP_FILE"  # a worker's: where its launcher writes the signal it was stopped by
 _requested = 0  # the signal number of the first stop request, 0 for none
@@ -81,6 +81,14 @@ def request(signum: int) -> None:
     """Record a stop request (what the first signal does; tests and embedding programs may call it)."""
     global _requested
     _requested = _requested or int(signum)
+
+
+def signal_name(signum: int) -> str:
+    """``"SIGINT"`` for ``signal.SIGINT``; ``"signal N"`` for a number that names none."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def exit_status(signum: int) -> int:

@@ -636,8 +636,8 @@ class TrajectoryWriter:
             why = f"directory '{parent}' does not exist"
         elif os.path.isdir(self.path):
             why = "it is a directory"
-        elif special_file(self.path) is not None:
-            why = f"it is {special_file(self.path)}; an output must be a regular file or a path that does not exist yet"
+        elif (kind := special_file(self.path)) is not None:
+            why = f"it is {kind}; an output must be a regular file or a path that does not exist yet"
         elif os.path.exists(self.path):
             if not overwrite:
                 why = "the file exists (pass overwrite=True to replace it)"

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
 import uuid
@@ -341,8 +340,8 @@ class Trainer:
                 if stop:
                     final = saved[-1] if saved and checkpoint_dir is not None and self.comm.rank == 0 else None
                     where = f"; final checkpoint {final}" if final is not None else ""
-                    raise RunStopped(f"stopped by {_signal_name(stop)} after update {self.update_index}{where}", stop,
-                                     self.update_index, final)
+                    said = f"stopped by {stops.signal_name(stop)} after update {self.update_index}{where}"
+                    raise RunStopped(said, stop, self.update_index, final)
         except BaseException:
             if log is not None:
                 log.close(completed=False)
@@ -490,11 +489,3 @@ class _TrainingLog:
 
     def close(self, completed: bool) -> None:
         self.writer.close(completed=completed)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
