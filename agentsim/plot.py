@@ -44,6 +44,7 @@ import numpy as np
 
 from agentsim.core.metrics import Display
 from agentsim.errors import ConfigError, OutputError, did_you_mean
+from agentsim.io.live import open_to_read
 
 __all__ = ["PAGE", "animate_file", "plot_file", "plot_pages"]
 
@@ -84,7 +85,7 @@ def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
     if not os.path.isfile(path) or not h5py.is_hdf5(path):
         raise OutputError(f"cannot plot '{path}': not an HDF5 file")
     try:
-        f = h5py.File(path, "r")
+        f = open_to_read(path)
     except OSError as e:  # truncated, locked by a writer, ...: as `agentsim inspect` says it
         from agentsim.io.hdf5 import _why
 

@@ -138,6 +138,8 @@ def test_a_study_whose_driver_is_killed_resumes_and_runs_nothing_twice(tmp_path)
                     break
             except asim.OutputError:  # not created yet, or busy
                 continue
+        assert proc.poll() is None
+        assert len(read_study(out).runs) >= len(done_before) + 3  # read while the driver writes it
         workers = _children(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -156,6 +158,7 @@ def test_a_study_whose_driver_is_killed_resumes_and_runs_nothing_twice(tmp_path)
     assert result.skipped == len(done_before) and result.executed == 12 - len(done_before)
     data = read_study(out)
     assert data.completed and sorted(data.runs) == [r.run_id for r in study.runs]
+    assert not (tmp_path / "study.h5.damaged").exists()  # a killed driver's file is copied, not rebuilt
     executions = log.read_text().split()
     seeds = {r.run_id: str(r.seed) for r in study.runs}
     for done, started in kills:  # no run finished before a kill started again after it

@@ -65,7 +65,7 @@ def completed(path: Path) -> bool | None:
     """The file's ``completed`` attribute (None: no file)."""
     if not path.exists():
         return None
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r", swmr=True) as f:
         return bool(f.attrs["completed"])
 
 
@@ -281,7 +281,7 @@ def test_a_resume_into_a_file_a_failed_flush_left_cuts_it_at_the_resumed_step(tm
     assert got.attrs["steps_completed"] == 5 and list(got.steps("walker")) == [0, 5]  # no frame of zeros
     assert main([*run, "--resume", str(tmp_path / "ck"), "--out", str(path)]) == 0
     capsys.readouterr()
-    with h5py.File(whole, "r") as a, h5py.File(path, "r") as b:
+    with h5py.File(whole, "r") as a, h5py.File(path, "r", swmr=True) as b:
         assert bool(b.attrs["completed"]) and int(b.attrs["steps_completed"]) == 10
         for group in ("metrics", "agents/walker", "env"):
             if group in a:
@@ -292,5 +292,5 @@ def test_a_resume_into_a_file_a_failed_flush_left_cuts_it_at_the_resumed_step(tm
 def f_steps(path):
     import h5py
 
-    with h5py.File(path, "r") as f:
+    with h5py.File(path, "r", swmr=True) as f:
         return f["metrics/step"][...]

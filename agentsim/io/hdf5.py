@@ -89,6 +89,7 @@ from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from agentsim.io.faults import FailingFile, Fault, write_fault
 from agentsim.io.h5check import check_regular, check_self_contained
+from agentsim.io.live import LIBVER, open_to_read, reopen_to_write, reopen_unshared, share
 from agentsim.io.locks import process_exists, special_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
@@ -439,7 +440,7 @@ class TrajectoryWriter:
         self._creating: str | None = creating
         self._setup(write_fault(self.path), [creating])
         try:
-            self._file = open_for_writing(creating, "w", self._fault)
+            self._file = open_for_writing(creating, "w", self._fault, libver=LIBVER)
         except OSError as e:
             unwatch_file(self._names)
             raise OutputError(f"cannot create trajectory file '{self.path}': {write_cause(e)}") from e
@@ -470,6 +471,7 @@ class TrajectoryWriter:
             self._env = _Series(self._file.create_group("env", track_order=True))
             self._perf = _ScalarSeries(self._file.create_group("perf", track_order=True))
             self._file.flush()
+            share(self._file)
             if self._swallowed:
                 raise RuntimeError(self._swallowed[0])
         except (OSError, RuntimeError) as e:
@@ -546,11 +548,15 @@ class TrajectoryWriter:
         params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
         self._setup(write_fault(self.path), [self.path])
         try:
-            self._file = open_for_writing(self.path, "r+", self._fault)
+            self._file = reopen_to_write(self.path, "r+", functools.partial(open_for_writing, fault=self._fault),
+                                         libver=LIBVER)
         except OSError as e:
             unwatch_file(self._names)
-            raise OutputError(f"cannot continue trajectory file '{self.path}': {write_cause(e)}") from e
+            why = ("it is open in another process (a reader: close it there, then resume again)"
+                   if "unable to lock file" in str(e).lower() else write_cause(e))
+            raise OutputError(f"cannot continue trajectory file '{self.path}': {why}") from e
         try:
+            share(self._file)  # before anything is cut: a kill from here on leaves a readable file
             a = self._file.attrs
             if _attr(a.get("format")) != FORMAT:
                 raise OutputError(f"cannot continue '{self.path}': not an agentsim trajectory")
@@ -671,6 +677,23 @@ class TrajectoryWriter:
         self._handles[f"{group.name}/{name}"] = ds
         return ds
 
+    def _unshare(self) -> h5py.File:
+        """The file opened again outside SWMR mode, to delete an object (see
+        :func:`~agentsim.io.live.reopen_unshared`; the next :meth:`flush` shares it again); every
+        group held is looked up again.
+        """
+        self._handles.clear()
+        if not self._file.swmr_mode:
+            return self._file
+        path = self._creating if self._creating is not None else self.path
+        series: list[_Series | _ScalarSeries] = [self._metrics, self._perf, self._env, *self._populations.values()]
+        names = [one.group.name for one in series]
+        self._file = reopen_unshared(self._file, path, functools.partial(open_for_writing, fault=self._fault))
+        for one, name in zip(series, names, strict=True):
+            one.group = self._file[name]
+        self._agents_group = self._file["agents"]
+        return self._file
+
     def _ds(self, group: h5py.Group, name: str) -> h5py.Dataset:
         """The dataset ``name`` of ``group``, through one handle kept open until the file closes: a
         handle released in between would write its cached chunks from h5py's finalizer, where a
@@ -722,8 +745,9 @@ class TrajectoryWriter:
                     if is_float and ds.dtype == np.int64:
                         # An integer series got a float (e.g. `x / n if n else 0`): promote to float64.
                         old, attrs = ds[...].astype(np.float64), dict(ds.attrs)
-                        self._handles.pop(f"{g.name}/{name}")
                         del ds
+                        where = g.name
+                        g = self._unshare()[where]
                         del g[name]
                         ds = self._create(g, name, np.dtype(np.float64), shape)
                         ds.attrs.update(attrs)
@@ -922,10 +946,13 @@ class TrajectoryWriter:
     # ---------------------------------------------------------------- closing
     @_io_errors
     def flush(self) -> None:
-        """Write buffered metric / perf rows and ``steps_completed``, and flush HDF5 to disk."""
+        """Write buffered metric / perf rows and ``steps_completed``, and flush HDF5 to disk (where
+        other processes may read them while the file is written: :mod:`agentsim.io.live`).
+        """
         self._check_open()
         self._write_buffers()
         self._file.flush()
+        share(self._file)  # (again, after an object was deleted: _unshare)
         self._publish()
 
     def _publish(self) -> None:
@@ -1232,7 +1259,7 @@ class Trajectory:
 
 def _open(path: str) -> h5py.File:
     try:
-        return h5py.File(path, "r")
+        return open_to_read(path)
     except OSError as e:
         raise OutputError(f"cannot read trajectory '{path}': {_why(e)}") from e
 
@@ -1277,7 +1304,7 @@ def _frames_that_read(k: int, read: Callable[[int], Any]) -> int:
         try:
             read(k - 1)
             return k
-        except (OSError, RuntimeError, KeyError, ValueError):
+        except (OSError, RuntimeError, KeyError, ValueError, IndexError):  # (IndexError: rows past the end)
             k -= 1
     return 0
 

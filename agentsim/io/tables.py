@@ -12,11 +12,11 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, cast
 
-import h5py
 import numpy as np
 
 from agentsim.errors import ConfigError, OutputError, did_you_mean
 from agentsim.io.hdf5 import Trajectory, read_trajectory
+from agentsim.io.live import open_to_read
 
 if TYPE_CHECKING:
     import pandas  # optional (the analysis extra): mypy ignores a missing pandas or xarray (pyproject.toml)
@@ -190,7 +190,7 @@ def read_frames(path: str | os.PathLike[str], population: str | None = None) -> 
     n_frames = len(steps)
     env_steps = traj.env_steps()
     try:
-        with h5py.File(traj.path, "r") as f:
+        with open_to_read(traj.path) as f:
             g = f["agents"][population]
             offsets = np.asarray(g["offsets"][: n_frames + 1], dtype=np.int64)
             rows = int(offsets[-1]) if n_frames else 0

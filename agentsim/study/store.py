@@ -41,6 +41,7 @@ from agentsim.errors import AgentsimError, ConfigError, OutputError, write_cause
 from agentsim.io.faults import write_fault
 from agentsim.io.h5check import DamagedFileError, check_regular, check_self_contained, dataset_problem
 from agentsim.io.hdf5 import detach_file, injected_error, open_for_writing
+from agentsim.io.live import LIBVER, UncopiedError, open_to_read, reopen_to_write, reopen_unshared, share
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -52,12 +53,25 @@ QUANTILES = (0.1, 0.5, 0.9)
 
 
 def _open(path: str, mode: str, writing: bool = False) -> h5py.File:
+    """``path`` opened to read (readable while a driver writes it), or to write (``mode`` "w" or
+    "a"; a file whose driver was killed is first copied into a fresh one: :mod:`agentsim.io.live`).
+    """
     try:
-        return open_for_writing(path, mode, write_fault(path)) if writing else h5py.File(path, mode)
+        if not writing:
+            return open_to_read(path)
+        opener = functools.partial(open_for_writing, fault=write_fault(path))
+        file = opener(path, mode, libver=LIBVER) if mode == "w" else reopen_to_write(path, mode, opener,
+                                                                                    libver=LIBVER)
+        if mode != "w":
+            share(file)  # (a new file is shared once its header is in: StudyFile._create)
+        return file
+    except UncopiedError as e:
+        raise DamagedFileError(f"cannot open study file '{path}': {e}") from e
     except OSError as e:
         text = str(e)
         if "unable to lock file" in text.lower():
-            raise OutputError(f"study file '{path}' is open in another process (a study still running?)") from e
+            raise OutputError(f"study file '{path}' is open in another process (a study still running, or a "
+                              "reader: close it there)") from e
         raise OutputError(f"cannot open study file '{path}': {text}") from e
 
 
@@ -128,28 +142,30 @@ class StudyFile:
     def _create(self, text: str, total: int, parent: str, resume: bool, overwrite: bool,
                 spec: Mapping[str, Any]) -> None:
         if resume and os.path.exists(self.path):
-            self.file = _open(self.path, "a", writing=True)
-            damaged = False
-            try:
-                saved = _check_format(self.file, self.path)
-                check_self_contained(self.file, self.path, "study file", strings=True)
-            except DamagedFileError:  # (rebuilt below from what reads back)
-                damaged = True
-            except OutputError:
-                self.file.close()
-                raise
+            with _open(self.path, "r") as f:  # is it this study? (read-only: a killed driver's file opens too)
+                saved = _check_format(f, self.path)
+                try:
+                    check_self_contained(f, self.path, "study file", strings=True)
+                    damaged = False
+                except DamagedFileError:  # (rebuilt below from what reads back)
+                    damaged = True
             if json.dumps(saved, sort_keys=True) != text:
                 diff = sorted(k for k in set(saved) | set(spec) if saved.get(k) != spec.get(k))
-                self.file.close()
                 raise ConfigError(f"--resume: study file '{self.path}' holds another study (it differs in: "
                                   f"{', '.join(diff)})")
-            try:  # a write that failed part way (a full disk) can leave links to blocks never written
-                if damaged:
-                    raise KeyError("links that do not read back")
-                self.done()
-                len(self.file["failures"])
-            except (KeyError, OSError, RuntimeError, ValueError):
-                self.file.close()
+            if not damaged:
+                try:
+                    self.file = _open(self.path, "a", writing=True)
+                except DamagedFileError:  # a killed driver's file that does not copy
+                    damaged = True
+            if not damaged:
+                try:  # a write that failed part way (a full disk) can leave links to blocks never written
+                    self.done()
+                    len(self.file["failures"])
+                except (KeyError, OSError, RuntimeError, ValueError):
+                    self.file.close()
+                    damaged = True
+            if damaged:
                 self._salvage(text, total, parent)
                 self.file = _open(self.path, "a", writing=True)
             self.file.attrs["completed"] = False
@@ -187,7 +203,7 @@ class StudyFile:
         """
         tmp = os.path.join(parent, f".{os.path.basename(self.path)}.tmp{os.getpid()}")
         kept = 0
-        with h5py.File(self.path, "r") as src:
+        with open_to_read(self.path) as src:
             dst = self._new_file(tmp, text, total)
             try:
                 for group in ("runs", "failures"):
@@ -232,6 +248,15 @@ class StudyFile:
         except (OSError, RuntimeError):
             pass
 
+    def _unshare(self) -> h5py.File:
+        """The file opened again outside SWMR mode, to delete an object (see
+        :func:`~agentsim.io.live.reopen_unshared`; shared again after the change's flush).
+        """
+        if self.file.swmr_mode:
+            self.file = reopen_unshared(self.file, self.path,
+                                        functools.partial(open_for_writing, fault=write_fault(self.path)))
+        return self.file
+
     def done(self) -> set[str]:
         """The ids of the runs whose results are complete in the file."""
         return {k for k, g in self.file["runs"].items() if g.attrs.get("completed", False)}
@@ -246,6 +271,7 @@ class StudyFile:
         if run_id in runs:
             if runs[run_id].attrs.get("completed", False) and self._counts is not None:
                 self._counts["done"] -= 1
+            runs = self._unshare()["runs"]
             del runs[run_id]
         g = runs.create_group(run_id)
         for name, series in metrics.items():
@@ -255,12 +281,14 @@ class StudyFile:
         for k, v in params.items():
             g.attrs[f"param.{k}"] = v
         if run_id in self.file["failures"]:
-            del self.file["failures"][run_id]
+            del self._unshare()["failures"][run_id]
             if self._counts is not None:
                 self._counts["failed"] -= 1
+            g = self.file["runs"][run_id]
         self.file.flush()  # the series on disk before the flag that says they are
         g.attrs["completed"] = True
         self.file.flush()
+        share(self.file)
         if self._counts is not None:
             self._counts["done"] += 1
         self.write_status()
@@ -271,6 +299,7 @@ class StudyFile:
         """Record a run that failed for good, and flush."""
         failures = self.file["failures"]
         if run_id in failures:
+            failures = self._unshare()["failures"]
             del failures[run_id]
         elif self._counts is not None:
             self._counts["failed"] += 1
@@ -278,6 +307,7 @@ class StudyFile:
         g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, attempts=attempts, kind=kind,
                        error=error, traceback=traceback)
         self.file.flush()
+        share(self.file)
         self.write_status()
 
     @_writes
@@ -285,7 +315,7 @@ class StudyFile:
         """Write ``/summary`` and ``/bands`` from the completed runs; set ``completed``."""
         for name in ("summary", "bands"):
             if name in self.file:
-                del self.file[name]
+                del self._unshare()[name]
         table = summary_table(self.file)
         s = self.file.create_group("summary")
         for col, values in table.items():
@@ -311,6 +341,7 @@ class StudyFile:
         self.file.attrs["completed"] = len(self.file["runs"]) + len(self.file["failures"]) >= int(
             self.file.attrs["runs_total"]) and not len(self.file["failures"])
         self.file.flush()
+        share(self.file)
         self._counts = None
         self.write_status()
 
@@ -456,7 +487,7 @@ def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = os.fspath(path)
     check_regular(path, "study file")
     try:
-        f = h5py.File(path, "r")
+        f = open_to_read(path)
     except OSError as e:
         if "unable to lock file" not in str(e).lower():
             raise OutputError(f"cannot open study file '{path}': {e}") from e
