@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -415,3 +416,29 @@ def test_a_continued_file_truncates_and_appends_t_by_k_rows(tmp_path):
         assert a.metrics[name].tobytes() == b.metrics[name].tobytes() and a.metrics[name].shape == \
             b.metrics[name].shape, name
     assert b.edges["hist"].tolist() == a.edges["hist"].tolist()
+
+
+def test_a_long_writer_keeps_its_memory_bounded(tmp_path):
+    # HDF5's default caches (1 MiB of chunks per dataset, a metadata cache growing to 32 MiB) made a
+    # writer of 25 series grow by about 210 bytes a row, without end; the writer bounds both.
+    def rss_kb() -> int:
+        with open("/proc/self/status") as f:
+            return int(f.read().split("VmRSS:")[1].split()[0])
+
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("reads the resident set size from /proc")
+    w = TrajectoryWriter(tmp_path / "long.h5", model="m", params={}, seed=1, steps=10**6, compression=None)
+    metrics = {f"m{i}": 1.5 for i in range(10)}
+    perf = {f"p{i}": 0.5 for i in range(15)}
+    sizes = {}
+    for step in range(120_001):
+        w.write_metrics(step, metrics)
+        if step:
+            w.write_perf(step, perf)
+        if step % 2000 == 0:
+            w.flush()
+        if step in (40_000, 120_000):
+            sizes[step] = rss_kb()
+    w.close(completed=True)
+    assert sizes[120_000] - sizes[40_000] < 2048, sizes  # KB; unbounded caches: about 16,000
+    assert len(read_trajectory(tmp_path / "long.h5").metrics["step"]) == 120_001

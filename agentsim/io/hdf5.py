@@ -89,7 +89,15 @@ from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
 from agentsim.io.faults import FailingFile, Fault, write_fault
 from agentsim.io.h5check import check_regular, check_self_contained
-from agentsim.io.live import LIBVER, open_to_read, reopen_to_write, reopen_unshared, share
+from agentsim.io.live import (
+    CHUNK_CACHE_BYTES,
+    LIBVER,
+    bound_caches,
+    open_to_read,
+    reopen_to_write,
+    reopen_unshared,
+    share,
+)
 from agentsim.io.locks import process_exists, special_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
@@ -440,7 +448,8 @@ class TrajectoryWriter:
         self._creating: str | None = creating
         self._setup(write_fault(self.path), [creating])
         try:
-            self._file = open_for_writing(creating, "w", self._fault, libver=LIBVER)
+            self._file = bound_caches(open_for_writing(creating, "w", self._fault, libver=LIBVER,
+                                                       rdcc_nbytes=CHUNK_CACHE_BYTES))
         except OSError as e:
             unwatch_file(self._names)
             raise OutputError(f"cannot create trajectory file '{self.path}': {write_cause(e)}") from e
@@ -548,8 +557,9 @@ class TrajectoryWriter:
         params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
         self._setup(write_fault(self.path), [self.path])
         try:
-            self._file = reopen_to_write(self.path, "r+", functools.partial(open_for_writing, fault=self._fault),
-                                         libver=LIBVER)
+            self._file = bound_caches(reopen_to_write(self.path, "r+",
+                                                      functools.partial(open_for_writing, fault=self._fault),
+                                                      libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES))
         except OSError as e:
             unwatch_file(self._names)
             why = ("it is open in another process (a reader: close it there, then resume again)"

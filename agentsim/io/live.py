@@ -28,9 +28,16 @@ from typing import Any, cast
 
 import h5py
 
-__all__ = ["LIBVER", "UncopiedError", "marked_open", "open_to_read", "reopen_to_write", "reopen_unshared", "share"]
+__all__ = ["CHUNK_CACHE_BYTES", "LIBVER", "UncopiedError", "bound_caches", "marked_open", "open_to_read",
+           "reopen_to_write", "reopen_unshared", "share"]
 
 LIBVER = ("v110", "v110")  # the oldest HDF5 file format with SWMR, and no newer one
+# A writer that appends needs a dataset's last chunk or two in HDF5's chunk cache (1 MiB per
+# dataset by default), and little metadata cache (which grows to 32 MiB by default): a run with
+# --out grew by about 210 bytes a step without these bounds (25 series, 600,000 rows: +130 MB),
+# and stays within about 5 MB with them.
+CHUNK_CACHE_BYTES = 1 << 17
+METADATA_CACHE_BYTES = 4 << 20
 
 
 class UncopiedError(OSError):
@@ -101,6 +108,14 @@ def share(file: h5py.File) -> bool:
     return True
 
 
+def bound_caches(file: h5py.File) -> h5py.File:
+    """``file`` (opened with ``rdcc_nbytes=CHUNK_CACHE_BYTES``) with its metadata cache bounded too."""
+    config = file.id.get_mdc_config()
+    config.max_size = METADATA_CACHE_BYTES
+    file.id.set_mdc_config(config)
+    return file
+
+
 def marked_open(e: BaseException) -> bool:
     """Whether ``e`` is HDF5 refusing a file whose writer stopped without closing it."""
     return isinstance(e, OSError) and "already open for" in str(e)
@@ -149,4 +164,4 @@ def reopen_unshared(file: h5py.File, path: str, opener: Callable[..., h5py.File]
     file.close()
     if raw is not None:
         raw.close()
-    return opener(path, "r+", libver=LIBVER, locking=False)
+    return bound_caches(opener(path, "r+", libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES, locking=False))
