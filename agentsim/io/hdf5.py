@@ -41,6 +41,9 @@ Root attributes:
     seed), so ``/agents``, ``/env`` and ``/metrics`` of two such runs are bitwise
     comparable.
 
+The file is in HDF5's v110 format, written in single-writer / multiple-reader (SWMR) mode from its
+creation, so other processes read it while it is written (:mod:`agentsim.io.live`).
+
 Every series is an extendable dataset (``maxshape=(None, ...)``), chunked along the
 first axis in chunks of about 64 KiB and compressed (gzip level 4 with the shuffle
 filter by default; runs write uncompressed, see :mod:`agentsim.io.recording`: a

@@ -21,7 +21,8 @@ Layout (``format = "agentsim-study"``, ``format_version = 1``)::
 A run's group is written whole and the file flushed before the driver goes on, so a study
 killed at any moment leaves every run finished before the last flush (a run group without
 ``completed`` is ignored and run again). The file is created under a temporary name and renamed
-once its header is flushed.
+once its header is flushed. Like a trajectory, it is written in SWMR mode, so other processes read
+it while the study runs (:mod:`agentsim.io.live`).
 """
 
 from __future__ import annotations
