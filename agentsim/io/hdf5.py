@@ -174,15 +174,18 @@ def unwatch_file(names: Iterable[str]) -> None:
 
 
 def open_for_writing(path: str, mode: str, fault: Fault | None, **kwargs: Any) -> h5py.File:
-    """``h5py.File(path, mode)``; through a :class:`~agentsim.io.faults.FailingFile` when a
-    write fault is injected (a test hook, see :mod:`agentsim.io.faults`).
+    """``h5py.File(path, mode, **kwargs)`` as every agentsim writer opens its file: HDF5's v110
+    format (for SWMR) and bounded caches (:mod:`agentsim.io.live`); through a
+    :class:`~agentsim.io.faults.FailingFile` when a write fault is injected (a test hook, see
+    :mod:`agentsim.io.faults`).
     """
+    kwargs = {"libver": LIBVER, "rdcc_nbytes": CHUNK_CACHE_BYTES, **kwargs}
     if fault is None:
-        return h5py.File(path, mode, **kwargs)
+        return bound_caches(h5py.File(path, mode, **kwargs))
     raw = FailingFile(path, "w+b" if mode == "w" else "r+b", fault)
     file = h5py.File(raw, mode, **kwargs)
     file.agentsim_failing = raw  # the test hook's file, for its error
-    return file
+    return bound_caches(file)
 
 
 def detach_file(file: h5py.File) -> None:
@@ -451,8 +454,7 @@ class TrajectoryWriter:
         self._creating: str | None = creating
         self._setup(write_fault(self.path), [creating])
         try:
-            self._file = bound_caches(open_for_writing(creating, "w", self._fault, libver=LIBVER,
-                                                       rdcc_nbytes=CHUNK_CACHE_BYTES))
+            self._file = open_for_writing(creating, "w", self._fault)
         except OSError as e:
             unwatch_file(self._names)
             raise OutputError(f"cannot create trajectory file '{self.path}': {write_cause(e)}") from e
@@ -560,9 +562,7 @@ class TrajectoryWriter:
         params_json = json.dumps(dict(params), sort_keys=True, default=_json_default)
         self._setup(write_fault(self.path), [self.path])
         try:
-            self._file = bound_caches(reopen_to_write(self.path, "r+",
-                                                      functools.partial(open_for_writing, fault=self._fault),
-                                                      libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES))
+            self._file = reopen_to_write(self.path, "r+", functools.partial(open_for_writing, fault=self._fault))
         except OSError as e:
             unwatch_file(self._names)
             why = ("it is open in another process (a reader: close it there, then resume again)"
@@ -695,9 +695,9 @@ class TrajectoryWriter:
         :func:`~agentsim.io.live.reopen_unshared`; the next :meth:`flush` shares it again); every
         group held is looked up again.
         """
-        self._handles.clear()
         if not self._file.swmr_mode:
             return self._file
+        self._handles.clear()  # (closed with the file)
         path = self._creating if self._creating is not None else self.path
         series: list[_Series | _ScalarSeries] = [self._metrics, self._perf, self._env, *self._populations.values()]
         names = [one.group.name for one in series]
@@ -758,6 +758,7 @@ class TrajectoryWriter:
                     if is_float and ds.dtype == np.int64:
                         # An integer series got a float (e.g. `x / n if n else 0`): promote to float64.
                         old, attrs = ds[...].astype(np.float64), dict(ds.attrs)
+                        self._handles.pop(f"{g.name}/{name}")
                         del ds
                         where = g.name
                         g = self._unshare()[where]

@@ -109,7 +109,9 @@ def share(file: h5py.File) -> bool:
 
 
 def bound_caches(file: h5py.File) -> h5py.File:
-    """``file`` (opened with ``rdcc_nbytes=CHUNK_CACHE_BYTES``) with its metadata cache bounded too."""
+    """``file`` (opened with ``rdcc_nbytes=CHUNK_CACHE_BYTES``: agentsim.io.hdf5.open_for_writing)
+    with its metadata cache bounded too.
+    """
     config = file.id.get_mdc_config()
     config.max_size = METADATA_CACHE_BYTES
     file.id.set_mdc_config(config)
@@ -155,13 +157,14 @@ def reopen_to_write(path: str, mode: str, opener: Callable[..., h5py.File], **kw
 
 
 def reopen_unshared(file: h5py.File, path: str, opener: Callable[..., h5py.File]) -> h5py.File:
-    """``file`` (at ``path``, in SWMR mode) closed and opened again for writing outside SWMR mode,
-    whatever readers hold it open: HDF5 cannot delete an object while in SWMR mode. The caller
-    makes its change, then shares the file again (:func:`share`); a reader opening the file
-    meanwhile may fail (agentsim's readers say so, and a second try reads).
+    """``file`` (at ``path``, in SWMR mode) closed and opened again, ``opener(path, "r+",
+    locking=False)``, for writing outside SWMR mode whatever readers hold it open: HDF5 cannot delete
+    an object while in SWMR mode. The caller makes its change, then shares the file again
+    (:func:`share`); a reader opening the file meanwhile may fail (agentsim's readers say so, and a
+    second try reads).
     """
     raw = getattr(file, "agentsim_failing", None)  # (the write-fault test hook's file under it)
     file.close()
     if raw is not None:
         raw.close()
-    return bound_caches(opener(path, "r+", libver=LIBVER, rdcc_nbytes=CHUNK_CACHE_BYTES, locking=False))
+    return opener(path, "r+", locking=False)

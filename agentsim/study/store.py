@@ -42,7 +42,7 @@ from agentsim.errors import AgentsimError, ConfigError, OutputError, write_cause
 from agentsim.io.faults import write_fault
 from agentsim.io.h5check import DamagedFileError, check_regular, check_self_contained, dataset_problem
 from agentsim.io.hdf5 import detach_file, injected_error, open_for_writing
-from agentsim.io.live import LIBVER, UncopiedError, open_to_read, reopen_to_write, reopen_unshared, share
+from agentsim.io.live import UncopiedError, open_to_read, reopen_to_write, reopen_unshared, share
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -61,8 +61,7 @@ def _open(path: str, mode: str, writing: bool = False) -> h5py.File:
         if not writing:
             return open_to_read(path)
         opener = functools.partial(open_for_writing, fault=write_fault(path))
-        file = opener(path, mode, libver=LIBVER) if mode == "w" else reopen_to_write(path, mode, opener,
-                                                                                    libver=LIBVER)
+        file = opener(path, mode) if mode == "w" else reopen_to_write(path, mode, opener)
         if mode != "w":
             share(file)  # (a new file is shared once its header is in: StudyFile._create)
         return file
