@@ -88,6 +88,7 @@ REQUIRED = {
     "writer_kills.json": ["trials", "rows"],
     "stress_write_failures.json": ["counts", "rows"],
     "untrusted_files.json": ["trials", "outcomes", "by_corruption"],
+    "stress_long_runs": ["long_run"],
     "gpu": ["device"],
     "covid": ["agents", "days", "rounds", "summary"],
     "covid-scale": ["rows"],
@@ -673,6 +674,36 @@ def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
                    alt="trials per checkpoint kind and corruption, by outcome")
 
 
+def long_runs_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
+    """``stress_long_runs.py``: resident memory over a long run writing a file, and network timeouts."""
+    lines = provenance(files)
+    lines += table(["file", "steps", "agents", "every", "steps/s", "RSS first (MiB)", "RSS last (MiB)",
+                    "growth (bytes/step)", "of which metric columns"],
+                   [[f"`{rel}`", r["steps"], r["agents"], r["every"], num(r.get("steps_per_second"), 4),
+                     num(r["rss_first"] / 2**20, 4), num(r["rss_last"] / 2**20, 4),
+                     num(r["growth_bytes_per_step"]), r.get("metric_bytes_per_step", "not recorded")]
+                    for rel, d in files for r in [d["long_run"]]])
+    net = [(rel, name, v) for rel, d in files for name, v in sorted(d.get("network", {}).items())
+           if isinstance(v, dict) and "median_seconds" in v]
+    if net:
+        lines += table(["file", "unreachable peer", "trials", "median (s)", "max (s)"],
+                       [[f"`{rel}`", name, v.get("trials"), num(v["median_seconds"]), num(v.get("max_seconds"))]
+                        for rel, name, v in net])
+
+    def plot(ax: Any) -> None:
+        for rel, d in files:
+            samples = d["long_run"].get("samples", [])
+            ax.plot([s["step"] for s in samples], [s["rss"] / 2**20 for s in samples], "o-", markersize=3,
+                    label=rel.removesuffix(".json"))
+        ax.set_xlabel("step")
+        ax.set_ylabel("resident memory (MiB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return Section("stress_long_runs", "Long runs: memory with `--out`, and unreachable peers "
+                   "(`stress_long_runs.py`)", [rel for rel, _ in files], lines, plot, (7.0, 3.0),
+                   alt="resident memory against step, one line per file")
+
+
 # --------------------------------------------------------------------------------------------
 # grouping
 
@@ -1058,6 +1089,8 @@ def classify(rel: str, d: Any) -> str | None:
         return "fixed-cost"
     if name in STRESS:
         return name
+    if name.startswith("stress_long_runs"):
+        return "stress_long_runs"
     return None
 
 
@@ -1102,7 +1135,7 @@ def render(results: Path) -> Report:
                        ("models", models_section), ("neighbors", neighbors_section),
                        ("scaling", scaling_section), ("ab", ab_section), ("busy-threads", busy_threads_section),
                        ("fixed-cost", fixed_cost_section), ("abm-comparison", abm_comparison_section),
-                       ("plain-models", plain_models_section)):
+                       ("plain-models", plain_models_section), ("stress_long_runs", long_runs_section)):
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
     stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -123,7 +125,11 @@ def main() -> None:
     for name, got in net.items():
         if isinstance(got, dict):
             print(f"  {name}: median {got['median_seconds']:.2f} s, max {got['max_seconds']:.2f} s: {got['message']}")
-    Path(args.out).write_text(json.dumps({"long_run": run, "network": net}, indent=1))
+    commit = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or None
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"), "commit": commit}
+    Path(args.out).write_text(json.dumps({"meta": meta, "long_run": run, "network": net}, indent=1))
     print(f"wrote {args.out}")
 
 
