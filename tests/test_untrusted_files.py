@@ -303,7 +303,9 @@ def test_a_forged_manifest_that_disagrees_with_its_files_is_refused(tmp_path):
     against the state."""
     for change, message in [(lambda m: m.update(step=1), "manifest.json says step 1, its directory step 2"),
                             (lambda m: m["shards"][0]["rows"].update(walker=3), "its manifest says {'walker': 3}"),
-                            (lambda m: m["next_uid"].update(walker=1), "'next_uid.walker' is 1, not above")]:
+                            (lambda m: m["next_uid"].update(walker=1), "'next_uid.walker' is 1, not above"),
+                            (lambda m: m["next_uid"].update(walker=m["next_uid"]["walker"] + 2),
+                             "but env.pt (the file its sha256 names) records")]:
         step = sim_checkpoint(tmp_path / str(len(message)))
         manifest = json.loads((step / "manifest.json").read_text())
         change(manifest)

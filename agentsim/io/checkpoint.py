@@ -5,7 +5,7 @@ A checkpoint of step ``k`` is a directory ``DIR/step-0000000k/`` holding
 - ``rank-R-of-W.pt``: rank R's agents (every field of every population, ``torch.save`` of
   CPU tensors), one file per rank of the run that saved it;
 - ``env.pt``: the environment, whole (written by rank 0 after the spatial partitioner made
-  per-cell layers whole);
+  per-cell layers whole), and each population's ``next_uid`` again (``NEXT_UID_KEY``);
 - ``manifest.json``, written last: the format, the agentsim version, the model's name and
   fingerprint (its populations' fields with dtypes and shapes, and its substeps), the
   parameters, the seed, the step, each population's ``next_uid``, each file with its
@@ -267,6 +267,7 @@ def start_checkpoint(directory: str | os.PathLike[str], state: State, comm: Comm
     manifest = env = None
     if comm.rank == 0:
         env = {k: v.detach().to("cpu", copy=True) for k, v in state.env.items()}
+        env.update({f"{NEXT_UID_KEY}{k}": torch.tensor(int(p.next_uid)) for k, p in state.populations.items()})
         manifest = {
             "format": FORMAT, "agentsim": _version(), **run, "step": state.step, "world_size": comm.world_size,
             "next_uid": {k: int(p.next_uid) for k, p in state.populations.items()},
@@ -282,6 +283,12 @@ def start_checkpoint(directory: str | os.PathLike[str], state: State, comm: Comm
         write.job = job
         write.wait()
     return write
+
+
+#: The key in ``env.pt`` of each population's ``next_uid`` (a second record of the manifest's,
+#: which a manifest edited with its checksum recomputed then contradicts); no env layer's name
+#: holds a colon.
+NEXT_UID_KEY = "agentsim:next_uid:"
 
 
 def _shard_name(rank: int, world_size: int) -> str:
@@ -680,7 +687,14 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         if repeated:
             raise CheckpointError(f"checkpoint {path}: population '{name}' holds {repeated} repeated uids (a shard "
                                   "listed or written twice?)")
-    return Checkpoint(path, manifest, fields, _load(path, manifest["env"], shard=False))
+    env = _load(path, manifest["env"], shard=False)
+    for name, n in manifest["next_uid"].items():  # (checkpoints before 0.4 record it in the manifest only)
+        saved = env.pop(f"{NEXT_UID_KEY}{name}", None)
+        if saved is not None and (saved.numel() != 1 or int(saved) != n):
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST}: 'next_uid.{name}' is {n}, but env.pt (the "
+                                  f"file its sha256 names) records {saved.flatten()[:4].tolist()}: the manifest "
+                                  "was edited after the checkpoint was written")
+    return Checkpoint(path, manifest, fields, env)
 
 
 def _rows(fields: Mapping[str, Tensor]) -> int:
