@@ -91,7 +91,8 @@ def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
 
         raise OutputError(f"cannot plot '{path}': {_why(e)}") from e
     with f:
-        study = f.attrs.get("format") == "agentsim-study"
+        fmt = f.attrs.get("format")
+        study = (fmt.decode() if isinstance(fmt, bytes) else fmt) == "agentsim-study"
     out = os.fspath(out) if out is not None else os.path.splitext(path)[0] + ".png"
     figs = _study_figures(path, plt, selected) if study else _trajectory_figures(path, plt, selected)
     stem, ext = os.path.splitext(out)

@@ -74,6 +74,7 @@ STRESS = {
     "writer_kills.json": "Writer kills (`stress_writer_kills.py`)",
     "stress_write_failures.json": "Injected write failures (`stress_write_failures.py`)",
     "untrusted_files.json": "Corrupted and malicious checkpoints (`stress_untrusted_files.py`)",
+    "stress_study_full_disk.json": "Studies on a real full disk (`stress_study_full_disk.py`)",
 }
 
 #: Fields each suite reads from a file; a file lacking one is listed as not rendered.
@@ -89,6 +90,7 @@ REQUIRED = {
     "stress_write_failures.json": ["counts", "rows"],
     "untrusted_files.json": ["trials", "outcomes", "by_corruption"],
     "stress_long_runs": ["long_run"],
+    "stress_study_full_disk.json": ["counts", "rows"],
     "gpu": ["device"],
     "covid": ["agents", "days", "rounds", "summary"],
     "covid-scale": ["rows"],
@@ -642,6 +644,30 @@ def write_failures_section(rel: str, d: dict[str, Any]) -> Section:
                    alt="trials per failure target and process count, by outcome")
 
 
+def study_full_disk_section(rel: str, d: dict[str, Any]) -> Section:
+    """``stress_study_full_disk.py``: a study on a tmpfs of each size; one line, a resume identical."""
+    lines = provenance([(rel, d)])
+    meta = d.get("meta", {})
+    if meta.get("command"):
+        lines += [f"Each trial: `{meta['command']}` on a tmpfs of the size shown (the finished file: "
+                  f"{meta.get('whole_file_bytes', 'not recorded')} bytes), then `--resume` on a large one.", ""]
+    lines += table(["count", "trials"], [[k, v] for k, v in d["counts"].items()])
+    rows = d["rows"]
+
+    def plot(ax: Any) -> None:
+        for ok, color, label in ((True, "#4c78a8", "ok"), (False, "#e45756", "not ok")):
+            sel = [r for r in rows if bool(r.get("ok")) == ok]
+            if sel:
+                ax.plot([r["size"] / 1024 for r in sel], [r["rc"] for r in sel], "o", color=color, markersize=4,
+                        label=label)
+        ax.set_xlabel("disk size (KiB)")
+        ax.set_ylabel("exit status")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return Section("study_full_disk", STRESS["stress_study_full_disk.json"], [rel], lines, plot, (7.0, 3.0),
+                   alt="exit status of the study at each disk size, by outcome")
+
+
 def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
     """``stress_untrusted_files.py``: corrupted checkpoints refused, or the uninterrupted result."""
     lines = provenance([(rel, d)])
@@ -1139,7 +1165,8 @@ def render(results: Path) -> Report:
         if key in by_suite:
             report.sections.append(build(by_suite[key]))
     stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,
-              "stress_write_failures.json": write_failures_section, "untrusted_files.json": untrusted_section}
+              "stress_write_failures.json": write_failures_section, "untrusted_files.json": untrusted_section,
+              "stress_study_full_disk.json": study_full_disk_section}
     for name, build_one in stress.items():
         for rel, d in by_suite.get(name, []):
             report.sections.append(build_one(rel, d))

@@ -128,3 +128,61 @@ def test_a_fifo_given_as_a_file_to_read_is_refused_at_once(tmp_path):
 def test_the_files_agentsim_writes_pass_the_check(made):
     read_trajectory(made[0])
     assert len(read_study(made[1]).runs) == 2
+
+
+def _study_values(path) -> list:
+    data = read_study(path)
+    return [data.completed, sorted(data.runs), [v for r in data.runs.values() for v in r["metrics"].values()],
+            data.summary, data.bands]
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and sorted(a) == sorted(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+def test_a_flipped_bit_in_a_study_file_is_an_error_or_changes_nothing(made, tmp_path):
+    """Every dataset has a checksum and the metadata is HDF5's checksummed v110 format: a bit
+    flipped anywhere in the file is refused in one line or lands where nothing is read."""
+    _, study = made
+    want = _study_values(study)
+    data = study.read_bytes()
+    rng = np.random.default_rng(0)
+    outcomes = {"refused": 0, "unchanged": 0}
+    for trial in range(40):
+        flipped = bytearray(data)
+        at = int(rng.integers(len(data)))
+        flipped[at] ^= 1 << int(rng.integers(8))
+        path = tmp_path / f"flip{trial}.h5"
+        path.write_bytes(bytes(flipped))
+        try:
+            got = _study_values(path)
+        except OutputError as e:
+            assert "\n" not in str(e)
+            outcomes["refused"] += 1
+            continue
+        assert _equal(got, want), f"byte {at} of {len(data)}: a flipped bit read as data"
+        outcomes["unchanged"] += 1
+    assert outcomes["refused"] >= 10, outcomes
+
+
+def test_a_run_whose_series_fails_its_checksum_runs_again_on_resume(made, tmp_path, capsys):
+    _, study = made
+    path = tmp_path / "s.h5"
+    path.write_bytes(study.read_bytes())
+    with h5py.File(path, "r") as f:
+        at = f["runs/c0000-r0001/step"].id.get_chunk_info(0).byte_offset
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x04
+    path.write_bytes(bytes(data))
+    with pytest.raises(OutputError, match="damaged .a block fails its checksum"):
+        read_study(path)
+    assert main(["sweep", "randomwalk", "--agents", "40", "--steps", "3", "--seeds", "1,2", "--quiet",
+                 "--out", str(path), "--resume"]) == 0
+    assert "rebuilt it with the 1 complete runs that read back" in capsys.readouterr().err
+    assert _equal(_study_values(path), _study_values(study))

@@ -28,6 +28,7 @@ from agentsim.io.checkpoint import latest_checkpoint
 from agentsim.io.faults import ENV
 from agentsim.io.hdf5 import read_trajectory
 from agentsim.runner.launch import run_ranks
+from agentsim.study.store import study_status
 
 STEPS = 30
 # Writes of a randomwalk run of 50 agents, every step recorded and flushed (FLUSH_SECONDS = 0):
@@ -156,6 +157,89 @@ def test_a_study_run_whose_group_write_fails_is_not_complete_and_resume_runs_it(
     assert main([*sweep, "--resume"]) == 0
     data = asim.read_study(out)
     assert data.completed and len(data.runs) == 4
+
+
+def _same_study(a: Path, b: Path) -> None:
+    """Two study files with the same runs, summary and bands (bit for bit)."""
+    x, y = asim.read_study(a), asim.read_study(b)
+    assert x.completed and y.completed
+    assert sorted(x.runs) == sorted(y.runs)
+    for k in x.runs:
+        for m, v in x.runs[k]["metrics"].items():
+            np.testing.assert_array_equal(v, y.runs[k]["metrics"][m])
+    assert sorted(x.summary) == sorted(y.summary)
+    for col, v in x.summary.items():
+        np.testing.assert_array_equal(v, y.summary[col])
+    assert sorted(x.bands) == sorted(y.bands)
+    for cid, band in x.bands.items():
+        for m, v in band.items():
+            if isinstance(v, np.ndarray):
+                np.testing.assert_array_equal(v, y.bands[cid][m])
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_summary_leaves_the_study_file_unchanged_and_resume_writes_it(tmp_path, monkeypatch, capsys):
+    out, whole = tmp_path / "s.h5", tmp_path / "whole.h5"
+    sweep = ["sweep", "sir", "--grid", "beta=0.02,0.04", "--replicates", "2", "--agents", "200", "--steps", "10",
+             "--workers", "1"]
+    assert main([*sweep, "--out", str(whole)]) == 0
+    monkeypatch.setenv(ENV, ".s.h5.finishing:3")  # the summary's copy: its 3rd write fails
+    assert main([*sweep, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"writing study file '{out}' failed: No space left" in err and "--resume writes the summary" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.h5", "s.h5.status.json", "whole.h5",
+                                                          "whole.h5.status.json"]
+    status = study_status(out)
+    assert (status["done"], status["remaining"], status["completed"]) == (4, 0, False)
+    assert "summary" not in h5py.File(out, "r", swmr=True)
+    monkeypatch.delenv(ENV)
+    assert main([*sweep, "--out", str(out), "--resume"]) == 0
+    _same_study(out, whole)
+
+
+@pytest.mark.timeout(400)
+def test_a_study_on_a_real_full_disk_fails_in_one_line_and_resumes_to_the_whole_study(tmp_path):
+    """Disks sized so the runs fit and the summary may not: one line, no crash, a file that
+    ``study status`` reads and ``--resume`` completes into the uninterrupted study.
+    """
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root and mount permission (a container may refuse it)")
+    sweep = [sys.executable, "-m", "agentsim", "sweep", "sir", "--grid", "beta=0.02,0.04", "--replicates", "4",
+             "--agents", "300", "--steps", "200", "--workers", "1", "--quiet"]
+    try:
+        whole = tmp_path / "whole.h5"
+        subprocess.run([*sweep, "--out", str(whole)], check=True, capture_output=True, timeout=200)
+        failed = 0
+        for fraction in (0.8, 1.5):  # of the finished file's size: a run fails / the summary fails
+            size = int(whole.stat().st_size * fraction) // 4096 * 4096
+            subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+            out = disk / "s.h5"
+            proc = subprocess.run([*sweep, "--out", str(out)], capture_output=True, text=True, timeout=200)
+            assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, (size, proc.returncode,
+                                                                                   proc.stderr[-3000:])
+            if proc.returncode:
+                failed += 1
+                assert "No space left" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+                try:
+                    status = study_status(out)
+                    assert status["completed"] is False
+                except OutputError as e:  # a run group a failed flush damaged: said, and rebuilt by --resume
+                    assert "damaged" in str(e), e
+            subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+            resumed = subprocess.run([*sweep, "--out", str(out), "--resume"], capture_output=True, text=True,
+                                     timeout=200)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            _same_study(out, whole)
+            assert sorted(p.name for p in disk.iterdir()) == ["s.h5", "s.h5.status.json"]
+            for p in disk.iterdir():
+                p.unlink()
+        assert failed == 2  # the disk was full both times
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
 
 
 @pytest.mark.timeout(400)

@@ -18,18 +18,26 @@ Layout (``format = "agentsim-study"``, ``format_version = 1``)::
                             params), equal to ``np.quantile(series, q, axis=0)``; [Q, T, K]
                             for a vector metric, each entry's quantiles
 
+Every dataset is chunked with HDF5's Fletcher-32 checksum (``CHECKSUM``), and the summary's
+strings are fixed-length UTF-8 bytes (files of agentsim < 0.4: variable-length strings, no
+checksums; both read).
+
 A run's group is written whole and the file flushed before the driver goes on, so a study
 killed at any moment leaves every run finished before the last flush (a run group without
 ``completed`` is ignored and run again). The file is created under a temporary name and renamed
-once its header is flushed. Like a trajectory, it is written in SWMR mode, so other processes read
-it while the study runs (:mod:`agentsim.io.live`).
+once its header is flushed; ``/summary`` and ``/bands`` are written into a copy of the file
+(``.FILE.finishing``) that replaces it once flushed, so a failure there leaves the file
+unchanged. Like a trajectory, it is written in SWMR mode, so other processes read it while the
+study runs (:mod:`agentsim.io.live`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +59,30 @@ __all__ = ["FORMAT", "StudyData", "StudyFile", "read_study", "study_status"]
 FORMAT = "agentsim-study"
 FORMAT_VERSION = 1
 QUANTILES = (0.1, 0.5, 0.9)
+#: Every numeric dataset is stored with HDF5's Fletcher-32 checksum of each chunk (chunks of h5py's
+#: choosing; a dataset is written once, whole, never rewritten in place), which HDF5 checks on every
+#: read: a flipped bit is an error, never a value. (The summary's strings are fixed-length UTF-8
+#: bytes, which the filter covers; HDF5's variable-length strings are kept unchecked in a heap.)
+CHECKSUM = {"chunks": True, "fletcher32": True}
+
+
+def _text(value: str) -> np.ndarray:
+    """``value`` as a fixed-length UTF-8 string attribute: kept in its object's header, which HDF5's
+    v110 format checksums (a variable-length string sits in a heap no checksum covers, where a
+    flipped bit can make HDF5 loop for ever).
+    """
+    data = value.encode()
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
+
+
+def _str(value: Any) -> str:
+    """A string attribute as text (fixed-length ones read as bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _attrs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every string made a fixed-length attribute (:func:`_text`)."""
+    return {k: _text(v) if isinstance(v, str) else v for k, v in values.items()}
 
 
 def _open(path: str, mode: str, writing: bool = False) -> h5py.File:
@@ -76,8 +108,13 @@ def _open(path: str, mode: str, writing: bool = False) -> h5py.File:
 
 
 def _check_format(f: h5py.File, path: str) -> dict[str, Any]:
-    if f.attrs.get("format") != FORMAT:
-        raise OutputError(f"'{path}' is not an agentsim study file (format {f.attrs.get('format')!r})")
+    try:
+        fmt = f.attrs.get("format")
+    except (KeyError, OSError, RuntimeError, ValueError) as e:  # its root group was never written whole
+        raise DamagedFileError(f"study file '{path}' is damaged beyond repair: its root group does not read ({e}); "
+                               "move it away and run the study again") from e
+    if fmt is None or _str(fmt) != FORMAT:
+        raise OutputError(f"'{path}' is not an agentsim study file (format {fmt if fmt is None else _str(fmt)!r})")
     version = int(f.attrs.get("format_version", 0))
     if version > FORMAT_VERSION:
         raise OutputError(f"'{path}' has study format_version {version}; this agentsim reads <= {FORMAT_VERSION}")
@@ -101,8 +138,9 @@ def _writes(method: _F) -> _F:
         except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for failed flushes
             what = f" (run {args[0]})" if method.__name__ in ("write_run", "write_failure") and args else ""
             cause = write_cause(injected_error(self.file, e))
-            self.error = (f"writing study file '{self.path}' failed{what}: {cause}; the study stops "
-                          "(runs not yet in the file run again with --resume)")
+            then = ("every run is in the file, which is unchanged; --resume writes the summary" if
+                    method.__name__ == "finish" else "runs not yet in the file run again with --resume")
+            self.error = f"writing study file '{self.path}' failed{what}: {cause}; the study stops ({then})"
             self._abandon()
             raise OutputError(self.error) from e
 
@@ -159,8 +197,11 @@ class StudyFile:
                 except DamagedFileError:  # a killed driver's file that does not copy
                     damaged = True
             if not damaged:
-                try:  # a write that failed part way (a full disk) can leave links to blocks never written
-                    self.done()
+                try:  # a write that failed part way (a full disk) can leave links to blocks never written,
+                    # and a run's series whose bits changed fail their checksums: such runs run again
+                    for run in self.done():
+                        for series in self.file["runs"][run].values():
+                            series[...]
                     len(self.file["failures"])
                 except (KeyError, OSError, RuntimeError, ValueError):
                     self.file.close()
@@ -191,7 +232,8 @@ class StudyFile:
 
     def _new_file(self, tmp: str, text: str, total: int) -> h5py.File:
         f = _open(tmp, "w", writing=True)
-        f.attrs.update(format=FORMAT, format_version=FORMAT_VERSION, spec=text, runs_total=total, completed=False)
+        f.attrs.update(_attrs(dict(format=FORMAT, format_version=FORMAT_VERSION, spec=text, runs_total=total,
+                                   completed=False)))
         f.create_group("runs")
         f.create_group("failures")
         return f
@@ -274,12 +316,11 @@ class StudyFile:
             runs = self._unshare()["runs"]
             del runs[run_id]
         g = runs.create_group(run_id)
-        for name, series in metrics.items():
-            g.create_dataset(name, data=np.asarray(series))
-        g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, combo=combo, replicate=replicate,
-                       attempts=attempts, seconds=seconds)
-        for k, v in params.items():
-            g.attrs[f"param.{k}"] = v
+        # (kept open until the flush, see _write_summary)
+        made = [g.create_dataset(name, data=np.asarray(series), **CHECKSUM) for name, series in metrics.items()]
+        g.attrs.update(_attrs(dict(params=json.dumps(dict(params), sort_keys=True), seed=seed, combo=combo,
+                                   replicate=replicate, attempts=attempts, seconds=seconds)))
+        g.attrs.update(_attrs({f"param.{k}": v for k, v in params.items()}))
         if run_id in self.file["failures"]:
             del self._unshare()["failures"][run_id]
             if self._counts is not None:
@@ -288,6 +329,7 @@ class StudyFile:
         self.file.flush()  # the series on disk before the flag that says they are
         g.attrs["completed"] = True
         self.file.flush()
+        made.clear()
         share(self.file)
         if self._counts is not None:
             self._counts["done"] += 1
@@ -304,44 +346,42 @@ class StudyFile:
         elif self._counts is not None:
             self._counts["failed"] += 1
         g = failures.create_group(run_id)
-        g.attrs.update(params=json.dumps(dict(params), sort_keys=True), seed=seed, attempts=attempts, kind=kind,
-                       error=error, traceback=traceback)
+        g.attrs.update(_attrs(dict(params=json.dumps(dict(params), sort_keys=True), seed=seed, attempts=attempts,
+                                   kind=kind, error=error, traceback=traceback)))
         self.file.flush()
         share(self.file)
         self.write_status()
 
     @_writes
     def finish(self, combos: Sequence[Mapping[str, Any]], quantiles: Sequence[float] = QUANTILES) -> None:
-        """Write ``/summary`` and ``/bands`` from the completed runs; set ``completed``."""
-        for name in ("summary", "bands"):
-            if name in self.file:
-                del self._unshare()[name]
-        table = summary_table(self.file)
-        s = self.file.create_group("summary")
-        for col, values in table.items():
-            if values.dtype.kind == "U":
-                s.create_dataset(col, data=values.astype(object), dtype=h5py.string_dtype())
-            else:
-                s.create_dataset(col, data=values)
-        b = self.file.create_group("bands")
-        b.attrs["quantiles"] = np.asarray(quantiles, dtype=np.float64)
-        by_combo: dict[int, list[h5py.Group]] = {}
-        for g in self.file["runs"].values():  # one pass: the runs of every combination
-            if g.attrs.get("completed", False):
-                by_combo.setdefault(int(g.attrs["combo"]), []).append(g)
-        for combo, params in enumerate(combos):
-            runs = by_combo.get(combo, [])
-            if not runs:
-                continue
-            cg = b.create_group(f"c{combo:04d}")
-            cg.attrs["params"] = json.dumps(dict(params), sort_keys=True)
-            cg.attrs["runs"] = len(runs)
-            for metric in runs[0].keys():
-                cg.create_dataset(metric, data=quantile_bands((g[metric][...] for g in runs), quantiles))
-        self.file.attrs["completed"] = len(self.file["runs"]) + len(self.file["failures"]) >= int(
-            self.file.attrs["runs_total"]) and not len(self.file["failures"])
+        """Write ``/summary`` and ``/bands`` from the completed runs and set ``completed``, in a copy
+        of the file (``.FILE.finishing``) that replaces it once flushed: a failure (a full disk)
+        leaves the file as its last run left it, and ``--resume`` writes the summary again.
+        """
         self.file.flush()
-        share(self.file)
+        self.file.close()
+        tmp = finishing_path(self.path)
+        try:
+            shutil.copyfile(self.path, tmp)
+            f = open_for_writing(tmp, "r+", fault=write_fault(tmp))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        try:
+            _write_summary(f, combos, quantiles)
+            f.close()
+        except BaseException as e:
+            detach_file(f)  # its handles then close without writing (see _write_summary)
+            with contextlib.suppress(OSError, RuntimeError):
+                f.close()
+            os.remove(tmp)
+            cause = injected_error(f, e)  # (the test hook's error, where one is injected)
+            if cause is not e:
+                raise cause from e
+            raise
+        os.replace(tmp, self.path)
+        self.file = _open(self.path, "a", writing=True)
         self._counts = None
         self.write_status()
 
@@ -358,8 +398,13 @@ class StudyFile:
                   "completed": bool(self.file.attrs.get("completed", False))}
         target = status_path(self.path)
         tmp = f"{target}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(status, f)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(status, f)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
         os.replace(tmp, target)
 
     def close(self) -> None:
@@ -376,6 +421,53 @@ class StudyFile:
 def status_path(path: str) -> str:
     """The side file with a running study's counts (see :meth:`StudyFile.write_status`)."""
     return f"{path}.status.json"
+
+
+def finishing_path(path: str) -> str:
+    """The copy :meth:`StudyFile.finish` writes the summary into before it replaces the file."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.finishing")
+
+
+def _write_summary(f: h5py.File, combos: Sequence[Mapping[str, Any]], quantiles: Sequence[float]) -> None:
+    """``/summary`` and ``/bands`` of the completed runs of ``f`` (replacing any), ``completed``
+    set, and ``f`` flushed.
+
+    Every object made here stays open until the flush: HDF5 cannot close a handle whose write
+    failed (the process then crashes as it exits), so on a failure the caller detaches the file
+    first, and only then are these closed, their writes going nowhere.
+    """
+    for name in ("summary", "bands"):
+        if name in f:
+            del f[name]
+    made: list[h5py.Group | h5py.Dataset] = []
+    table = summary_table(f)
+    s = f.create_group("summary")
+    made.append(s)
+    for col, values in table.items():
+        data = np.char.encode(values, "utf-8") if values.dtype.kind == "U" else values  # (fixed-length bytes:
+        made.append(s.create_dataset(col, data=data, **CHECKSUM))  # a checksum covers them, as no vlen string)
+    b = f.create_group("bands")
+    made.append(b)
+    b.attrs["quantiles"] = np.asarray(quantiles, dtype=np.float64)
+    by_combo: dict[int, list[h5py.Group]] = {}
+    for g in f["runs"].values():  # one pass: the runs of every combination
+        if g.attrs.get("completed", False):
+            by_combo.setdefault(int(g.attrs["combo"]), []).append(g)
+    for combo, params in enumerate(combos):
+        runs = by_combo.get(combo, [])
+        if not runs:
+            continue
+        cg = b.create_group(f"c{combo:04d}")
+        made.append(cg)
+        cg.attrs["params"] = _text(json.dumps(dict(params), sort_keys=True))
+        cg.attrs["runs"] = len(runs)
+        for metric in runs[0].keys():
+            bands = quantile_bands((g[metric][...] for g in runs), quantiles)
+            made.append(cg.create_dataset(metric, data=bands, **CHECKSUM))
+    f.attrs["completed"] = len(f["runs"]) + len(f["failures"]) >= int(f.attrs["runs_total"]) and not len(
+        f["failures"])
+    f.flush()
+    made.clear()
 
 
 def summary_table(f: h5py.File) -> dict[str, np.ndarray]:
@@ -451,30 +543,42 @@ def read_study(path: str | os.PathLike[str]) -> StudyData:
     with _open(path, "r") as f:
         spec = _check_format(f, path)
         check_self_contained(f, path, "study file", strings=True)
-        runs = {}
-        for k, g in f["runs"].items():
-            if g.attrs.get("completed", False):
-                runs[k] = {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
-                           "combo": int(g.attrs["combo"]), "replicate": int(g.attrs["replicate"]),
-                           "attempts": int(g.attrs["attempts"]), "metrics": {m: g[m][...] for m in g.keys()}}
-        failures = {k: {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
-                        "attempts": int(g.attrs["attempts"]), "kind": str(g.attrs["kind"]),
-                        "error": str(g.attrs["error"]), "traceback": str(g.attrs["traceback"])}
-                    for k, g in f["failures"].items()}
-        if "summary" in f:
-            summary = {}
-            for col, d in f["summary"].items():
-                values = d[...]
-                summary[col] = values.astype(str) if values.dtype.kind in "OS" else values
-        else:
-            summary = summary_table(f)
-        bands: dict[str, dict[str, Any]] = {}
-        quantiles = np.asarray(f["bands"].attrs["quantiles"]) if "bands" in f else np.asarray(QUANTILES)
-        for cid, cg in (f["bands"].items() if "bands" in f else []):
-            bands[cid] = {"params": json.loads(cg.attrs["params"]), "runs": int(cg.attrs["runs"]),
-                          **{m: cg[m][...] for m in cg.keys()}}
-        return StudyData(path, spec, bool(f.attrs.get("completed", False)), runs, failures, summary, bands,
-                         quantiles)
+        try:
+            return _read_study(f, path, spec)
+        except (KeyError, OSError, RuntimeError, ValueError) as e:
+            what = ("a block fails its checksum: its bytes changed after they were written" if
+                    "filter returned failure" in str(e) else f"{type(e).__name__}: {e}")
+            raise DamagedFileError(f"study file '{path}' is damaged ({what}); --resume runs again the runs that "
+                                   "do not read back") from e
+
+
+def _read_study(f: h5py.File, path: str, spec: dict[str, Any]) -> StudyData:
+    """The body of :func:`read_study`, on its open file."""
+    runs = {}
+    for k, g in f["runs"].items():
+        if g.attrs.get("completed", False):
+            runs[k] = {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
+                       "combo": int(g.attrs["combo"]), "replicate": int(g.attrs["replicate"]),
+                       "attempts": int(g.attrs["attempts"]), "metrics": {m: g[m][...] for m in g.keys()}}
+    failures = {k: {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
+                    "attempts": int(g.attrs["attempts"]), "kind": _str(g.attrs["kind"]),
+                    "error": _str(g.attrs["error"]), "traceback": _str(g.attrs["traceback"])}
+                for k, g in f["failures"].items()}
+    if "summary" in f:
+        summary = {}
+        for col, d in f["summary"].items():
+            values = d[...]
+            summary[col] = (np.char.decode(values, "utf-8") if values.dtype.kind == "S" else
+                            values.astype(str) if values.dtype.kind == "O" else values)
+    else:
+        summary = summary_table(f)
+    bands: dict[str, dict[str, Any]] = {}
+    quantiles = np.asarray(f["bands"].attrs["quantiles"]) if "bands" in f else np.asarray(QUANTILES)
+    for cid, cg in (f["bands"].items() if "bands" in f else []):
+        bands[cid] = {"params": json.loads(cg.attrs["params"]), "runs": int(cg.attrs["runs"]),
+                      **{m: cg[m][...] for m in cg.keys()}}
+    return StudyData(path, spec, bool(f.attrs.get("completed", False)), runs, failures, summary, bands,
+                     quantiles)
 
 
 def study_status(path: str | os.PathLike[str]) -> dict[str, Any]:
