@@ -45,3 +45,60 @@ def test_plain_configs_with_nesting_and_strings_still_load(tmp_path):
     path.write_text("model: sir\nagents: 1000\nparams: {beta: 0.1}\nrecord: [person.status]\nout: run.h5\n")
     assert load_config(path) == {"model": "sir", "agents": 1000, "params": {"beta": 0.1},
                                  "record": ["person.status"], "out": "run.h5"}
+
+
+VALID = {
+    "yaml": "model: sir\nagents: 1000\nsteps: 20\nseed: 3\nparams: {beta: 0.1, gamma: 0.05}\n"
+            "record: [person.status]\nevery: 5\nout: run.h5\ncheckpoint_every: 10\n",
+    "toml": 'model = "sir"\nagents = 1000\nsteps = 20\nseed = 3\nrecord = ["person.status"]\nevery = 5\n'
+            'out = "run.h5"\n[params]\nbeta = 0.1\ngamma = 0.05\n',
+    "yml": '{"model": "sir", "agents": 1000, "steps": 20, "seed": 3, "params": {"beta": 0.1, "gamma": 0.05}, '
+            '"record": ["person.status"], "every": 5, "out": "run.h5"}',
+}
+_SPECIAL = [b"&a", b"*a", b"!!python/object:os.system", b"\x00", b"[", b"{", b"]]", b"\n  - ", b": ", b"\"",
+            b"1e400", b"-1", b"nan", b"\xff\xfe", b"<<: *a", b"~", b"'", b"\t", b"9" * 30]
+
+
+def _mutate(data: bytes, rng) -> bytes:
+    """One random edit: a flipped bit, a deleted, repeated or inserted run of bytes, or a cut."""
+    at = int(rng.integers(len(data) + 1))
+    kind = int(rng.integers(5))
+    if kind == 0 and data:
+        at = min(at, len(data) - 1)
+        return data[:at] + bytes([data[at] ^ (1 << int(rng.integers(8)))]) + data[at + 1:]
+    if kind == 1:
+        return data[:at] + data[at + int(rng.integers(1, 8)):]
+    if kind == 2:
+        return data[:at] + _SPECIAL[int(rng.integers(len(_SPECIAL)))] + data[at:]
+    if kind == 3:
+        span = data[at:at + int(rng.integers(1, 16))]
+        return data[:at] + span * int(rng.integers(2, 50)) + data[at:]
+    return data[:at]
+
+
+def test_mutated_config_files_load_or_give_one_line_never_a_traceback(tmp_path):
+    """600 random edits of valid YAML, TOML and JSON (as YAML) configs go through the loader and the run's
+    checks (`agentsim run --config`, without running): each loads into a checked run, or is
+    refused with a one-line AgentsimError; no other exception, no growth in memory."""
+    from agentsim.cli.main import build_parser, run_spec
+    from agentsim.errors import AgentsimError
+
+    rng = __import__("numpy").random.default_rng(0)
+    outcomes = {"checked": 0, "refused": 0}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for trial in range(600):
+        suffix = list(VALID)[trial % 3]
+        data = VALID[suffix].encode()
+        for _ in range(int(rng.integers(1, 4))):
+            data = _mutate(data, rng)
+        path = tmp_path / f"c{trial}.{suffix}"
+        path.write_bytes(data)
+        try:
+            run_spec(build_parser().parse_args(["run", "--config", str(path)]), load_config(path))
+            outcomes["checked"] += 1
+        except AgentsimError as e:
+            text = str(e)
+            assert "\n" not in text and len(text) < 600, (data, text[:600])
+            outcomes["refused"] += 1
+    assert outcomes["refused"] >= 100 and outcomes["checked"] >= 20, outcomes
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 200_000  # KiB

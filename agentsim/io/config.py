@@ -85,6 +85,16 @@ def _check_plain(path: str, data: Any, where: str = "", depth: int = 0) -> None:
         _check_plain(path, value, f"'{key}'" if not where else f"{where}[{key!r:.40}]", depth + 1)
 
 
+def _yaml_problem(e: Exception) -> str:
+    """PyYAML's error in one line: the problem and where (its message quotes the lines around)."""
+    if getattr(e, "reason", None) is not None:  # a ReaderError: a byte the YAML reader refuses
+        return f"{e.reason} (byte {getattr(e, 'position', '?')})"  # type: ignore[attr-defined]
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e) or type(e).__name__
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return " ".join(str(problem).split())[:200] + where
+
+
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a config file; returns a dict with keys from :data:`KEYS`.
 
@@ -127,7 +137,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
             finally:
                 loader.dispose()
         except yaml.YAMLError as e:
-            raise ConfigError(f"malformed YAML in '{path}': {e}") from None
+            raise ConfigError(f"malformed YAML in '{path}': {_yaml_problem(e)}") from None
         except RecursionError:
             raise ConfigError(f"config file '{path}': nested more than {MAX_DEPTH} levels deep") from None
     else:
