@@ -90,9 +90,10 @@ def plot_pages(path: str | os.PathLike[str], out: str | os.PathLike[str] | None 
         from agentsim.io.hdf5 import _why
 
         raise OutputError(f"cannot plot '{path}': {_why(e)}") from e
+    from agentsim.io.hdf5 import attr_value
+
     with f:
-        fmt = f.attrs.get("format")
-        study = (fmt.decode() if isinstance(fmt, bytes) else fmt) == "agentsim-study"
+        study = attr_value(f.attrs.get("format")) == "agentsim-study"
     out = os.fspath(out) if out is not None else os.path.splitext(path)[0] + ".png"
     figs = _study_figures(path, plt, selected) if study else _trajectory_figures(path, plt, selected)
     stem, ext = os.path.splitext(out)

@@ -570,6 +570,20 @@ def _counts_table(d: dict[str, Any], keys: list[str]) -> list[str]:
     return table(["field", "value"], [[k, d[k]] for k in keys if k in d])
 
 
+def _outcome_points(ax: Any, rows: list[dict[str, Any]], flag: str, labels: tuple[str, str],
+                    x: Callable[[dict[str, Any]], float], y: Callable[[dict[str, Any]], float],
+                    markersize: float) -> None:
+    """One point per trial at ``(x(row), y(row))``, blue where ``row[flag]`` holds and red where not
+    (``labels``: the two legend entries), with a grid and a legend.
+    """
+    for ok, color, label in ((True, "#4c78a8", labels[0]), (False, "#e45756", labels[1])):
+        sel = [r for r in rows if bool(r.get(flag)) == ok]
+        if sel:
+            ax.plot([x(r) for r in sel], [y(r) for r in sel], "o", color=color, markersize=markersize, label=label)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def parent_kills_section(rel: str, d: dict[str, Any]) -> Section:
     """``stress_parent_kills.py``: the launcher SIGKILLed, its workers gone, the resume identical."""
     lines = provenance([(rel, d)])
@@ -603,15 +617,10 @@ def writer_kills_section(rel: str, d: dict[str, Any]) -> Section:
               f"{len(rows)} trials.", ""]
 
     def plot(ax: Any) -> None:
-        for ok, color, label in ((True, "#4c78a8", "identical after resume"), (False, "#e45756", "not identical")):
-            sel = [r for r in rows if bool(r.get("identical")) == ok]
-            if sel:
-                ax.plot([r["kill_after"] for r in sel], [r.get("steps_in_file", 0) for r in sel], "o", color=color,
-                        markersize=3, label=label)
+        _outcome_points(ax, rows, "identical", ("identical after resume", "not identical"),
+                        lambda r: r["kill_after"], lambda r: r.get("steps_in_file", 0), 3)
         ax.set_xlabel("kill after (s)")
         ax.set_ylabel("steps in the killed file")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     return Section("writer_kills", STRESS["writer_kills.json"], [rel], lines, plot, (7.0, 3.0),
                    alt="steps in the file at each kill against the kill time")
 
@@ -655,15 +664,9 @@ def study_full_disk_section(rel: str, d: dict[str, Any]) -> Section:
     rows = d["rows"]
 
     def plot(ax: Any) -> None:
-        for ok, color, label in ((True, "#4c78a8", "ok"), (False, "#e45756", "not ok")):
-            sel = [r for r in rows if bool(r.get("ok")) == ok]
-            if sel:
-                ax.plot([r["size"] / 1024 for r in sel], [r["rc"] for r in sel], "o", color=color, markersize=4,
-                        label=label)
+        _outcome_points(ax, rows, "ok", ("ok", "not ok"), lambda r: r["size"] / 1024, lambda r: r["rc"], 4)
         ax.set_xlabel("disk size (KiB)")
         ax.set_ylabel("exit status")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     return Section("study_full_disk", STRESS["stress_study_full_disk.json"], [rel], lines, plot, (7.0, 3.0),
                    alt="exit status of the study at each disk size, by outcome")
 

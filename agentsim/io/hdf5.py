@@ -571,16 +571,16 @@ class TrajectoryWriter:
         try:
             share(self._file)  # before anything is cut: a kill from here on leaves a readable file
             a = self._file.attrs
-            if _attr(a.get("format")) != FORMAT:
+            if attr_value(a.get("format")) != FORMAT:
                 raise OutputError(f"cannot continue '{self.path}': not an agentsim trajectory")
             check_self_contained(self._file, self.path, "trajectory")
             checks: list[tuple[str, Any]] = [("model", model), ("params", params_json), ("seed", seed)]
             if agents is not None and "agents" in a:
                 checks.append(("agents", agents))
             for key, want in checks:
-                if _attr(a.get(key)) != want:
+                if attr_value(a.get(key)) != want:
                     raise ConfigError(f"cannot continue '{self.path}': it holds a run with {key} "
-                                      f"{_attr(a.get(key))!r}, not {want!r}")
+                                      f"{attr_value(a.get(key))!r}, not {want!r}")
             self._compression = {}
             self._metrics = self._scalar_series_before(self._file["metrics"], before)
             self._perf = self._scalar_series_before(self._file["perf"], before)
@@ -1047,7 +1047,8 @@ def _display_attrs(display: Mapping[str, Mapping[str, Any]] | None) -> dict[str,
 
 
 # --------------------------------------------------------------------------- reader
-def _attr(value: Any) -> Any:
+def attr_value(value: Any) -> Any:
+    """An HDF5 attribute as plain Python: bytes (a fixed-length string) decoded, NumPy scalars unwrapped."""
     if isinstance(value, bytes):
         return value.decode()
     if isinstance(value, np.generic):
@@ -1077,7 +1078,7 @@ def _read_display(group: h5py.Group, prefix: str = "") -> dict[str, Any]:
         if isinstance(obj, h5py.Group):
             out.update(_read_display(obj, f"{prefix}{key}/"))
         elif "display" in obj.attrs:
-            text = _attr(obj.attrs["display"])
+            text = attr_value(obj.attrs["display"])
             try:
                 out[prefix + key] = json.loads(text) if isinstance(text, str) else text
             except ValueError:
@@ -1126,7 +1127,7 @@ class Trajectory:
 
     def __init__(self, path: str, file: h5py.File, damaged: Sequence[str] = ()) -> None:
         self.path = path
-        attrs = {k: _attr(v) for k, v in file.attrs.items()}
+        attrs = {k: attr_value(v) for k, v in file.attrs.items()}
         for key in ("params", "versions", "space"):
             if isinstance(attrs.get(key), str):
                 attrs[key] = json.loads(attrs[key])
@@ -1286,6 +1287,8 @@ def _why(e: OSError) -> str:
     if "unable to lock file" in text.lower():
         return ("it is open for writing in another process (a run still going?): wait for it to end, "
                 "or read a copy")
+    if "filter returned failure" in text:  # a Fletcher-32 checksum, or a compressed chunk, that fails
+        return f"a block fails its checksum: its bytes changed after they were written ({text})"
     return text
 
 
@@ -1348,17 +1351,17 @@ def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:
     if not h5py.is_hdf5(path):
         raise OutputError(f"cannot read trajectory '{path}': not an HDF5 file")
     with _open(path) as f:
-        fmt = _attr(f.attrs.get("format"))
+        fmt = attr_value(f.attrs.get("format"))
         if fmt != FORMAT:
             raise OutputError(
                 f"'{path}' is not an agentsim trajectory (root attribute 'format' is {fmt!r}, expected {FORMAT!r})"
             )
-        version = _attr(f.attrs.get("format_version"))
+        version = attr_value(f.attrs.get("format_version"))
         if not isinstance(version, int) or version > FORMAT_VERSION:
             raise OutputError(
                 f"'{path}' has trajectory format_version {version!r}; this agentsim reads versions <= {FORMAT_VERSION}"
             )
-        damaged = check_self_contained(f, path, "trajectory", damaged_ok=not bool(_attr(f.attrs.get("completed"))))
+        damaged = check_self_contained(f, path, "trajectory", damaged_ok=not bool(attr_value(f.attrs.get("completed"))))
         try:
             return Trajectory(path, f, damaged)
         except (KeyError, ValueError, OSError, RuntimeError) as e:  # h5py raises RuntimeError on bad links

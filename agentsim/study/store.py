@@ -49,7 +49,7 @@ import numpy as np
 from agentsim.errors import AgentsimError, ConfigError, OutputError, write_cause
 from agentsim.io.faults import write_fault
 from agentsim.io.h5check import DamagedFileError, check_regular, check_self_contained, dataset_problem
-from agentsim.io.hdf5 import detach_file, injected_error, open_for_writing
+from agentsim.io.hdf5 import _why, attr_value, detach_file, injected_error, open_for_writing
 from agentsim.io.live import UncopiedError, open_to_read, reopen_to_write, reopen_unshared, share
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -73,11 +73,6 @@ def _text(value: str) -> np.ndarray:
     """
     data = value.encode()
     return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
-
-
-def _str(value: Any) -> str:
-    """A string attribute as text (fixed-length ones read as bytes)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _attrs(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,8 +108,8 @@ def _check_format(f: h5py.File, path: str) -> dict[str, Any]:
     except (KeyError, OSError, RuntimeError, ValueError) as e:  # its root group was never written whole
         raise DamagedFileError(f"study file '{path}' is damaged beyond repair: its root group does not read ({e}); "
                                "move it away and run the study again") from e
-    if fmt is None or _str(fmt) != FORMAT:
-        raise OutputError(f"'{path}' is not an agentsim study file (format {fmt if fmt is None else _str(fmt)!r})")
+    if attr_value(fmt) != FORMAT:
+        raise OutputError(f"'{path}' is not an agentsim study file (format {attr_value(fmt)!r})")
     version = int(f.attrs.get("format_version", 0))
     if version > FORMAT_VERSION:
         raise OutputError(f"'{path}' has study format_version {version}; this agentsim reads <= {FORMAT_VERSION}")
@@ -443,9 +438,9 @@ def _write_summary(f: h5py.File, combos: Sequence[Mapping[str, Any]], quantiles:
     table = summary_table(f)
     s = f.create_group("summary")
     made.append(s)
-    for col, values in table.items():
-        data = np.char.encode(values, "utf-8") if values.dtype.kind == "U" else values  # (fixed-length bytes:
-        made.append(s.create_dataset(col, data=data, **CHECKSUM))  # a checksum covers them, as no vlen string)
+    for col, values in table.items():  # strings as fixed-length bytes, which the checksum covers
+        data = np.char.encode(values, "utf-8") if values.dtype.kind == "U" else values
+        made.append(s.create_dataset(col, data=data, **CHECKSUM))
     b = f.create_group("bands")
     made.append(b)
     b.attrs["quantiles"] = np.asarray(quantiles, dtype=np.float64)
@@ -546,8 +541,7 @@ def read_study(path: str | os.PathLike[str]) -> StudyData:
         try:
             return _read_study(f, path, spec)
         except (KeyError, OSError, RuntimeError, ValueError) as e:
-            what = ("a block fails its checksum: its bytes changed after they were written" if
-                    "filter returned failure" in str(e) else f"{type(e).__name__}: {e}")
+            what = _why(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
             raise DamagedFileError(f"study file '{path}' is damaged ({what}); --resume runs again the runs that "
                                    "do not read back") from e
 
@@ -561,8 +555,8 @@ def _read_study(f: h5py.File, path: str, spec: dict[str, Any]) -> StudyData:
                        "combo": int(g.attrs["combo"]), "replicate": int(g.attrs["replicate"]),
                        "attempts": int(g.attrs["attempts"]), "metrics": {m: g[m][...] for m in g.keys()}}
     failures = {k: {"params": json.loads(g.attrs["params"]), "seed": int(g.attrs["seed"]),
-                    "attempts": int(g.attrs["attempts"]), "kind": _str(g.attrs["kind"]),
-                    "error": _str(g.attrs["error"]), "traceback": _str(g.attrs["traceback"])}
+                    "attempts": int(g.attrs["attempts"]), "kind": attr_value(g.attrs["kind"]),
+                    "error": attr_value(g.attrs["error"]), "traceback": attr_value(g.attrs["traceback"])}
                 for k, g in f["failures"].items()}
     if "summary" in f:
         summary = {}
