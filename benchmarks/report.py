@@ -75,6 +75,7 @@ STRESS = {
     "stress_write_failures.json": "Injected write failures (`stress_write_failures.py`)",
     "untrusted_files.json": "Corrupted and malicious checkpoints (`stress_untrusted_files.py`)",
     "stress_study_full_disk.json": "Studies on a real full disk (`stress_study_full_disk.py`)",
+    "stress_trajectory_flips.json": "Flipped bits in trajectories (`stress_trajectory_flips.py`)",
 }
 
 #: Fields each suite reads from a file; a file lacking one is listed as not rendered.
@@ -91,6 +92,7 @@ REQUIRED = {
     "untrusted_files.json": ["trials", "outcomes", "by_corruption"],
     "stress_long_runs": ["long_run"],
     "stress_study_full_disk.json": ["counts", "rows"],
+    "stress_trajectory_flips.json": ["meta", "counts", "by_place"],
     "gpu": ["device"],
     "covid": ["agents", "days", "rounds", "summary"],
     "covid-scale": ["rows"],
@@ -671,6 +673,21 @@ def study_full_disk_section(rel: str, d: dict[str, Any]) -> Section:
                    alt="exit status of the study at each disk size, by outcome")
 
 
+def trajectory_flips_section(rel: str, d: dict[str, Any]) -> Section:
+    """``stress_trajectory_flips.py``: one flipped bit per copy of a trajectory; what the readers served."""
+    lines = provenance([(rel, d)])
+    meta = d["meta"]
+    lines += [f"The file: `{meta.get('command')}` ({meta.get('file_bytes')} bytes, of which "
+              f"{meta.get('data_bytes')} are rows a reader serves). Each trial flips one bit of a copy, in a byte "
+              "of those rows or anywhere in the file, and reads everything a user can read from it "
+              f"(a worker killed after {meta.get('timeout_s')} s on one file counts as a hang).", ""]
+    outcomes = list(d["counts"])
+    lines += table(["bit flipped", *outcomes], [[place, *(counts.get(o, 0) for o in outcomes)]
+                                               for place, counts in d["by_place"].items()]
+                   + [["all", *(d["counts"][o] for o in outcomes)]])
+    return Section("trajectory_flips", STRESS["stress_trajectory_flips.json"], [rel], lines)
+
+
 def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
     """``stress_untrusted_files.py``: corrupted checkpoints refused, or the uninterrupted result."""
     lines = provenance([(rel, d)])
@@ -1169,7 +1186,8 @@ def render(results: Path) -> Report:
             report.sections.append(build(by_suite[key]))
     stress = {"parent_kills.json": parent_kills_section, "writer_kills.json": writer_kills_section,
               "stress_write_failures.json": write_failures_section, "untrusted_files.json": untrusted_section,
-              "stress_study_full_disk.json": study_full_disk_section}
+              "stress_study_full_disk.json": study_full_disk_section,
+              "stress_trajectory_flips.json": trajectory_flips_section}
     for name, build_one in stress.items():
         for rel, d in by_suite.get(name, []):
             report.sections.append(build_one(rel, d))

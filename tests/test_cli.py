@@ -26,7 +26,7 @@ def test_run_sir_writes_epidemic_curve(tmp_path):
     assert code == 0, stderr
     assert "wrote" in stdout and "infect" in stdout  # summary and plan with timings
     with h5py.File(out) as f:
-        assert f.attrs["model"] == "sir" and bool(f.attrs["completed"])
+        assert f.attrs["model"].decode() == "sir" and bool(f.attrs["completed"])
         s, i, r = (f["metrics"][k][:] for k in ("S", "I", "R"))
         assert len(s) == 41 and np.all(s + i + r == 20000)
         assert list(f["agents/person/step"][:]) == [0, 40]

@@ -81,7 +81,7 @@ def test_a_user_model_plots_the_panels_it_declares_from_the_file_alone(tmp_path,
     path = tmp_path / "shop.h5"
     asim.Simulation(model, agents=200, seed=3).run(12, out=path)
     with h5py.File(path) as f:  # stored with each metric; undeclared metrics carry none
-        assert '"label": "mean stage"' in f["metrics/mean_stage"].attrs["display"]
+        assert '"label": "mean stage"' in f["metrics/mean_stage"].attrs["display"].decode()
         assert "display" not in f["metrics/step"].attrs
     figs = plot._trajectory_figures(str(path), plt, None)
     assert len(figs) == 1

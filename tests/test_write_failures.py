@@ -198,6 +198,7 @@ def test_a_failed_summary_leaves_the_study_file_unchanged_and_resume_writes_it(t
     _same_study(out, whole)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_a_study_on_a_real_full_disk_fails_in_one_line_and_resumes_to_the_whole_study(tmp_path):
     """Disks sized so the runs fit and the summary may not: one line, no crash, a file that
@@ -242,6 +243,7 @@ def test_a_study_on_a_real_full_disk_fails_in_one_line_and_resumes_to_the_whole_
         subprocess.run(["umount", str(disk)], check=False)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_a_real_full_disk_stops_the_run_on_one_and_two_processes(tmp_path):
     disk = tmp_path / "disk"
@@ -356,7 +358,7 @@ def test_a_resume_into_a_file_a_failed_flush_left_cuts_it_at_the_resumed_step(tm
         group = f["agents/walker"]
         first = int(group["offsets"][2])  # the frame of step 10: its step, zero rows
         for name, ds in group.items():
-            if name not in ("step", "offsets"):
+            if name not in ("step", "offsets", "checksums"):
                 ds[first:] = 0
         f.attrs["completed"] = False
         f.attrs["steps_completed"] = 10

@@ -419,7 +419,7 @@ def cmd_inspect(path: str) -> int:
         print("params: " + ", ".join(f"{k}={v}" for k, v in m.get("params", {}).items()))
         print("every checksum verified")
         return 0
-    from agentsim.io.hdf5 import read_trajectory
+    from agentsim.io.hdf5 import CHECKSUMS_SINCE, read_trajectory
 
     traj = read_trajectory(path)
     a = traj.attrs
@@ -434,6 +434,11 @@ def cmd_inspect(path: str) -> int:
         print(f"env: {', '.join(traj.env_names)} ({len(traj.env_steps())} frames)")
     if traj.metrics and len(traj.metrics.get("step", [])):
         print("last metrics: " + ", ".join(f"{k}={_fmt(v[-1])}" for k, v in traj.metrics.items()))
+    frames = traj.verify()
+    if a.get("format_version", 1) >= CHECKSUMS_SINCE:
+        print(f"every checksum verified ({len(traj.metrics.get('step', []))} metric rows, {frames} frames)")
+    else:
+        print(f"no checksums to verify (format version {a.get('format_version')}: agentsim 0.3 or earlier)")
     return 0
 
 

@@ -1,9 +1,10 @@
 """Trajectories streamed to HDF5 during a run, readable with plain h5py.
 
-File format ``agentsim-trajectory``, version 1 (the contract; readers check both):
+File format ``agentsim-trajectory``, version 2 (the contract; readers check both; version 1 is
+the same without the ``checksums`` datasets):
 
-Root attributes:
-    ``format`` = ``"agentsim-trajectory"``; ``format_version`` = 1; ``model`` (str);
+Root attributes (every string a fixed-length UTF-8 string, ``bytes`` in h5py):
+    ``format`` = ``"agentsim-trajectory"``; ``format_version`` = 2; ``model`` (str);
     ``params`` (JSON str); ``seed`` (int); ``steps`` (int, the number requested);
     ``steps_completed`` (int: the largest step in ``/metrics``, updated as the run
     goes, each time metric rows reach the file); ``agents`` (int, the run's agents at the start, in files
@@ -20,7 +21,8 @@ Root attributes:
     drawn has the attribute ``display`` (a JSON str of the declared entries of
     :class:`~agentsim.core.metrics.Display`: ``label``, ``color``, ``panel``, ``share_of``,
     ``limits``, ``unit``; optional: files without it plot with generic panels). A name
-    containing ``/`` is a nested group (``infected/young``).
+    containing ``/`` is a nested group (``infected/young``). ``checksums`` uint32 ``[T]``: each
+    row's CRC-32 (:func:`agentsim.io.checksums.row_checksums`).
 
 ``/agents/<population>``:
     ``step`` int64 ``[K]``: the step of each recorded frame; ``offsets`` int64
@@ -28,14 +30,17 @@ Root attributes:
     other dataset; ``uid`` int64 ``[R]``; ``<field>`` ``[R, *field_shape]`` with the
     field's dtype (bool as HDF5 enum, read back as numpy bool). Within a frame rows are
     sorted by ``uid``, so populations whose size changes (births, deaths) are stored
-    frame by frame. ``step`` and ``offsets`` are therefore not allowed as field names.
+    frame by frame. ``checksums`` uint32 ``[K, F]``: the CRC-32 of each frame's step and each
+    field's rows, fields in sorted order (:func:`agentsim.io.checksums.frame_checksums`).
+    ``step``, ``offsets`` and ``checksums`` are therefore not allowed as field names.
 
 ``/env``:
     ``step`` int64 ``[K_env]`` and ``<name>`` ``[K_env, *shape]``: environment layers
-    (a grass grid, a field over cells) on recorded frames.
+    (a grass grid, a field over cells) on recorded frames; ``checksums`` ``[K_env, L]`` as for
+    a population.
 
 ``/perf``:
-    ``step`` int64 ``[T_perf]`` and ``<name>`` float64 ``[T_perf]`` (e.g.
+    ``step`` int64 ``[T_perf]``, ``checksums`` as for metrics, and ``<name>`` float64 ``[T_perf]`` (e.g.
     ``step_seconds``, ``substep_seconds/move``): machine-dependent figures. Everything
     outside ``/perf`` and the ``versions`` attribute is a function of (model, params,
     seed), so ``/agents``, ``/env`` and ``/metrics`` of two such runs are bitwise
@@ -90,6 +95,7 @@ from torch import Tensor
 
 from agentsim.core.metrics import Display
 from agentsim.errors import AgentsimError, ConfigError, OutputError, did_you_mean, write_cause
+from agentsim.io.checksums import CHECKSUMS, first_mismatch, frame_checksum, frame_checksums, row_checksums
 from agentsim.io.faults import FailingFile, Fault, write_fault
 from agentsim.io.h5check import check_regular, check_self_contained
 from agentsim.io.live import (
@@ -106,11 +112,13 @@ from agentsim.io.locks import process_exists, special_file
 __all__ = ["FORMAT", "FORMAT_VERSION", "Trajectory", "TrajectoryWriter", "read_trajectory"]
 
 FORMAT = "agentsim-trajectory"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CHECKSUMS_SINCE = 2  # the first format version with /.../checksums datasets
 COMPRESSIONS = ("gzip", "lzf", None)
 _CHUNK_BYTES = 65536
 _GZIP_LEVEL = 4
-_RESERVED_AGENT_NAMES = ("step", "offsets")
+_RESERVED_AGENT_NAMES = ("step", "offsets", CHECKSUMS)
+_RESERVED_SERIES_NAMES = ("step", CHECKSUMS)  # of metrics, perf and env
 _BUFFER_ROWS = 256  # metric / perf rows held in memory before a write ...
 _BUFFER_SECONDS = 10.0  # ... or after this long since the last write
 
@@ -259,6 +267,16 @@ def _versions() -> dict[str, str]:
         "h5py": h5py.__version__,
         "python": platform.python_version(),
     }
+
+
+def fixed_text(value: str) -> np.ndarray:
+    """``value`` as a fixed-length UTF-8 string attribute: kept in its object's header, which HDF5's
+    v110 format checksums (a variable-length string sits in a heap no checksum covers, where a
+    flipped bit can make HDF5 loop for ever). h5py reads it back as ``bytes`` (:func:`attr_value`
+    decodes it).
+    """
+    data = value.encode()
+    return np.array(data, dtype=h5py.string_dtype("utf-8", max(1, len(data))))
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -466,10 +484,10 @@ class TrajectoryWriter:
         self.steps_completed = 0
         try:
             a = self._file.attrs
-            a["format"] = FORMAT
+            a["format"] = fixed_text(FORMAT)
             a["format_version"] = FORMAT_VERSION
-            a["model"] = model
-            a["params"] = params_json
+            a["model"] = fixed_text(model)
+            a["params"] = fixed_text(params_json)
             a["seed"] = seed
             a["steps"] = steps
             a["steps_completed"] = 0
@@ -477,8 +495,8 @@ class TrajectoryWriter:
             if agents is not None:
                 a["agents"] = _check_int("agents", agents, 0)
             if space is not None:
-                a["space"] = json.dumps(dict(space), sort_keys=True)
-            a["versions"] = json.dumps(_versions(), sort_keys=True)
+                a["space"] = fixed_text(json.dumps(dict(space), sort_keys=True))
+            a["versions"] = fixed_text(json.dumps(_versions(), sort_keys=True))
             a["completed"] = False
             self._metrics = _ScalarSeries(self._file.create_group("metrics", track_order=True))
             self._agents_group = self._file.create_group("agents", track_order=True)
@@ -504,6 +522,7 @@ class TrajectoryWriter:
         self._error = None
         self._swallowed: list[str] = []
         self._handles: dict[str, h5py.Dataset] = {}
+        self._checksums = True  # (False: continuing a file of format version 1, which has none)
         self._closed = False
         self._names = [os.path.abspath(n) for n in names]
         watch_file(self._names, self._swallowed)
@@ -581,7 +600,14 @@ class TrajectoryWriter:
                 if attr_value(a.get(key)) != want:
                     raise ConfigError(f"cannot continue '{self.path}': it holds a run with {key} "
                                       f"{attr_value(a.get(key))!r}, not {want!r}")
+            version = attr_value(a.get("format_version"))
+            if not isinstance(version, int) or version > FORMAT_VERSION:
+                raise OutputError(f"cannot continue '{self.path}': it has trajectory format_version {version!r}; "
+                                  f"this agentsim writes versions <= {FORMAT_VERSION}")
+            self._checksums = version >= CHECKSUMS_SINCE
             self._compression = {}
+            for name in ("metrics", "perf"):  # (all checked before anything is cut)
+                self._check_rows_before(self._file[name], before)
             self._metrics = self._scalar_series_before(self._file["metrics"], before)
             self._perf = self._scalar_series_before(self._file["perf"], before)
             self._env = self._frames_before(self._file["env"], before)
@@ -592,8 +618,12 @@ class TrajectoryWriter:
             a["steps"], a["world_size"], a["completed"] = int(steps), int(world_size), False
             a["steps_completed"] = self.steps_completed
             if space is not None and "space" not in a:  # a file written before 0.3 records its space now
-                a["space"] = json.dumps(dict(space), sort_keys=True)
+                a["space"] = fixed_text(json.dumps(dict(space), sort_keys=True))
             self._file.flush()
+        except OutputError:  # refused before anything was cut
+            self._file.close()
+            unwatch_file(self._names)
+            raise
         except (OSError, RuntimeError) as e:
             self._closed = True
             self._abandon()
@@ -613,23 +643,39 @@ class TrajectoryWriter:
         group.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
         return [n for n in names if n not in skip]
 
-    @classmethod
-    def _scalar_series_before(cls, group: h5py.Group, before: int) -> _ScalarSeries:
+    @staticmethod
+    def _rows_before(group: h5py.Group, before: int) -> tuple[np.ndarray, int]:
+        """The steps of a metrics or perf group, and how many of its rows a resume from ``before`` keeps."""
+        steps = group["step"][...]
+        kept = int(np.searchsorted(steps[:_increasing_rows(steps)], before, side="left"))  # (no failed flush's rows)
+        return steps, kept
+
+    def _check_rows_before(self, group: h5py.Group, before: int) -> None:
+        """Refuse to continue where a row a resume from ``before`` keeps fails its checksum."""
+        if not self._checksums or "step" not in group:
+            return
+        steps, n = self._rows_before(group, before)
+        kept = {name: group[name][:n] for name in self._datasets(group, _RESERVED_SERIES_NAMES)}
+        bad = first_mismatch(group[CHECKSUMS][:n], row_checksums(steps[:n], kept))
+        if bad is not None or len(group[CHECKSUMS]) < n:
+            where = f"step {int(steps[bad])}" if bad is not None else "its last rows"
+            raise OutputError(f"cannot continue '{self.path}': {group.name} at {where} fails its checksum (its "
+                              "bytes changed after they were written); write the resumed run to a new file")
+
+    def _scalar_series_before(self, group: h5py.Group, before: int) -> _ScalarSeries:
         """A metrics or perf group cut to its rows of steps ``< before``."""
         if "step" not in group:
             return _ScalarSeries(group)
-        steps = group["step"][...]
-        n = int(np.searchsorted(steps[:_increasing_rows(steps)], before, side="left"))  # (not a failed flush's rows)
-        names = cls._datasets(group, ("step",))
-        for name in [*names, "step"]:
+        steps, n = self._rows_before(group, before)
+        names = self._datasets(group, _RESERVED_SERIES_NAMES)
+        for name in [*names, "step", *([CHECKSUMS] if self._checksums else [])]:
             group[name].resize(n, axis=0)  # [T] and [T, K] alike
         return _ScalarSeries(group, names=tuple(names), last_step=int(steps[n - 1]) if n else None, is_created=True,
                              shapes={name: tuple(group[name].shape[1:]) for name in names},
                              edges={name: tuple(group[name].attrs["edges"].tolist()) for name in names
                                     if "edges" in group[name].attrs})
 
-    @classmethod
-    def _frames_before(cls, group: h5py.Group, before: int, rows: bool = False) -> _Series:
+    def _frames_before(self, group: h5py.Group, before: int, rows: bool = False) -> _Series:
         """An env or population group cut to its frames of steps ``< before`` (``rows``: per-agent
         datasets indexed through ``offsets``).
         """
@@ -637,11 +683,13 @@ class TrajectoryWriter:
             return _Series(group)
         steps = group["step"][...]
         k = int(np.searchsorted(steps[:_increasing_rows(steps)], before, side="left"))  # (not a failed flush's rows)
-        names = cls._datasets(group, ("step", "offsets"))
+        names = self._datasets(group, _RESERVED_AGENT_NAMES)
         n_rows = int(group["offsets"][k]) if rows else k
         for name in names:
             group[name].resize(n_rows, axis=0)
         group["step"].resize(k, axis=0)
+        if CHECKSUMS in group:
+            group[CHECKSUMS].resize(k, axis=0)
         if rows:
             group["offsets"].resize(k + 1, axis=0)
         return _Series(group, names=tuple(names), dtypes={n: group[n].dtype for n in names},
@@ -744,6 +792,10 @@ class TrajectoryWriter:
             columns = list(zip(*series.rows, strict=True))
             if not series.is_created:
                 self._create(g, "step", np.dtype(np.int64), ())
+                if self._checksums:
+                    self._create(g, CHECKSUMS, np.dtype(np.uint32), ())
+            written: dict[str, np.ndarray] = {}
+            promoted = False
             for name, column in zip(series.names, columns, strict=True):
                 shape = series.shapes.get(name, ())
                 if shape:  # a vector metric: [rows, K]
@@ -766,12 +818,23 @@ class TrajectoryWriter:
                         ds = self._create(g, name, np.dtype(np.float64), shape)
                         ds.attrs.update(attrs)
                         self._append(ds, old)
+                        promoted = True
                 if name in series.edges and "edges" not in ds.attrs:
                     ds.attrs["edges"] = np.asarray(series.edges[name], dtype=np.float64)
                 if series is self._metrics and name in self._display and "display" not in ds.attrs:
-                    ds.attrs["display"] = self._display[name]
-                self._append(ds, data.astype(ds.dtype, copy=False) if shape else np.asarray(column, dtype=ds.dtype))
-            self._append(self._ds(g, "step"), np.asarray(series.steps, dtype=np.int64))
+                    ds.attrs["display"] = fixed_text(self._display[name])
+                written[name] = data.astype(ds.dtype, copy=False) if shape else np.asarray(column, dtype=ds.dtype)
+                self._append(ds, written[name])
+            steps = np.asarray(series.steps, dtype=np.int64)
+            if self._checksums:
+                if promoted:  # the earlier rows' bytes changed too: every row's checksum again
+                    everything = {name: self._ds(g, name)[...] for name in series.names}
+                    check = self._ds(g, CHECKSUMS)
+                    check.resize(0, axis=0)
+                    self._append(check, row_checksums(np.concatenate([self._ds(g, "step")[...], steps]), everything))
+                else:
+                    self._append(self._ds(g, CHECKSUMS), row_checksums(steps, written))
+            self._append(self._ds(g, "step"), steps)
             series.is_created = True
             series.steps.clear()
             series.rows.clear()
@@ -804,6 +867,8 @@ class TrajectoryWriter:
         step = self._next_step(self._metrics, "metrics", step)
         if "step" in metrics:
             raise ConfigError("metrics: 'step' is reserved for the step column; pass the step as the first argument")
+        if CHECKSUMS in metrics:
+            raise ConfigError(f"metrics: '{CHECKSUMS}' is reserved for the rows' checksums; name the metric otherwise")
         values = {_check_name("metric", k, nested=True): _metric_value(k, v) for k, v in metrics.items()}
         series = self._metrics
         first = series.last_step is None
@@ -837,8 +902,8 @@ class TrajectoryWriter:
         """
         self._check_open()
         step = self._next_step(self._perf, "perf", step)
-        if "step" in figures:
-            raise ConfigError("perf: 'step' is reserved for the step column")
+        if "step" in figures or CHECKSUMS in figures:
+            raise ConfigError(f"perf: 'step' and '{CHECKSUMS}' are reserved (the step column, the rows' checksums)")
         values = {_check_name("perf", k, nested=True): float(_scalar("perf", k, v)) for k, v in figures.items()}
         _check_names("perf", self._perf.names if self._perf.last_step is not None else None, values)
         self._buffer_row(self._perf, step, values)
@@ -905,6 +970,8 @@ class TrajectoryWriter:
         g = series.group
         for name, a in arrays.items():
             self._append(self._ds(g, name), a)
+        if self._checksums:
+            self._append(self._ds(g, CHECKSUMS), frame_checksums(step, arrays)[None])
         series.n_rows += n
         self._append(self._ds(g, "step"), np.asarray([step], dtype=np.int64))
         self._append(self._ds(g, "offsets"), np.asarray([series.n_rows], dtype=np.int64))
@@ -915,6 +982,8 @@ class TrajectoryWriter:
         series = _Series(g, names=tuple(arrays))
         self._create(g, "step", np.dtype(np.int64), ())
         self._append(self._create(g, "offsets", np.dtype(np.int64), ()), np.zeros(1, dtype=np.int64))
+        if self._checksums:
+            self._create(g, CHECKSUMS, np.dtype(np.uint32), (len(arrays),))
         for name in ("uid", *(k for k in arrays if k != "uid")):
             a = arrays[name]
             series.dtypes[name], series.shapes[name] = a.dtype, a.shape[1:]
@@ -934,13 +1003,15 @@ class TrajectoryWriter:
         """
         self._check_open()
         step = self._next_step(self._env, "env", step)
-        if "step" in env:
-            raise ConfigError("env: 'step' is reserved for the step column")
+        if "step" in env or CHECKSUMS in env:
+            raise ConfigError(f"env: 'step' and '{CHECKSUMS}' are reserved (the step column, the frames' checksums)")
         arrays = {_check_name("env", k, nested=False): _to_numpy(f"env '{k}'", v) for k, v in env.items()}
         g = self._env.group
         if self._env.last_step is None:
             self._env.names = tuple(arrays)
             self._create(g, "step", np.dtype(np.int64), ())
+            if self._checksums and arrays:
+                self._create(g, CHECKSUMS, np.dtype(np.uint32), (len(arrays),))
             for name, a in arrays.items():
                 self._env.dtypes[name], self._env.shapes[name] = a.dtype, a.shape
                 self._create(g, name, a.dtype, a.shape)
@@ -954,6 +1025,8 @@ class TrajectoryWriter:
                     )
         for name, a in arrays.items():
             self._append(self._ds(g, name), a[None])
+        if self._checksums and arrays:
+            self._append(self._ds(g, CHECKSUMS), frame_checksums(step, arrays)[None])
         self._append(self._ds(g, "step"), np.asarray([step], dtype=np.int64))
         self._env.last_step = step
 
@@ -1103,6 +1176,7 @@ class _Population:
     steps: np.ndarray
     offsets: np.ndarray
     fields: list[str]
+    checked: bool  # the group has a checksum per field and frame (format version >= 2)
 
 
 class Trajectory:
@@ -1134,16 +1208,21 @@ class Trajectory:
         if "completed" in attrs:
             attrs["completed"] = bool(attrs["completed"])
         self.attrs: dict[str, Any] = attrs
+        complete = bool(attrs.get("completed"))
+        checked = isinstance(attrs.get("format_version"), int) and attrs["format_version"] >= CHECKSUMS_SINCE
         # A file that did not complete may end in rows a failed flush sized but never filled (a full
         # disk): every series' steps increase strictly, so its readable rows are those before the
-        # first step that does not, and steps_completed is the last readable metrics step.
-        self.metrics: dict[str, np.ndarray] = _readable(_read_series(file["metrics"])) if "metrics" in file else {}
+        # first step that does not, and no later than steps_completed; steps_completed is then the
+        # last readable metrics step.
+        until = None if complete or not isinstance(attrs.get("steps_completed"), int) else attrs["steps_completed"]
+        self.metrics: dict[str, np.ndarray] = (_rows(file["metrics"], path, checked, complete, until)
+                                               if "metrics" in file else {})
         self.edges: dict[str, np.ndarray] = _read_edges(file["metrics"]) if "metrics" in file else {}
         self.display: dict[str, Any] = _read_display(file["metrics"]) if "metrics" in file else {}
         self.perf: dict[str, np.ndarray] = {}
         if "perf" in file and "/perf" not in damaged:
-            with contextlib.suppress(OSError, RuntimeError, KeyError, ValueError):  # (figures only)
-                self.perf = _readable(_read_series(file["perf"]))
+            with contextlib.suppress(OSError, RuntimeError, KeyError, ValueError, OutputError):  # (figures only)
+                self.perf = _rows(file["perf"], path, checked, complete, until)
         # Frames of a file that did not complete are read up to steps_completed: a frame after it
         # may have been sized by a failed flush and never filled (its steps written, its rows not).
         last: int | None = None
@@ -1151,24 +1230,29 @@ class Trajectory:
             attrs["steps_completed"] = min(int(attrs["steps_completed"]), int(self.metrics["step"][-1]))
             last = None if attrs.get("completed") else attrs["steps_completed"]
         self._pops: dict[str, _Population] = {}
-        complete = bool(attrs.get("completed"))
         for name, g in (file["agents"].items() if "agents" in file and "/agents" not in damaged else []):
             if f"/agents/{name}" in damaged:
                 continue
             fields = [k for k in g.keys() if k not in _RESERVED_AGENT_NAMES]
             steps = g["step"][...]
-            k = _readable_frames(steps, last)
+            _check_increasing(steps, complete, g, path)
+            k = _frames_checked(_readable_frames(steps, last), g, checked, complete, path)
             offsets = g["offsets"][...][:k + 1]
             if not complete:  # frames whose rows reach past what a failed flush left readable: not served
                 k = _frames_that_read(k, _last_rows(g, fields, offsets))
-            self._pops[name] = _Population(steps[:k], offsets[:k + 1], fields)
+            self._pops[name] = _Population(steps[:k], offsets[:k + 1], fields, checked)
         env_steps = file["env/step"][...] if "env/step" in file else np.zeros(0, dtype=np.int64)
+        if "env" in file:
+            _check_increasing(env_steps, complete, file["env"], path)
+        env_names = [n for n in file["env"].keys() if n not in _RESERVED_SERIES_NAMES] if "env" in file else []
+        self._env_checked = checked and bool(env_names)
         k = _readable_frames(env_steps, last)
-        env_names = [n for n in file["env"].keys() if n != "step"] if "env" in file else []
+        if self._env_checked:
+            k = _frames_checked(k, file["env"], checked, complete, path)
         if not complete:
             k = _frames_that_read(k, lambda j: [file["env"][n][j] for n in env_names])
         self._env_steps = env_steps[:k]
-        self.env_names: list[str] = [k for k in file["env"].keys() if k != "step"] if "env" in file else []
+        self.env_names: list[str] = env_names
 
     @property
     def populations(self) -> list[str]:
@@ -1243,9 +1327,13 @@ class Trajectory:
             try:
                 g = f["agents"][population]
                 out = {name: g[name][lo:hi] for name in names}
+                checks = g[CHECKSUMS][k] if pop.checked else None
             except (KeyError, OSError) as e:
                 raise OutputError(f"'{self.path}' is damaged: cannot read agents '{population}' at frame {k} "
                                   f"({_why(e) if isinstance(e, OSError) else e})") from e
+        if checks is not None:
+            check_frame(int(pop.steps[k]), checks, sorted(pop.fields), out,
+                        f"'{self.path}' is damaged: agents '{population}' at step {int(pop.steps[k])}")
         return {k_: torch.from_numpy(v) for k_, v in out.items()} if as_tensor else out
 
     def env(self, name: str, step: int | None = None, *, as_tensor: bool = False) -> Any:
@@ -1259,11 +1347,52 @@ class Trajectory:
         with _open(self.path) as f:
             try:
                 value = f["env"][name][k]
+                checks = f["env"][CHECKSUMS][k] if self._env_checked else None
             except (KeyError, OSError) as e:
                 raise OutputError(f"'{self.path}' is damaged: cannot read env '{name}' at frame {k} "
                                   f"({_why(e) if isinstance(e, OSError) else e})") from e
+        if checks is not None:
+            check_frame(int(self._env_steps[k]), checks, sorted(self.env_names), {name: value},
+                        f"'{self.path}' is damaged: env at step {int(self._env_steps[k])}")
         value = np.asarray(value)
         return torch.from_numpy(value) if as_tensor else value
+
+    def verify(self) -> int:
+        """Check every frame served (every population's, and env's) against its checksums; the
+        metric and perf rows were checked on opening.
+
+        Returns:
+            The number of frames checked (0 for a file of format version 1, which has no checksums).
+
+        Raises:
+            OutputError: A frame fails its checksum or does not read.
+        """
+        frames = 0
+        with _open(self.path) as f:
+            try:
+                for population, pop in self._pops.items():
+                    if not pop.checked:
+                        continue
+                    g = f["agents"][population]
+                    checks = g[CHECKSUMS][:len(pop.steps)]
+                    for k, step in enumerate(pop.steps.tolist()):
+                        lo, hi = int(pop.offsets[k]), int(pop.offsets[k + 1])
+                        check_frame(step, checks[k], sorted(pop.fields), {n: g[n][lo:hi] for n in pop.fields},
+                                    f"'{self.path}' is damaged: agents '{population}' at step {step}")
+                        frames += 1
+                if self._env_checked:
+                    checks = f["env"][CHECKSUMS][:len(self._env_steps)]
+                    for k, step in enumerate(self._env_steps.tolist()):
+                        check_frame(step, checks[k], sorted(self.env_names),
+                                    {n: f["env"][n][k] for n in self.env_names},
+                                    f"'{self.path}' is damaged: env at step {step}")
+                        frames += 1
+            except (KeyError, OSError) as e:
+                if isinstance(e, OutputError):
+                    raise
+                raise OutputError(f"'{self.path}' is damaged: a frame does not read "
+                                  f"({_why(e) if isinstance(e, OSError) else e})") from e
+        return frames
 
     def __repr__(self) -> str:
         return (
@@ -1332,6 +1461,81 @@ def _readable(series: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return series
     k = _increasing_rows(series["step"])
     return {name: values[:k] for name, values in series.items()}
+
+
+def _rows(group: h5py.Group, path: str, checked: bool, complete: bool, until: int | None) -> dict[str, np.ndarray]:
+    """The rows of a metrics or perf ``group`` that are served: those whose steps increase, up to
+    step ``until`` (None: all), each checked against its checksum (``checked``: the file has them).
+
+    Raises:
+        OutputError: A row fails its checksum, or a completed file lacks checksums for its rows.
+    """
+    series = _read_series(group)
+    if "step" not in series:
+        return series
+    _check_increasing(series["step"], complete, group, path)
+    series = _readable(series)
+    checks = series.pop(CHECKSUMS, None) if checked else None
+    n = min((len(v) for v in series.values()), default=0)  # (a file read while it is written)
+    if until is not None:
+        n = min(n, int(np.searchsorted(series["step"][:n], until, side="right")))
+    if checked:
+        if checks is None or (complete and len(checks) < n):
+            raise OutputError(f"'{path}' is damaged: {group.name} has {n} rows but checksums for "
+                              f"{0 if checks is None else len(checks)}")
+        n = min(n, len(checks))
+    series = {name: values[:n] for name, values in series.items()}
+    if checked and checks is not None:
+        columns = {name: v for name, v in series.items() if name != "step"}
+        bad = first_mismatch(checks[:n], row_checksums(series["step"], columns))
+        if bad is not None:
+            raise OutputError(f"'{path}' is damaged: {group.name} at step {int(series['step'][bad])} fails its "
+                              "checksum (its bytes changed after they were written)")
+    return series
+
+
+def _check_increasing(steps: np.ndarray, complete: bool, group: h5py.Group, path: str) -> None:
+    """Refuse a completed file whose ``steps`` do not increase (only an interrupted file may end in
+    rows a failed flush sized and never filled).
+    """
+    k = _increasing_rows(steps)
+    if complete and k < len(steps):
+        raise OutputError(f"'{path}' is damaged: the steps of {group.name} do not increase at row {k} "
+                          f"({int(steps[k - 1])}, then {int(steps[k])})")
+
+
+def _frames_checked(k: int, group: h5py.Group, checked: bool, complete: bool, path: str) -> int:
+    """How many of a frame ``group``'s first ``k`` frames have their checksums (all ``k`` in a
+    completed file: else it is damaged; fewer in a file read while it is written).
+    """
+    if not checked:
+        return k
+    if CHECKSUMS not in group:
+        raise OutputError(f"'{path}' is damaged: {group.name} has no checksums")
+    have = len(group[CHECKSUMS])
+    if complete and have < k:
+        raise OutputError(f"'{path}' is damaged: {group.name} has {k} frames but checksums for {have}")
+    return min(k, have)
+
+
+def check_frame(step: int, stored: np.ndarray, order: Sequence[str], values: Mapping[str, np.ndarray],
+                what: str) -> None:
+    """Check fields of one frame against the frame's stored checksums.
+
+    Args:
+        step: The frame's step (as the file gives it: a changed step fails the checksums too).
+        stored: The frame's row of a ``checksums`` dataset, uint32 ``[F]``.
+        order: The F field names in the order of their checksums (sorted).
+        values: Some of those fields' values in the frame.
+        what: The start of the error message (the file and the frame).
+
+    Raises:
+        OutputError: A field fails its checksum.
+    """
+    for name, value in values.items():
+        if frame_checksum(step, np.asarray(value)) != int(stored[order.index(name)]):
+            raise OutputError(f"{what}: field '{name}' fails its checksum (its bytes changed after they were "
+                              "written)")
 
 
 def read_trajectory(path: str | os.PathLike[str]) -> Trajectory:

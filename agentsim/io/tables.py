@@ -8,6 +8,7 @@ called; they come with ``pip install "agentsim[analysis]"``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import TYPE_CHECKING, Any, cast
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from agentsim.errors import ConfigError, OutputError, did_you_mean
-from agentsim.io.hdf5 import Trajectory, read_trajectory
+from agentsim.io.checksums import CHECKSUMS
+from agentsim.io.hdf5 import CHECKSUMS_SINCE, Trajectory, check_frame, read_trajectory
 from agentsim.io.live import open_to_read
 
 if TYPE_CHECKING:
@@ -197,8 +199,19 @@ def read_frames(path: str | os.PathLike[str], population: str | None = None) -> 
             uid_rows = np.asarray(g["uid"][:rows], dtype=np.int64)
             values = {name: np.asarray(g[name][:rows]) for name in fields}
             env = {name: np.asarray(f["env"][name][: len(env_steps)]) for name in traj.env_names}
+            checked = traj.attrs.get("format_version", 1) >= CHECKSUMS_SINCE
+            checks = g[CHECKSUMS][:n_frames] if checked else None
+            env_checks = f["env"][CHECKSUMS][: len(env_steps)] if checked and env else []
     except (KeyError, OSError) as e:
         raise OutputError(f"'{traj.path}' is damaged: cannot read the frames of '{population}' ({e})") from e
+    if checks is not None:  # every frame against its checksums
+        order, columns = sorted(["uid", *fields]), {"uid": uid_rows, **values}
+        for k, (lo, hi) in enumerate(itertools.pairwise(offsets)):
+            check_frame(int(steps[k]), checks[k], order, {n: v[lo:hi] for n, v in columns.items()},
+                        f"'{traj.path}' is damaged: agents '{population}' at step {int(steps[k])}")
+    for k, check in enumerate(env_checks):
+        check_frame(int(env_steps[k]), check, sorted(env), {n: v[k] for n, v in env.items()},
+                    f"'{traj.path}' is damaged: env at step {int(env_steps[k])}")
 
     uids = np.unique(uid_rows)
     frame_of_row = np.repeat(np.arange(n_frames), np.diff(offsets))
