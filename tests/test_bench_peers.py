@@ -14,6 +14,7 @@ import bench_peers  # noqa: E402
 import bench_roofline  # noqa: E402
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_agentsim_side_reports_time_memory_and_the_final_state():
     sir = bench_peers.agentsim_run("sir", 3000, 5)
@@ -35,6 +36,7 @@ def test_bad_rounds_is_refused():
     assert done.returncode == 2 and "--rounds >= 1" in done.stderr
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_agentsim_only_runs_no_peer_and_writes_its_table(monkeypatch, tmp_path):
     monkeypatch.setattr(bench_peers, "VENVS", tmp_path)  # no peer installed: none may be asked for

@@ -94,7 +94,7 @@ def reference() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("estimator", [spsa, score_function])
+@pytest.mark.parametrize("estimator", [pytest.param(spsa, marks=pytest.mark.long), score_function])
 def test_unbiased_estimators_agree_with_crn_finite_differences(reference, estimator):
     ref, ref_se = reference
     got, se = mean_se(estimator(ESTIMATOR, on_day_6, AT, SEEDS))
@@ -102,6 +102,7 @@ def test_unbiased_estimators_agree_with_crn_finite_differences(reference, estima
     assert ref[0] > 0 > ref[1]  # more transmission, more boys in bed on day 6; faster recovery, fewer
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_relaxed_pathwise_estimators_are_biased_as_documented(reference):
     ref, ref_se = reference
@@ -186,7 +187,7 @@ def gradients_of_the_loss(comm, relax: str) -> tuple[torch.Tensor, float] | None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("relax", ["straight_through", "gumbel"])
+@pytest.mark.parametrize("relax", ["straight_through", pytest.param("gumbel", marks=pytest.mark.long)])
 def test_gradients_through_the_data_partitioner_equal_one_process(relax):
     one, loss = gradients_of_the_loss(LocalComm(), relax)
     assert (one.abs() > 0).all()

@@ -75,7 +75,7 @@ def assert_same_run(got, want, label):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model", ["boids", "wolfsheep"])
+@pytest.mark.parametrize("model", [pytest.param("boids", marks=pytest.mark.long), "wolfsheep"])
 def test_resume_on_any_number_of_ranks_continues_the_run_bit_for_bit(model, tmp_path):
     want = uninterrupted(model)
     saved = {}

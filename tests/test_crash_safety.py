@@ -15,7 +15,8 @@ from stress_writer_kills import run_trials
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("trials", [4, pytest.param(10, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("trials", [2, pytest.param(4, marks=pytest.mark.long),
+                                    pytest.param(10, marks=pytest.mark.slow)])
 def test_killed_writers_leave_readable_files_that_resume_to_the_uninterrupted_file(tmp_path, trials):
     summary = run_trials(trials, steps=120, every=7, seed=1, workdir=str(tmp_path))
     failed = [r for r in summary["rows"] if not (r["readable"] and r["identical"])]
@@ -25,7 +26,7 @@ def test_killed_writers_leave_readable_files_that_resume_to_the_uninterrupted_fi
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher", ["nprocs", "torchrun"])
+@pytest.mark.parametrize("launcher", ["nprocs", pytest.param("torchrun", marks=pytest.mark.long)])
 def test_a_killed_rank_restarts_the_job_from_its_checkpoint_with_the_uninterrupted_file(tmp_path, launcher):
     from stress_rank_kills import run_trials as kill_ranks
 

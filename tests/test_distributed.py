@@ -269,7 +269,8 @@ def test_cli_nprocs_2_writes_the_one_process_file(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- torchrun
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("partition", [["--partition", "data"], ["--partition", "spatial", "--layout", "rcb"]])
+@pytest.mark.parametrize("partition", [
+    ["--partition", "data"], pytest.param(["--partition", "spatial", "--layout", "rcb"], marks=pytest.mark.long)])
 def test_torchrun_writes_the_one_process_file(tmp_path, partition):
     import subprocess
     import sys

@@ -58,6 +58,7 @@ def test_custom_model_gives_the_known_mean_squared_displacement(tmp_path):
         assert f["agents"]["walker"]["pos"].shape == (2000, 2)  # the first and last frames of 1000 walkers
 
 
+@pytest.mark.long
 def test_train_spillover_learns_the_same_curve_on_one_and_two_processes(tmp_path):
     import json
 
@@ -91,6 +92,7 @@ def test_train_spillover_at_full_size_beats_random_and_the_rule(tmp_path):
             assert learned["mean"] - s[other]["mean"] >= 3 * sd, (w, other)
 
 
+@pytest.mark.long
 def test_sir_study_writes_the_study_file_and_its_bands(tmp_path):
     out = run_example("sir_study.py", "--agents", "2000", "--steps", "40", "--replicates", "3", "--workers", "2",
                       "--out", str(tmp_path / "st"))
@@ -100,6 +102,7 @@ def test_sir_study_writes_the_study_file_and_its_bands(tmp_path):
     assert_png(tmp_path / "st.png")
 
 
+@pytest.mark.long
 @pytest.mark.ray
 def test_sir_study_runs_on_a_local_ray_instance(tmp_path):
     pytest.importorskip("ray")

@@ -208,6 +208,7 @@ def test_portable_sin_cos_accuracy(fn, ref):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long
 @pytest.mark.parametrize("partition", ["data", "spatial"])
 def test_fused_on_two_processes_equals_one_process_through_torch(interpreted, monkeypatch, tmp_path, partition):
     """Halo agents reach the kernel as sources (ctx.neighbors(pop)): 2 processes through the kernel

@@ -45,8 +45,9 @@ def _steps_completed(path: Path) -> int:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("nprocs", "sig", "group"), [("1", signal.SIGINT, True), ("2", signal.SIGINT, True),
-                                                      ("2", signal.SIGTERM, False)])
+@pytest.mark.parametrize(("nprocs", "sig", "group"), [("1", signal.SIGINT, True),
+                                                      pytest.param("2", signal.SIGINT, True, marks=pytest.mark.long),
+                                                      pytest.param("2", signal.SIGTERM, False, marks=pytest.mark.long)])
 def test_a_stopped_run_says_how_to_resume_and_the_resume_is_the_uninterrupted_run(tmp_path, nprocs, sig, group):
     # Ctrl-C reaches the whole process group; a scheduler's SIGTERM often only the launcher
     out, ck = tmp_path / "run.h5", tmp_path / "ck"
@@ -106,7 +107,8 @@ def test_outside_the_command_nothing_is_installed_and_requests_do_not_outlive_th
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("nprocs", "sig"), [("1", signal.SIGTERM), ("2", signal.SIGINT)])
+@pytest.mark.parametrize(("nprocs", "sig"), [("1", signal.SIGTERM),
+                                             pytest.param("2", signal.SIGINT, marks=pytest.mark.long)])
 def test_a_stopped_training_writes_a_final_checkpoint_and_resumes(tmp_path, nprocs, sig):
     ck = tmp_path / "ck"
     args = ["train", "spillover", "--agents", "2000", "--horizon", "8", "--hidden", "16", "--updates", "100000",
@@ -129,6 +131,7 @@ def test_a_stopped_training_writes_a_final_checkpoint_and_resumes(tmp_path, npro
     assert updates[1] > updates[0] >= 1
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_running_out_of_memory_under_a_limit_is_one_line(tmp_path):
     import resource

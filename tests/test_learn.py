@@ -88,6 +88,7 @@ def train_all(comm) -> dict | None:
     return got if comm.rank == 0 else None
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_training_gives_the_same_parameters_on_1_2_and_4_ranks():
     """Exact gradient sums: the same bits (parameters and every logged figure); DDP: 1e-6 relative."""
@@ -193,6 +194,7 @@ def compressed(comm) -> dict | None:
     return out if comm.rank == 0 else None
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_compression_hooks_run_on_gloo_and_keep_the_replicas_equal():
     got = run_ranks(compressed, 2, timeout=100.0)[0]

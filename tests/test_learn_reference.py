@@ -217,6 +217,7 @@ def collect_episodic(comm) -> tuple[dict[str, torch.Tensor], torch.Tensor] | Non
     return {k: v[order] for k, v in got.items()}, params
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_a_done_flag_cuts_the_trajectory_and_trains_the_same_bits_on_two_ranks():
     got, params = collect_episodic(LocalComm())

@@ -32,7 +32,8 @@ def closed_port() -> int:
 
 # ---------------------------------------------------------------- bounded memory
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("steps", [20_000, pytest.param(100_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("steps", [pytest.param(20_000, marks=pytest.mark.long),
+                                   pytest.param(100_000, marks=pytest.mark.slow)])
 def test_resident_memory_stays_flat_over_long_runs(steps):
     sim = Simulation(asim.get_model("randomwalk"), agents=4, seed=1)
     seen: dict[int, int] = {}

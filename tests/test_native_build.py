@@ -201,6 +201,7 @@ def _torch_counts() -> torch.Tensor:
             os.environ["AGENTSIM_KERNELS"] = old
 
 
+@pytest.mark.long
 def test_a_stale_installed_library_is_refused_and_the_kernels_built_on_first_use(tmp_path):
     compiler = _compiler_or_skip()
     stale = tmp_path / "stale.so"

@@ -77,6 +77,7 @@ def _study_file(path, n_metrics=8, combos=2, replicates=3, steps=5):
     return path
 
 
+@pytest.mark.long
 def test_a_study_figure_shows_every_scalar_metric_on_pages(tmp_path, capsys):
     import matplotlib
 
@@ -158,6 +159,7 @@ def test_a_vector_metric_is_drawn_as_a_heat_map(tmp_path):
     assert plot_file(path, tmp_path / "ages.png", metrics="ages") == str(tmp_path / "ages.png")
 
 
+@pytest.mark.long
 def test_drawing_a_file_keeps_the_backend_of_a_session_that_uses_pyplot(tmp_path):
     # a notebook's inline backend must survive plot_file, or its later figures stop showing
     code = ("import matplotlib; matplotlib.use('svg'); import matplotlib.pyplot as plt; import agentsim as asim; "

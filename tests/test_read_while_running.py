@@ -118,6 +118,7 @@ def test_a_killed_writers_file_reads_and_a_resumed_writer_continues_it(tmp_path)
     assert not list(tmp_path.glob(".w.h5.*"))  # the copy replaced the file
 
 
+@pytest.mark.long
 def test_a_study_file_reads_while_its_driver_writes_it(tmp_path):
     path = tmp_path / "s.h5"
     spec = {"model": "demo"}

@@ -123,6 +123,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.long
 def test_a_study_whose_driver_is_killed_resumes_and_runs_nothing_twice(tmp_path):
     # The runs log their seed at init; a slow step keeps the study going long enough to be killed.
     out, log = tmp_path / "study.h5", tmp_path / "log.txt"
@@ -192,6 +193,7 @@ def test_the_cli_runs_a_sweep_and_tells_its_status(tmp_path, capsys):
     assert "executor: expected one of local, ray (got 'dask')" in capsys.readouterr().err
 
 
+@pytest.mark.long
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 def test_the_ray_executor_writes_the_same_study_file_and_retries_a_dead_worker(tmp_path):

@@ -247,6 +247,7 @@ def test_one_rank_with_either_partition_is_the_one_process_run(sugarscape_refere
     assert aged["agents"]["agent"]["uid"].max() >= 200 and (aged["metrics"]["n_agent"] == 200).all()
 
 
+@pytest.mark.long
 @pytest.mark.timeout(120)
 def test_same_bits_on_2_3_4_ranks_with_either_partition(sugarscape_reference, tmp_path):
     for part in PARTITIONS:

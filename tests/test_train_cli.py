@@ -16,6 +16,7 @@ from agentsim.models.spillover import protect_if_exposed
 
 from agentsim import ConfigError
 from agentsim.cli.info import collect, format_info, recommendations
+from agentsim.cli.main import main
 from agentsim.learn import PPOConfig, Trainer, evaluate, plot_training, train
 from agentsim.learn.checkpoint import load_latest
 from agentsim.learn.trainer import bf16_supported
@@ -34,6 +35,7 @@ def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.flatten().to(torch.float64) for v in state.values()])
 
 
+@pytest.mark.long
 def test_train_cli_two_processes_equals_one_and_writes_log_plot_and_checkpoints(tmp_path):
     runs = {}
     for w in (1, 2):
@@ -60,6 +62,7 @@ def test_train_cli_two_processes_equals_one_and_writes_log_plot_and_checkpoints(
     assert figures[0] == figures[1]
 
 
+@pytest.mark.long
 def test_train_cli_resume_after_interruption_equals_uninterrupted(tmp_path):
     code, _, err = run_cli("train", "spillover", *ARGS, "--checkpoint-dir", str(tmp_path / "full"), "--quiet")
     assert code == 0, err
@@ -83,8 +86,12 @@ def test_train_cli_resume_after_interruption_equals_uninterrupted(tmp_path):
     (["train", "spillover", "--set", "nope=1"], "nope"),
     (["train", "spillover", "--partition", "diagonal"], "diagonal"),
 ])
-def test_train_cli_bad_configuration_exits_2_with_a_clear_message(args, message):
-    code, _, err = run_cli(*args)
+def test_train_cli_bad_configuration_exits_2_with_a_clear_message(args, message, capsys):
+    try:
+        code = main(args)
+    except SystemExit as e:  # (argparse's own errors)
+        code = e.code
+    err = capsys.readouterr().err
     assert code == 2, err
     assert message in err and "Traceback" not in err
 

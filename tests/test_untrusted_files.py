@@ -102,8 +102,9 @@ def test_the_payload_is_real(tmp_path):
     assert marker.exists()
 
 
-@pytest.mark.parametrize("zipped", [True, False])
-@pytest.mark.parametrize("file", ["rank-00000-of-00001.pt", "env.pt"])
+@pytest.mark.parametrize(("file", "zipped"), [("rank-00000-of-00001.pt", True), ("env.pt", False),
+                                             pytest.param("rank-00000-of-00001.pt", False, marks=pytest.mark.long),
+                                             pytest.param("env.pt", True, marks=pytest.mark.long)])
 def test_a_crafted_simulation_checkpoint_file_is_refused_and_never_runs(tmp_path, file, zipped):
     step = sim_checkpoint(tmp_path)
     marker = tmp_path / "MARKER"
@@ -118,6 +119,7 @@ def test_a_crafted_simulation_checkpoint_file_is_refused_and_never_runs(tmp_path
     assert not marker.exists()
 
 
+@pytest.mark.long
 def test_a_crafted_training_checkpoint_is_refused_and_never_runs(tmp_path):
     d = train_checkpoint(tmp_path / "ck")
     marker = tmp_path / "MARKER"

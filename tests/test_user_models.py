@@ -61,6 +61,7 @@ def run_in(directory: Path, argv: list[str]) -> subprocess.CompletedProcess[str]
     return subprocess.run(argv, cwd=directory, capture_output=True, text=True, timeout=240, env=env)
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_the_command_imports_a_model_from_the_working_directory_and_so_do_its_workers(tmp_path):
     write_model(tmp_path, "mymod")
@@ -73,6 +74,7 @@ def test_the_command_imports_a_model_from_the_working_directory_and_so_do_its_wo
         assert out.stat().st_size > 0
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_a_script_runs_its_module_level_model_on_two_processes_and_a_guarded_one_is_told_where_to_put_it(tmp_path):
     write_model(tmp_path, "unused")
