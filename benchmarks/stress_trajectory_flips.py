@@ -14,7 +14,8 @@ takes longer than ``--timeout`` seconds on one file (a hang) and starts another.
 - ``traceback``: any other exception; ``hang``: no answer within the timeout.
 
 Usage: ``python benchmarks/stress_trajectory_flips.py --trials 1000 [--json FILE]``; prints the
-counts and writes them, with one row per trial that was not refused or unchanged, as JSON.
+counts and writes them as JSON, with one row per trial that was neither refused nor unchanged, and
+per flip in served bytes that read unchanged.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def main() -> None:
                 outcome = "unchanged"
             counts[outcome] += 1
             by_place[place][outcome] += 1
-            if outcome not in ("refused", "unchanged"):
+            if outcome not in ("refused", "unchanged") or (place == "data" and outcome == "unchanged"):
                 rows.append({"trial": trial, "byte": at, "bit": bit, "dataset": name, "outcome": outcome,
                              "error": (got or {}).get("error", "")})
             if (trial + 1) % 100 == 0:

@@ -223,3 +223,13 @@ def test_inspect_verifies_every_frame_and_names_the_one_that_fails(wolfsheep, tm
     err = capsys.readouterr().err.strip()
     assert err.endswith("is damaged: env at step 4: field 'grass' fails its checksum (its bytes changed after they "
                         "were written)") and "\n" not in err, err
+
+
+def test_offsets_that_do_not_index_the_rows_of_a_completed_file_are_damage(wolfsheep, tmp_path):
+    """A flipped high bit of the last offset read the same rows (slices stop at the end): refused."""
+    path = tmp_path / "r.h5"
+    path.write_bytes(wolfsheep.read_bytes())
+    with h5py.File(path, "r+") as f:
+        f["agents/wolf/offsets"][-1] += 1 << 40
+    with pytest.raises(OutputError, match="the offsets of /agents/wolf do not index its rows"):
+        read_trajectory(path)

@@ -1238,6 +1238,9 @@ class Trajectory:
             _check_increasing(steps, complete, g, path)
             k = _frames_checked(_readable_frames(steps, last), g, checked, complete, path)
             offsets = g["offsets"][...][:k + 1]
+            if complete and (len(offsets) != k + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0)
+                             or ("uid" in g and offsets[-1] != g["uid"].shape[0])):
+                raise OutputError(f"'{path}' is damaged: the offsets of {g.name} do not index its rows")
             if not complete:  # frames whose rows reach past what a failed flush left readable: not served
                 k = _frames_that_read(k, _last_rows(g, fields, offsets))
             self._pops[name] = _Population(steps[:k], offsets[:k + 1], fields, checked)
