@@ -572,6 +572,20 @@ def _counts_table(d: dict[str, Any], keys: list[str]) -> list[str]:
     return table(["field", "value"], [[k, d[k]] for k in keys if k in d])
 
 
+def _stacked_outcomes(ax: Any, by: dict[str, dict[str, int]], outcomes: list[str]) -> None:
+    """One horizontal bar of trials per key of ``by`` (top to bottom), stacked by outcome."""
+    keys = list(by)
+    y = list(range(len(keys)))[::-1]
+    left = [0] * len(keys)
+    for i, o in enumerate(outcomes):
+        values = [by[k].get(o, 0) for k in keys]
+        ax.barh(y, values, left=left, color=f"C{i}", label=o)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    ax.set_yticks(y, keys, fontsize=8)
+    ax.set_xlabel("trials")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
 def _outcome_points(ax: Any, rows: list[dict[str, Any]], flag: str, labels: tuple[str, str],
                     x: Callable[[dict[str, Any]], float], y: Callable[[dict[str, Any]], float],
                     markersize: float) -> None:
@@ -685,7 +699,11 @@ def trajectory_flips_section(rel: str, d: dict[str, Any]) -> Section:
     lines += table(["bit flipped", *outcomes], [[place, *(counts.get(o, 0) for o in outcomes)]
                                                for place, counts in d["by_place"].items()]
                    + [["all", *(d["counts"][o] for o in outcomes)]])
-    return Section("trajectory_flips", STRESS["stress_trajectory_flips.json"], [rel], lines)
+
+    def plot(ax: Any) -> None:
+        _stacked_outcomes(ax, {f"bit flipped {place}": counts for place, counts in d["by_place"].items()}, outcomes)
+    return Section("trajectory_flips", STRESS["stress_trajectory_flips.json"], [rel], lines, plot, (8.0, 2.4),
+                   alt="trials by where the bit was flipped, stacked by what the readers did")
 
 
 def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
@@ -706,16 +724,7 @@ def untrusted_section(rel: str, d: dict[str, Any]) -> Section:
                                                            for k, v in sorted(by.items())])
 
     def plot(ax: Any) -> None:
-        keys = sorted(by)
-        y = list(range(len(keys)))[::-1]
-        left = [0] * len(keys)
-        for i, o in enumerate(outcomes):
-            values = [by[k].get(o, 0) for k in keys]
-            ax.barh(y, values, left=left, color=f"C{i}", label=o)
-            left = [a + b for a, b in zip(left, values, strict=True)]
-        ax.set_yticks(y, keys, fontsize=8)
-        ax.set_xlabel("trials")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        _stacked_outcomes(ax, {k: by[k] for k in sorted(by)}, outcomes)
     return Section("untrusted_files", STRESS["untrusted_files.json"], [rel], lines, plot, (8.0, 3.6),
                    alt="trials per checkpoint kind and corruption, by outcome")
 

@@ -54,7 +54,7 @@ def served(path: str) -> dict[str, Any]:
                 parts += [(f"{pop}@{step}/{k}", v) for k, v in traj.agents(pop, step=step).items()]
         for name in traj.env_names:
             parts += [(f"env/{name}@{s}", np.asarray(traj.env(name, s))) for s in traj.env_steps().tolist()]
-        traj.verify()
+        getattr(traj, "verify", int)()  # (absent before format 2: the script also runs on older trees)
         for key, value in parts:
             h.update(key.encode() + str(value.dtype).encode() + str(value.shape).encode() + value.tobytes())
         perf = hashlib.sha256(b"".join(k.encode() + v.tobytes() for k, v in sorted(traj.perf.items())))
