@@ -141,6 +141,7 @@ CLI = ["calibrate", "flu", "--data", "data/boarding_school_flu.csv", "--column",
        "--replicates", "school", "--takeoff", "20", "--iterations", "12", "--quiet"]
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_the_cli_writes_the_fit_and_two_ranks_give_the_same_numbers(tmp_path, capsys):
     out1, out2 = tmp_path / "fit1.json", tmp_path / "fit2.json"

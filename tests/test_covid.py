@@ -88,6 +88,7 @@ def test_a_country_of_ones_own_from_csv_files(tmp_path):
         run(age_pyramid=str(households))
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_same_days_on_one_to_four_processes():
     params = {"initial_prevalence": 0.2, "test_day": 2, "vaccine_day": 1,  # and people in hospital by day 4:

@@ -26,7 +26,8 @@ def test_killed_writers_leave_readable_files_that_resume_to_the_uninterrupted_fi
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("launcher", ["nprocs", pytest.param("torchrun", marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("launcher", ["nprocs", "torchrun"])
 def test_a_killed_rank_restarts_the_job_from_its_checkpoint_with_the_uninterrupted_file(tmp_path, launcher):
     from stress_rank_kills import run_trials as kill_ranks
 

@@ -78,9 +78,9 @@ def _both(monkeypatch, *args, **kwargs):
 
 
 @pytest.mark.parametrize("periodic, dims, rule, reduce, radius", [
-    (True, 2, boids_rule, {"n": "count"}, 3.0),
+    pytest.param(True, 2, boids_rule, {"n": "count"}, 3.0, marks=pytest.mark.long),
     (False, 3, circles_rule, {"n": "count"}, 2.0),
-    (True, 3, circles_rule, {"n": "count", "force": "mean"}, 2.0),
+    pytest.param(True, 3, circles_rule, {"n": "count", "force": "mean"}, 2.0, marks=pytest.mark.long),
     (False, 2, mixed_rule, {"older": "count", "quiet": "count", "ages": "mean"}, 2.5),
 ])
 def test_fused_equals_torch_bit_for_bit(interpreted, monkeypatch, periodic, dims, rule, reduce, radius):

@@ -77,6 +77,7 @@ def test_a_stopped_run_says_how_to_resume_and_the_resume_is_the_uninterrupted_ru
     assert_same_bits(h5_datasets(str(whole)), h5_datasets(str(out)), f"stopped at {step} and resumed")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(200)
 def test_a_second_ctrl_c_stops_at_once_and_other_commands_end_with_one_line(tmp_path):
     proc = _start([*RUN, "--steps", "100000", "--out", str(tmp_path / "a.h5")], tmp_path)
@@ -107,8 +108,8 @@ def test_outside_the_command_nothing_is_installed_and_requests_do_not_outlive_th
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("nprocs", "sig"), [("1", signal.SIGTERM),
-                                             pytest.param("2", signal.SIGINT, marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize(("nprocs", "sig"), [("1", signal.SIGTERM), ("2", signal.SIGINT)])
 def test_a_stopped_training_writes_a_final_checkpoint_and_resumes(tmp_path, nprocs, sig):
     ck = tmp_path / "ck"
     args = ["train", "spillover", "--agents", "2000", "--horizon", "8", "--hidden", "16", "--updates", "100000",

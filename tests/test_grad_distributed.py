@@ -171,6 +171,7 @@ def checkpointed_gradients(comm, partition, options, every):
     return float(loss), torch.stack([grads["pull"], grads["drift"]]), sim.state.step, len(sim.perf_steps), history
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_checkpointed_rollout_gradients_equal_the_whole_graph_on_any_ranks():
     loss, whole = whole_graph_gradients(LocalComm())

@@ -103,6 +103,7 @@ def test_the_workers_of_a_killed_run_die_with_it_and_stop_writing(tmp_path):
             proc.wait()
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("fallback", [False, True], ids=["prctl", "watchdog"])
 def test_a_process_that_called_die_with_parent_dies_with_its_parent(fallback):
     child = ("import sys, time, agentsim.runner.lifeline as l\n"

@@ -160,3 +160,33 @@ def test_a_metric_turned_float_is_promoted_while_a_reader_holds_the_file(tmp_pat
     traj = read_trajectory(path)
     assert traj.metrics["share"].tolist() == [0.0, 0.5, 0.25] and traj.metrics["n"].tolist() == [3, 2, 1]
     assert traj.metrics["share"].dtype == np.float64 and traj.metrics["n"].dtype == np.int64
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_that_holds_the_file_for_a_moment_does_not_stop_a_writer_from_opening_it(tmp_path, monkeypatch):
+    """A study's resume once failed ("open in another process") because `study status` had the
+    file open at that moment: a writer waits for such a reader (agentsim.io.live.LOCK_WAIT_SECONDS).
+    """
+    import functools
+
+    from agentsim.io import live
+    from agentsim.io.hdf5 import open_for_writing
+
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w", libver=live.LIBVER) as f:
+        f["x"] = np.arange(3)
+    opener = functools.partial(open_for_writing, fault=None)
+    hold = f"from agentsim.io.live import open_to_read; import time\nf = open_to_read({str(path)!r})\n" \
+           "print('open', flush=True); time.sleep(1.0); f.close()"
+    for wait, opens in ((0.0, False), (live.LOCK_WAIT_SECONDS, True)):
+        monkeypatch.setattr(live, "LOCK_WAIT_SECONDS", wait)
+        reader = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+        assert reader.stdout is not None and reader.stdout.readline() == "open\n"
+        try:
+            if opens:
+                live.reopen_to_write(str(path), "a", opener).close()
+            else:
+                with pytest.raises(OSError, match="unable to lock file"):
+                    live.reopen_to_write(str(path), "a", opener)
+        finally:
+            reader.wait(timeout=30)

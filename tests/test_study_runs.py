@@ -219,6 +219,7 @@ def test_the_ray_executor_writes_the_same_study_file_and_retries_a_dead_worker(t
                 assert np.array_equal(a.bands[c][m], b.bands[c][m])
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_runs_on_several_processes_each_give_the_one_process_study(tmp_path):
     one = Study("boids", {"cohere": [0.03, 0.06]}, seeds=[3], agents=300, steps=6)

@@ -89,6 +89,7 @@ def test_agentsim_threads_fixes_torchs_threads_at_import() -> None:
     assert done.stdout.strip() == "1"
 
 
+@pytest.mark.long
 def test_a_bad_agentsim_threads_is_warned_at_import_and_refused_by_a_run_and_the_command() -> None:
     expected = "AGENTSIM_THREADS: expected 'auto' or a whole number >= 1 (got 'many')"
     code = ("import warnings\nwith warnings.catch_warnings(record=True) as seen:\n    warnings.simplefilter('always')\n"

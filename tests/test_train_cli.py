@@ -137,6 +137,7 @@ def _evaluate_rank(comm):
     return evaluate(SPILLOVER, protect_if_exposed, agents=300, seeds=[3], horizon=6, comm=comm)
 
 
+@pytest.mark.long
 def test_info_prints_facts_and_json():
     code, out, err = run_cli("info")
     assert code == 0, err

@@ -102,7 +102,8 @@ def test_the_payload_is_real(tmp_path):
     assert marker.exists()
 
 
-@pytest.mark.parametrize(("file", "zipped"), [("rank-00000-of-00001.pt", True), ("env.pt", False),
+@pytest.mark.parametrize(("file", "zipped"), [("rank-00000-of-00001.pt", True),
+                                             pytest.param("env.pt", False, marks=pytest.mark.long),
                                              pytest.param("rank-00000-of-00001.pt", False, marks=pytest.mark.long),
                                              pytest.param("env.pt", True, marks=pytest.mark.long)])
 def test_a_crafted_simulation_checkpoint_file_is_refused_and_never_runs(tmp_path, file, zipped):
@@ -189,6 +190,7 @@ def test_links_and_manifest_names_that_leave_the_directory_are_refused(tmp_path)
         entry["file"] = before
 
 
+@pytest.mark.long
 def test_flipped_bytes_and_an_edited_training_manifest_are_refused(tmp_path):
     d = train_checkpoint(tmp_path / "ck")
     state = d / "ppo-000001.pt"

@@ -143,6 +143,7 @@ def test_a_read_only_checkpoint_directory_is_an_output_error_naming_it(tmp_path,
         "Permission denied" in err, err
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_a_study_run_whose_group_write_fails_is_not_complete_and_resume_runs_it(tmp_path, monkeypatch, capsys):
     out = tmp_path / "s.h5"

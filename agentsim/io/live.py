@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -50,6 +51,9 @@ class UncopiedError(OSError):
 # it) as often as this; HDF5's default, 100 tries with growing waits, holds a reader of a damaged
 # file (a full disk's) for minutes on every damaged block.
 _READ_ATTEMPTS = 10
+# A reader holds its lock on a file while it has the file open (``study status``, ``inspect``: a few
+# milliseconds); a writer that opens the file meanwhile tries again for this long before it gives up.
+LOCK_WAIT_SECONDS = 5.0
 
 
 @functools.cache
@@ -133,7 +137,7 @@ def reopen_to_write(path: str, mode: str, opener: Callable[..., h5py.File], **kw
         OSError: The file cannot be opened.
     """
     try:
-        return opener(path, mode, **kwargs)
+        return _when_unlocked(opener, path, mode, **kwargs)
     except OSError as e:
         if not marked_open(e):
             raise
@@ -153,7 +157,21 @@ def reopen_to_write(path: str, mode: str, opener: Callable[..., h5py.File], **kw
             raise UncopiedError(f"its writer stopped without closing it, and copying it into a fresh file "
                                 f"failed: {e}") from e
         raise
-    return opener(path, mode, **kwargs)
+    return _when_unlocked(opener, path, mode, **kwargs)
+
+
+def _when_unlocked(opener: Callable[..., h5py.File], path: str, mode: str, **kwargs: Any) -> h5py.File:
+    """``opener(path, mode, **kwargs)``, tried again every 50 ms for up to :data:`LOCK_WAIT_SECONDS`
+    while another process holds the file's lock (a reader that has it open for a moment).
+    """
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            return opener(path, mode, **kwargs)
+        except OSError as e:
+            if "unable to lock file" not in str(e).lower() or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def reopen_unshared(file: h5py.File, path: str, opener: Callable[..., h5py.File]) -> h5py.File:
