@@ -97,16 +97,18 @@ class Reader:
 
 
 def data_spans(path: str) -> list[tuple[str, int, int]]:
-    """(dataset, first byte, bytes in use) of every dataset with rows."""
+    """(dataset, first byte, bytes in use) of every chunk of every dataset with rows (uncompressed)."""
     import h5py
 
     spans: list[tuple[str, int, int]] = []
 
     def visit(name: str, obj: Any) -> None:
         if isinstance(obj, h5py.Dataset) and obj.shape and obj.shape[0]:
+            row_bytes = obj.dtype.itemsize * int(np.prod(obj.shape[1:]))
             for i in range(obj.id.get_num_chunks()):
-                info = obj.id.get_chunk_info(i)
-                spans.append((name, info.byte_offset, min(info.size, obj[...].nbytes)))
+                info = obj.id.get_chunk_info(i)  # (a chunk past the last row holds none in use)
+                rows_from_here = max(0, obj.shape[0] - info.chunk_offset[0])
+                spans.append((name, info.byte_offset, min(info.size, rows_from_here * row_bytes)))
 
     with h5py.File(path, "r") as f:
         f.visititems(visit)

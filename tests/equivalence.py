@@ -55,6 +55,26 @@ def h5_datasets(path: str) -> dict[str, np.ndarray]:
     return out
 
 
+def same_values(a: Any, b: Any) -> bool:
+    """Whether two values a reader served are the same: dicts with the same keys, lists of the same
+    length, arrays of the same dtype and values, other values equal, all the way down.
+    """
+    if isinstance(a, dict):
+        return isinstance(b, dict) and sorted(a) == sorted(b) and all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return bool(a == b)
+
+
+def flip_bit(data: bytes, at: int, bit: int) -> bytes:
+    """``data`` with bit ``bit`` of byte ``at`` flipped (the bit-flip tests of files)."""
+    flipped = bytearray(data)
+    flipped[at] ^= 1 << bit
+    return bytes(flipped)
+
+
 def assert_same_bits(a: dict[str, np.ndarray], b: dict[str, np.ndarray], what: str) -> None:
     assert sorted(a) == sorted(b), what
     for k in a:

@@ -13,6 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from equivalence import flip_bit, same_values
 
 from agentsim.cli.main import main
 from agentsim.errors import OutputError
@@ -136,16 +137,6 @@ def _study_values(path) -> list:
             data.summary, data.bands]
 
 
-def _equal(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and sorted(a) == sorted(b) and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return a == b
-
-
 def test_a_flipped_bit_in_a_study_file_is_an_error_or_changes_nothing(made, tmp_path):
     """Every dataset has a checksum and the metadata is HDF5's checksummed v110 format: a bit
     flipped anywhere in the file is refused in one line or lands where nothing is read."""
@@ -155,18 +146,16 @@ def test_a_flipped_bit_in_a_study_file_is_an_error_or_changes_nothing(made, tmp_
     rng = np.random.default_rng(0)
     outcomes = {"refused": 0, "unchanged": 0}
     for trial in range(40):
-        flipped = bytearray(data)
         at = int(rng.integers(len(data)))
-        flipped[at] ^= 1 << int(rng.integers(8))
         path = tmp_path / f"flip{trial}.h5"
-        path.write_bytes(bytes(flipped))
+        path.write_bytes(flip_bit(data, at, int(rng.integers(8))))
         try:
             got = _study_values(path)
         except OutputError as e:
             assert "\n" not in str(e)
             outcomes["refused"] += 1
             continue
-        assert _equal(got, want), f"byte {at} of {len(data)}: a flipped bit read as data"
+        assert same_values(got, want), f"byte {at} of {len(data)}: a flipped bit read as data"
         outcomes["unchanged"] += 1
     assert outcomes["refused"] >= 10, outcomes
 
@@ -185,4 +174,4 @@ def test_a_run_whose_series_fails_its_checksum_runs_again_on_resume(made, tmp_pa
     assert main(["sweep", "randomwalk", "--agents", "40", "--steps", "3", "--seeds", "1,2", "--quiet",
                  "--out", str(path), "--resume"]) == 0
     assert "rebuilt it with the 1 complete runs that read back" in capsys.readouterr().err
-    assert _equal(_study_values(path), _study_values(study))
+    assert same_values(_study_values(path), _study_values(study))

@@ -5,18 +5,24 @@ fail theirs, and files of format version 1 still read and resume.
 
 from __future__ import annotations
 
+import sys
 import zlib
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import torch
-from equivalence import assert_same_bits, h5_datasets
+from equivalence import assert_same_bits, flip_bit, h5_datasets, same_values
 
 from agentsim.cli.main import main
 from agentsim.errors import OutputError
 from agentsim.io.hdf5 import FORMAT_VERSION, TrajectoryWriter, read_trajectory
 from agentsim.io.tables import read_frames
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from stress_trajectory_flips import data_spans
 
 
 @pytest.fixture(scope="module")
@@ -42,45 +48,17 @@ def _values(path) -> dict:
     return out
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return bool(a == b)
-
-
-def _data_bytes(path) -> list[tuple[str, int, int]]:
-    """(dataset, first byte, bytes in use) of every dataset outside /perf that holds rows."""
-    spans: list[tuple[str, int, int]] = []
-
-    def visit(name, obj):
-        if isinstance(obj, h5py.Dataset) and not name.startswith("perf") and obj.shape[0]:
-            info = obj.id.get_chunk_info(0)
-            spans.append((name, info.byte_offset, min(info.size, obj[...].nbytes)))
-
-    with h5py.File(path, "r") as f:
-        f.visititems(visit)
-    return spans
-
-
-def _flipped(data: bytes, at: int, bit: int) -> bytes:
-    flipped = bytearray(data)
-    flipped[at] ^= 1 << bit
-    return bytes(flipped)
-
-
 @pytest.mark.timeout(120)
 def test_a_flipped_bit_in_the_data_a_reader_serves_is_refused_in_one_line(wolfsheep, tmp_path):
     data = wolfsheep.read_bytes()
-    spans = _data_bytes(wolfsheep)
+    spans = [s for s in data_spans(str(wolfsheep)) if not s[0].startswith("perf")]
     assert {name.split("/")[-1] for name, _, _ in spans} >= {"checksums", "step", "uid", "energy", "grass"}
     rng = np.random.default_rng(1)
     for trial in range(40):
         name, first, used = spans[int(rng.integers(len(spans)))]
         at = first + int(rng.integers(used))  # a byte of `name` that a reader serves
         path = tmp_path / f"flip{trial}.h5"
-        path.write_bytes(_flipped(data, at, int(rng.integers(8))))
+        path.write_bytes(flip_bit(data, at, int(rng.integers(8))))
         with pytest.raises(OutputError) as caught:
             _values(path)
         assert name and "\n" not in str(caught.value), str(caught.value)
@@ -96,7 +74,7 @@ def test_a_flipped_bit_anywhere_in_a_trajectory_is_an_error_or_changes_nothing(w
     for trial in range(40):
         at = int(rng.integers(len(data)))
         path = tmp_path / f"flip{trial}.h5"
-        path.write_bytes(_flipped(data, at, int(rng.integers(8))))
+        path.write_bytes(flip_bit(data, at, int(rng.integers(8))))
         try:
             got = _values(path)
         except OutputError as e:
@@ -108,7 +86,7 @@ def test_a_flipped_bit_anywhere_in_a_trajectory_is_an_error_or_changes_nothing(w
             got["perf"] = want["perf"]
         else:
             outcomes["unchanged"] += 1
-        assert _same(got, want), f"byte {at} of {len(data)}: a flipped bit read as data"
+        assert same_values(got, want), f"byte {at} of {len(data)}: a flipped bit read as data"
 
 
 def test_the_checksums_are_crc32_of_the_bytes_as_the_format_says(wolfsheep):
@@ -175,7 +153,7 @@ def test_a_file_of_format_version_1_reads_and_resumes_without_checksums(tmp_path
     _as_version_1(path)
     _as_version_1(whole)
     old = _values(path)
-    assert old["attrs"]["format_version"] == 1 and _same(old["metrics"], _values(whole)["metrics"])
+    assert old["attrs"]["format_version"] == 1 and same_values(old["metrics"], _values(whole)["metrics"])
     assert main([*run, "--resume", str(ck / "step-00000004"), "--out", str(path)]) == 0
     resumed = _values(path)
     assert resumed["attrs"]["format_version"] == 1
@@ -183,7 +161,7 @@ def test_a_file_of_format_version_1_reads_and_resumes_without_checksums(tmp_path
         assert "checksums" not in f["metrics"] and "checksums" not in f["agents/sheep"]
     for key in old:
         if key not in ("attrs", "perf"):
-            assert _same(resumed[key], old[key]), key
+            assert same_values(resumed[key], old[key]), key
 
 
 def test_an_int_metric_that_turns_float_keeps_every_row_checked(tmp_path):

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
 import os
@@ -1374,25 +1375,21 @@ class Trajectory:
         with _open(self.path) as f:
             try:
                 for population, pop in self._pops.items():
-                    if not pop.checked:
-                        continue
-                    g = f["agents"][population]
-                    checks = g[CHECKSUMS][:len(pop.steps)]
-                    for k, step in enumerate(pop.steps.tolist()):
-                        lo, hi = int(pop.offsets[k]), int(pop.offsets[k + 1])
-                        check_frame(step, checks[k], sorted(pop.fields), {n: g[n][lo:hi] for n in pop.fields},
-                                    f"'{self.path}' is damaged: agents '{population}' at step {step}")
-                        frames += 1
+                    if pop.checked:
+                        g = f["agents"][population]
+                        frames += check_frames(pop.steps, g[CHECKSUMS][:len(pop.steps)], pop.fields,
+                                               ({n: g[n][lo:hi] for n in pop.fields}
+                                                for lo, hi in itertools.pairwise(pop.offsets.tolist())),
+                                               f"'{self.path}' is damaged: agents '{population}'")
                 if self._env_checked:
-                    checks = f["env"][CHECKSUMS][:len(self._env_steps)]
-                    for k, step in enumerate(self._env_steps.tolist()):
-                        check_frame(step, checks[k], sorted(self.env_names),
-                                    {n: f["env"][n][k] for n in self.env_names},
-                                    f"'{self.path}' is damaged: env at step {step}")
-                        frames += 1
+                    env = f["env"]
+                    frames += check_frames(self._env_steps, env[CHECKSUMS][:len(self._env_steps)], self.env_names,
+                                           ({n: env[n][k] for n in self.env_names}
+                                            for k in range(len(self._env_steps))),
+                                           f"'{self.path}' is damaged: env")
+            except OutputError:
+                raise
             except (KeyError, OSError) as e:
-                if isinstance(e, OutputError):
-                    raise
                 raise OutputError(f"'{self.path}' is damaged: a frame does not read "
                                   f"({_why(e) if isinstance(e, OSError) else e})") from e
         return frames
@@ -1519,6 +1516,26 @@ def _frames_checked(k: int, group: h5py.Group, checked: bool, complete: bool, pa
     if complete and have < k:
         raise OutputError(f"'{path}' is damaged: {group.name} has {k} frames but checksums for {have}")
     return min(k, have)
+
+
+def check_frames(steps: np.ndarray, stored: np.ndarray, fields: Sequence[str],
+                 frames: Iterable[Mapping[str, np.ndarray]], what: str) -> int:
+    """Check frames one after the other (:func:`check_frame`), each read only when its turn comes.
+
+    Args:
+        steps: The frames' steps, ``[K]``.
+        stored: Their rows of a ``checksums`` dataset, uint32 ``[K, F]``.
+        fields: The F field names (any order).
+        frames: Each frame's values of some of those fields, in the order of ``steps``.
+        what: The start of the error message (the file and the population or env).
+
+    Returns:
+        The number of frames checked.
+    """
+    order, k = sorted(fields), 0
+    for k, (step, values) in enumerate(zip(steps.tolist(), frames, strict=True), start=1):
+        check_frame(step, stored[k - 1], order, values, f"{what} at step {step}")
+    return k
 
 
 def check_frame(step: int, stored: np.ndarray, order: Sequence[str], values: Mapping[str, np.ndarray],

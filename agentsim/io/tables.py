@@ -17,7 +17,7 @@ import numpy as np
 
 from agentsim.errors import ConfigError, OutputError, did_you_mean
 from agentsim.io.checksums import CHECKSUMS
-from agentsim.io.hdf5 import CHECKSUMS_SINCE, Trajectory, check_frame, read_trajectory
+from agentsim.io.hdf5 import CHECKSUMS_SINCE, Trajectory, check_frames, read_trajectory
 from agentsim.io.live import open_to_read
 
 if TYPE_CHECKING:
@@ -201,17 +201,18 @@ def read_frames(path: str | os.PathLike[str], population: str | None = None) -> 
             env = {name: np.asarray(f["env"][name][: len(env_steps)]) for name in traj.env_names}
             checked = traj.attrs.get("format_version", 1) >= CHECKSUMS_SINCE
             checks = g[CHECKSUMS][:n_frames] if checked else None
-            env_checks = f["env"][CHECKSUMS][: len(env_steps)] if checked and env else []
+            env_checks = f["env"][CHECKSUMS][: len(env_steps)] if checked and env else None
     except (KeyError, OSError) as e:
         raise OutputError(f"'{traj.path}' is damaged: cannot read the frames of '{population}' ({e})") from e
     if checks is not None:  # every frame against its checksums
-        order, columns = sorted(["uid", *fields]), {"uid": uid_rows, **values}
-        for k, (lo, hi) in enumerate(itertools.pairwise(offsets)):
-            check_frame(int(steps[k]), checks[k], order, {n: v[lo:hi] for n, v in columns.items()},
-                        f"'{traj.path}' is damaged: agents '{population}' at step {int(steps[k])}")
-    for k, check in enumerate(env_checks):
-        check_frame(int(env_steps[k]), check, sorted(env), {n: v[k] for n, v in env.items()},
-                    f"'{traj.path}' is damaged: env at step {int(env_steps[k])}")
+        columns = {"uid": uid_rows, **values}
+        check_frames(steps, checks, list(columns), ({n: v[lo:hi] for n, v in columns.items()}
+                                                    for lo, hi in itertools.pairwise(offsets)),
+                     f"'{traj.path}' is damaged: agents '{population}'")
+    if env_checks is not None:
+        check_frames(env_steps, env_checks, list(env),
+                     ({n: v[k] for n, v in env.items()} for k in range(len(env_steps))),
+                     f"'{traj.path}' is damaged: env")
 
     uids = np.unique(uid_rows)
     frame_of_row = np.repeat(np.arange(n_frames), np.diff(offsets))
