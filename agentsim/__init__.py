@@ -13,6 +13,9 @@ See the README for a tour.
 
 from __future__ import annotations
 
+import dis
+import inspect
+
 from agentsim._version import __version__
 from agentsim.core import ops
 from agentsim.core.catalog import get_model
@@ -41,7 +44,9 @@ from agentsim.runner.launch import LaunchResult, launch
 from agentsim.space.continuous import Box, CellGrid, radius_pair_chunks, radius_pairs
 from agentsim.space.graph import Graph, erdos_renyi, from_edge_list_csv, layered_contacts, watts_strogatz
 from agentsim.space.grid import Grid
+from agentsim.space.line import Line
 from agentsim.space.neighbors import PairView, neighbor_reduce
+from agentsim.space.ordered import Nearest, nearest
 from agentsim.study import Study, read_study, sweep
 from agentsim.threads import cap_threads
 
@@ -63,14 +68,17 @@ __all__ = [
     "Grid",
     "InitContext",
     "LaunchResult",
+    "Line",
     "Metric",
     "MetricsContext",
     "Model",
+    "Nearest",
     "OutputError",
     "PairView",
     "Param",
     "Params",
     "Population",
+    "RemovedNameError",
     "RunResult",
     "RunSpec",
     "Simulation",
@@ -86,6 +94,7 @@ __all__ = [
     "get_model",
     "launch",
     "layered_contacts",
+    "nearest",
     "neighbor_reduce",
     "ops",
     "radius_pair_chunks",
@@ -106,10 +115,33 @@ _REMOVED = {
 }
 
 
+class RemovedNameError(AttributeError):
+    """A name of release 0.1 that 0.3 removed, with what to write instead (an AttributeError: ``hasattr``,
+    IDEs and documentation tools treat the name as absent).
+    """
+
+
+def _importing_from() -> bool:
+    """Whether the attribute is asked by ``from agentsim import NAME`` (the caller's instruction is
+    IMPORT_FROM, whose AttributeError Python replaces by a bare "cannot import name").
+    """
+    here = inspect.currentframe()
+    try:  # this function's frame, then __getattr__'s, then the code reading the name
+        frame = here.f_back.f_back  # type: ignore[union-attr]
+        return dis.opname[frame.f_code.co_code[frame.f_lasti]] == "IMPORT_FROM"  # type: ignore[union-attr]
+    except (AttributeError, IndexError, ValueError):  # another Python: the plain AttributeError
+        return False
+    finally:
+        del here
+
+
 def __getattr__(name: str) -> object:
-    """The names of release 0.1 that 0.3 removed raise an ImportError saying what to write instead
-    (an ImportError, not an AttributeError, so that ``from agentsim import Registry`` shows it too).
+    """The names of release 0.1 that 0.3 removed say what to write instead: a
+    :class:`RemovedNameError` (an AttributeError) for ``agentsim.NAME``, an ImportError with the same
+    text for ``from agentsim import NAME``.
     """
     if name in _REMOVED:
-        raise ImportError(_REMOVED[name], name=name)
+        if _importing_from():
+            raise ImportError(_REMOVED[name], name=name)
+        raise RemovedNameError(_REMOVED[name], name=name)
     raise AttributeError(f"module 'agentsim' has no attribute {name!r}")

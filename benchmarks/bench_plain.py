@@ -6,7 +6,8 @@ same algorithm, in alternating rounds.
   they share and eat, divisions and deaths (100 steps);
 - ``traffic``: one-lane Nagel-Schreckenberg traffic, 200,000 cars on a ring of 1,000,000 cells
   (100 steps);
-- ``metapop``: a metapopulation SEIR, 1,000,000 people in 1,000 cities, daily travel (50 days).
+- ``metapop``: a metapopulation SEIR, 1,000,000 people in 1,000 cities, daily travel (50 days);
+- ``traffic10m``: the traffic model on a ring of 10,000,000 cells with 2,000,000 cars (100 steps).
 
 Each measurement is a fresh process that imports its side, then times ``run(steps, seed)`` (the
 model's set-up and every step: what a user waits for). agentsim runs with one thread
@@ -35,36 +36,43 @@ from bench_peers import checkout_env, child_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-MODELS = {"bacteria": 100, "traffic": 100, "metapop": 50}  # model: steps
+# name: (the model's file in plain/, steps, sizes passed to run())
+MODELS: dict[str, tuple[str, int, dict[str, int]]] = {
+    "bacteria": ("bacteria", 100, {}), "traffic": ("traffic", 100, {}), "metapop": ("metapop", 50, {}),
+    "traffic10m": ("traffic", 100, {"length": 10_000_000, "agents": 2_000_000}),
+}
+DEFAULT_MODELS = ("bacteria", "traffic", "metapop")
 SIDES = ("numpy", "agentsim-1", "agentsim")  # NumPy; agentsim on one thread; agentsim's default threads
 
 _TIMED = """
 import importlib.util, json, sys, time
-name, steps, side = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+name, steps, side, sizes = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[5])
 path = f"{sys.argv[4]}/{name}{'_numpy' if side == 'numpy' else ''}.py"
 spec = importlib.util.spec_from_file_location(name, path)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 t0 = time.perf_counter()
-out = module.run(steps, 1)
+out = module.run(steps, 1, **sizes)
 seconds = time.perf_counter() - t0
 last = {k: float(v[-1]) for k, v in out.items()}
 print(json.dumps({"seconds": seconds, "last": last}))
 """
 
 
-def _measure(name: str, steps: int, side: str) -> dict[str, Any]:
+def _measure(name: str, side: str) -> dict[str, Any]:
+    file, steps, sizes = MODELS[name]
     single = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     env = checkout_env(ROOT)
     if side != "agentsim":
         env.update(single, AGENTSIM_THREADS="1")
-    return child_json([sys.executable, "-c", _TIMED, name, str(steps), side, str(HERE / "plain")], env=env)
+    return child_json([sys.executable, "-c", _TIMED, file, str(steps), side, str(HERE / "plain"), json.dumps(sizes)],
+                      env=env)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated: " + ", ".join(MODELS))
     p.add_argument("--out", required=True)
     args = p.parse_args()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -75,7 +83,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name in names:
             for side in (SIDES if r % 2 == 0 else SIDES[::-1]):  # alternating order
-                got = _measure(name, MODELS[name], side)
+                got = _measure(name, side)
                 rounds.append({"round": r, "model": name, "side": side, **got})
                 print(json.dumps(rounds[-1]), flush=True)
     summary: dict[str, Any] = {}
@@ -84,7 +92,7 @@ def main() -> None:
                                        and "seconds" in x) for side in SIDES}
         last = {side: next(x["last"] for x in rounds if x["model"] == name and x["side"] == side and "last" in x)
                 for side in SIDES}
-        summary[name] = {"steps": MODELS[name], "seconds": med,
+        summary[name] = {"steps": MODELS[name][1], "sizes": MODELS[name][2], "seconds": med,
                          "agentsim_one_thread_over_numpy": med["agentsim-1"] / med["numpy"],
                          "agentsim_default_over_numpy": med["agentsim"] / med["numpy"], "last_step": last}
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,

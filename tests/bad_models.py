@@ -120,3 +120,50 @@ def pay(ctx: asim.Context) -> None:
 
 
 forgetful.init(_grid_agents)
+
+
+# 7. Every agent in the first row of the grid: strips (blocks of rows) leave them all on one process.
+huddled = asim.Model("huddled")
+huddled.substep(writes=["agent.cell"], name="walk")(_walk)
+
+
+@huddled.init
+def _huddled_agents(ic: asim.InitContext) -> asim.Grid:
+    grid = asim.Grid((SIDE, SIDE))
+    uid = ic.uids("agent", ic.n_agents)
+    ic.add("agent", uid=uid, cell=uid % SIDE, wealth=torch.zeros(ic.n_agents, dtype=torch.int64))
+    return grid
+
+
+@huddled.substep(reads=["agent.cell"], writes=["agent.cell"], name="stay")
+def _stay(ctx: asim.Context) -> None:
+    a = ctx["agent"]
+    a["cell"] = a["cell"] % SIDE  # back to the first row
+
+
+# 8. Traffic on a (L, 1) grid that declares reach moore:1 but looks vmax = 5 cells ahead: the cars start
+#    at rest, so the reads beyond one cell change nothing until they have sped up (about step 10).
+ROAD = 600
+slow_start = asim.Model("slow_start")
+
+
+@slow_start.init
+def _cars_at_rest(ic: asim.InitContext) -> asim.Grid:
+    road = asim.Grid((ROAD, 1))
+    uid = ic.uids("car", ic.n_agents)
+    cell = torch.argsort(ic.rng.bits(torch.arange(ROAD), "place"), stable=True)[: ic.n_agents]
+    ic.add("car", uid=uid, cell=cell, v=torch.zeros(ic.n_agents, dtype=torch.int64))
+    return road
+
+
+@slow_start.substep(reads=["car.cell", "car.v"], writes=["car.v", "car.cell"], neighbors={"car": ["cell"]},
+                    reach="moore:1")
+def _drive_blind(ctx: asim.Context) -> None:
+    car, road = ctx["car"], ctx.space
+    occupied = road.occupancy(ctx.neighbors("car")["cell"]) > 0
+    blocked = occupied[road.cell_index(car["cell"][:, None] + torch.arange(1, 6), 0)]  # 5 cells ahead
+    gap = torch.where(blocked.any(1), blocked.to(torch.int8).argmax(1), 5)
+    v = torch.minimum(torch.clamp(car["v"] + 1, max=5), gap)
+    v = torch.where((v > 0) & (ctx.rng.uniform(car["uid"]) < 0.3), v - 1, v)
+    car["v"] = v
+    car["cell"] = road.cell_index(car["cell"] + v, 0)

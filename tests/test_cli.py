@@ -171,3 +171,20 @@ def test_config_file_carries_the_multi_rank_options(tmp_path, capsys):
     bad.write_text('model = "boids"\npartition = "spatail"\n')
     assert main(["run", "--config", str(bad)]) == 2
     assert "unknown partition 'spatail'" in capsys.readouterr().err
+
+
+def test_the_run_header_counts_the_agents_init_built(tmp_path, capsys):
+    model_file = tmp_path / "pairs.py"
+    model_file.write_text(
+        "import torch\nimport agentsim as asim\n"
+        "MODEL = asim.Model('pairs')\n"
+        "@MODEL.init\n"
+        "def init(ic):\n"
+        "    ic.add('a', uid=ic.uids('a', 2 * ic.n_agents), w=torch.zeros(2 * ic.n_agents))  # two per agent asked\n"
+        "@MODEL.substep(reads=['a.w'], writes=['a.w'])\n"
+        "def grow(ctx):\n"
+        "    ctx['a']['w'] = ctx['a']['w'] + 1.0\n")
+    assert main(["run", f"{model_file}:MODEL", "--agents", "10000", "--steps", "2"]) == 0
+    assert capsys.readouterr().out.startswith("pairs: 20,000 agents (--agents 10000), 2 steps")
+    assert main(["run", f"{model_file}:MODEL", "--agents", "500", "--steps", "2", "--nprocs", "2"]) == 0
+    assert capsys.readouterr().out.startswith("pairs: 1,000 agents (--agents 500), 2 steps")

@@ -441,7 +441,8 @@ def test_inputs_read_otherwise_or_not_at_all_on_one_process_stop_every_process(t
 
 
 # Another model of my own, from the how-to (docs/howto/synthetic-population.md): colds in households
-# of a synthetic population, each process building only its localities (ic.share()).
+# of a synthetic population, each process building only its localities (ic.share()); a 4 x 4 grid of
+# localities, so that strips split it on 4 processes.
 shared_colds = Model("shared_colds", default_agents=6000)
 
 
@@ -451,9 +452,9 @@ def _colds(ic):
     from agentsim.population import locality_grid, partition_localities, synthesize
 
     rank, world_size = ic.share()
-    grid = locality_grid(ic.n_agents, ic.seed, people_per_locality=1000)
+    grid = locality_grid(ic.n_agents, ic.seed, people_per_locality=400)
     mine = torch.nonzero(partition_localities(grid, world_size) == rank).flatten()
-    pop = synthesize(ic.n_agents, seed=ic.seed, people_per_locality=1000, localities=mine)
+    pop = synthesize(ic.n_agents, seed=ic.seed, people_per_locality=400, localities=mine)
     ic.add("person", uid=pop.uid, household=pop.household, cell=pop.locality.long(),
            sick=ic.rng.uniform(pop.uid, "sick") < 0.05)
     return Grid(grid.shape, periodic=False)

@@ -9,20 +9,23 @@ import pytest
 
 from agentsim.cli.main import main
 from agentsim.core.catalog import BUILTIN
-from agentsim.runner.invariance import check_model
+from agentsim.runner.invariance import CHECK_STEPS, check_model
 
 SMALL = {"agents": 120, "steps": 6}
+# covid builds each process's people by locality: enough localities at 120 people that every process gets some
+PARAMS = {"covid": {"people_per_locality": 15}}
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(BUILTIN))
 def test_every_reference_model_passes_agentsim_check(name):
-    report = check_model(name, **SMALL)
+    report = check_model(name, params=PARAMS.get(name), **SMALL)
     assert report.identical, report.summary()
     assert "W = 2, data" in report.runs and "W = 3, data" in report.runs
     assert any(r.startswith("resumed at step 3") for r in report.runs)
-    if name not in ("flu", "spillover", "covid"):  # models with agents outside a space (or no space)
+    if name not in ("flu", "spillover"):  # models with agents outside a space (or no space)
         assert "W = 3, spatial" in report.runs, report.runs
+    assert not report.unsplit and all(min(counts) > 0 for counts in report.splits.values()), report.splits
 
 
 def test_a_reach_too_small_is_caught_by_the_check_mode_first():
@@ -58,3 +61,29 @@ def test_the_cli_prints_the_verdict_and_exits_0_or_1(capsys):
                           "on W = 2): randomwalk, 60 agents, 3 steps, 1 substep")
     assert main(["check", "bad_models:local_sum", "--agents", "30", "--steps", "2"]) == 1
     assert "contract broken" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_a_partition_that_split_nothing_is_not_called_tested(capsys):
+    report = check_model("bad_models:huddled", **SMALL)
+    assert not report.identical and report.contract is None and report.divergence is None
+    assert "W = 2, spatial" in report.unsplit and "W = 3, spatial" in report.unsplit
+    assert not any(r.endswith("data") for r in report.unsplit)
+    assert report.splits["W = 2, data"] == [60, 60] and report.splits["W = 2, spatial"] == [120, 0]
+    text = report.summary()
+    assert text.startswith("not a test of the partition") and "'W = 2, spatial'" in text
+    assert "agentsim check --partition data" in text
+    assert main(["check", "bad_models:huddled", "--agents", "40", "--steps", "2", "--world-sizes", "1,2",
+                 "--partition", "data", "--no-resume"]) == 0
+    out = capsys.readouterr().out
+    assert "identical on W = 1, 2 (data)" in out and "W = 2, data: 20 + 20" in out
+
+
+@pytest.mark.timeout(300)
+def test_the_default_check_is_long_enough_for_cars_to_speed_up():
+    """A reach too short for cars that start at rest changes nothing for the first steps: 10 steps pass
+    it, the default finds it once the cars have sped up."""
+    assert check_model("bad_models:slow_start", agents=300, steps=10, world_sizes=(1,)).identical
+    report = check_model("bad_models:slow_start", agents=300, world_sizes=(1,))
+    assert report.steps == CHECK_STEPS and report.contract is not None, report.summary()
+    assert "substep '_drive_blind'" in report.contract and "declared reach 'moore:1'" in report.contract

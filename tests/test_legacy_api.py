@@ -66,6 +66,12 @@ def ported_model():
     return importlib.reload(importlib.import_module("legacy_readme_port")).model
 
 
+def test_a_removed_name_is_absent_to_hasattr_and_explained_when_read():
+    assert not hasattr(asim, "Registry") and getattr(asim, "ParamSpec", None) is None
+    with pytest.raises(AttributeError, match=r"agentsim\.Registry was removed in 0\.3"):
+        asim.Registry  # noqa: B018
+
+
 def test_the_old_readme_example_fails_at_its_import_line_saying_what_to_write():
     with pytest.raises(ImportError, match=r"agentsim\.(ParamSpec|Registry) was removed in 0\.3: .*CHANGELOG\.md"):
         exec(compile(README_0_1, "README.md (0.1)", "exec"), {"__name__": "readme_0_1"})
@@ -120,9 +126,9 @@ def init(ic):
 
 
 @pytest.mark.parametrize(("build", "error", "message"), [
-    (lambda: asim.Registry, ImportError,
+    (lambda: asim.Registry, asim.RemovedNameError,
      r"^agentsim\.Registry was removed in 0\.3: declare substeps on the model with @model\.substep\(\.\.\.\)"),
-    (lambda: asim.ParamSpec, ImportError,
+    (lambda: asim.ParamSpec, asim.RemovedNameError,
      r"^agentsim\.ParamSpec was removed in 0\.3: pass the parameters as a dict, agentsim\.Model\(name, params="),
     (lambda: asim.Model("m", object(), ["step"], {}, init), ConfigError,
      r"^Model\(name, registry, substeps, params, init, \.\.\.\) was removed in 0\.3: write Model\(name, "

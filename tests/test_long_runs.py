@@ -200,3 +200,22 @@ def test_a_rendezvous_with_nobody_listening_fails_within_the_timeout(host):
     with pytest.raises(NetworkError, match=f"process group rendezvous at {host}:{port} .*rank 1 of 2"):
         init(1, 2, host, port, timeout=2)
     assert time.perf_counter() - t0 < 2 + 5
+
+
+def test_a_slow_trial_build_is_not_estimated(monkeypatch):
+    """A model whose init visits a large space costs as much at 1,000 agents as at any size: one
+    trial build past TRIAL_SECONDS, and no estimate (not two more builds of that cost)."""
+    from agentsim.engine import memory
+
+    builds = []
+    model = asim.get_model("sir")
+    real = model.build
+
+    def slow_build(ic):
+        builds.append(ic.n_agents)
+        time.sleep(memory.TRIAL_SECONDS + 0.05)
+        return real(ic)
+
+    monkeypatch.setattr(model, "build", slow_build)
+    assert estimate_bytes(model, model.params, 10**10) is None
+    assert builds == [memory.TRIAL_AGENTS]

@@ -76,6 +76,7 @@ from typing import Any
 
 from agentsim.engine.stops import Terminated, exit_status, graceful_stops, requested, signal_name, terminate_on_sigterm
 from agentsim.errors import AgentsimError, ConfigError, RunStopped, memory_text, out_of_memory
+from agentsim.runner.invariance import CHECK_STEPS
 from agentsim.threads import configured_threads
 
 
@@ -90,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(rows shuffled, resumed) and say whether the bits are the same")
     check.add_argument("model", help="model name, module:ATTR or file.py:ATTR")
     check.add_argument("--agents", type=int, default=1000, help="number of agents (default 1000)")
-    check.add_argument("--steps", type=int, default=10, help="number of steps (default 10)")
+    check.add_argument("--steps", type=int, default=CHECK_STEPS,
+                       help=f"number of steps (default {CHECK_STEPS}: motion that builds up over steps, such as "
+                            "agents speeding up from rest, has built up)")
     check.add_argument("--seed", type=int, default=1, help="run seed (default 1)")
     check.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
                        help="set a model parameter (repeatable)")
@@ -529,9 +532,11 @@ def _run_locked(args: argparse.Namespace, spec: Any) -> int:
     ranks = f", {nprocs} processes ({spec.partition_name} partition)" if nprocs > 1 else ""
     resumed = f" (resumed from {spec.resume} at step {total - spec.steps})" if spec.resume else ""
     device = str(resolve_device(spec.device)) if nprocs == 1 else spec.device
-    print(f"{model.name}: {agents} agents, {total} steps{resumed}, seed {spec.seed}, device {device}{ranks}")
+    built = result.agents if result.agents is not None else agents
+    asked = f" (--agents {agents})" if built != agents and not spec.resume else ""
+    print(f"{model.name}: {built:,} agents{asked}, {total} steps{resumed}, seed {spec.seed}, device {device}{ranks}")
     print(f"init {t_init:.2f} s; simulation {result.seconds:.2f} s ({rate:.1f} steps/s, "
-          f"{rate * agents:.3g} agent-updates/s)")
+          f"{rate * built:.3g} agent-updates/s)")
     print("final: " + ", ".join(f"{k}={_fmt(v)}" for k, v in last.items()))
     print(model.plan(result.timings))
     if result.threads:
@@ -589,7 +594,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     report = check_model(args.model, agents=args.agents, steps=args.steps, seed=args.seed,
                          params=_parse_sets(args.sets) or None, world_sizes=sizes, partitions=args.partitions,
                          resume=args.resume, timeout=args.timeout)
-    print(f"agentsim check: {report.summary()} [{time.perf_counter() - t0:.1f} s]")
+    first, _, rest = report.summary().partition("\n")
+    print(f"agentsim check: {first} [{time.perf_counter() - t0:.1f} s]" + (f"\n{rest}" if rest else ""))
     return 0 if report.identical else 1
 
 

@@ -78,6 +78,37 @@ from agentsim.space.base import Space, check_reaches
 __all__ = ["LAYOUTS", "SpatialPartition"]
 
 
+def check_layout_splits(space: Any, layout: str, world_size: int) -> None:
+    """Refuse a ``strips`` or ``blocks`` layout that would leave a rank without a region: an axis cut
+    into more parts than a grid has cells along it, or a line's missing second axis cut at all.
+
+    Raises:
+        ConfigError: naming the axis, its size and the layouts or shapes that split.
+    """
+    if world_size == 1:
+        return
+    parts = (world_size, 1) if layout == "strips" else geo.factor(world_size)
+    one_axis = getattr(space, "region_axes", 2) == 1
+    name = type(space).__name__
+    for axis, (p, size) in enumerate(zip(parts, space.region_extent, strict=True)):
+        if p == 1:
+            continue
+        if one_axis and axis == 1:
+            raise ConfigError(f"partition 'spatial': layout {layout!r} at W = {world_size} cuts a {p} x "
+                              f"{parts[0]} grid of blocks, but a {name} has one axis: use layout 'strips' or "
+                              "'rcb', which cut it into W stretches")
+        if space.discrete and size < p:
+            what = ("rows", "columns")[axis] if name == "Grid" else f"cells along axis {axis}"
+            other = ""
+            if name == "Grid":
+                h, w = space.shape
+                other = f", a Grid(({w}, {h})) turned round," if h < w and axis == 0 else ""
+            raise ConfigError(f"partition 'spatial': layout {layout!r} at W = {world_size} cuts axis {axis} "
+                              f"({what}) into {p} parts, but the {name} has {int(size)} {what}: some processes "
+                              f"would hold no region. Use layout 'rcb' (it cuts the longer axis){other} or fewer "
+                              "processes")
+
+
 class SpatialPartition(IdentityPartition):
     """Agents owned by region of space (see the module docstring).
 
@@ -158,7 +189,7 @@ class SpatialPartition(IdentityPartition):
     def bind(self, space: Any, params: Params | dict[str, Any]) -> None:
         """Attach the model's space and resolved parameters (:meth:`place` does it)."""
         if not isinstance(space, Space):
-            raise ConfigError(f"partition 'spatial' needs a space (a Box, Grid or Graph; got "
+            raise ConfigError(f"partition 'spatial' needs a space (a Box, Grid, Line or Graph; got "
                               f"{type(space).__name__}); use partition 'data'")
         self.space, self.params = space, params
 
@@ -191,6 +222,7 @@ class SpatialPartition(IdentityPartition):
                 self.regions = geo.bisection(*self._histogram2d(state, comm if shared else None), W,
                                              self.space.region_extent, self.space.periodic)
             else:
+                check_layout_splits(self.space, self.layout, W)
                 self.regions = geo.uniform(self.space.region_extent, W, self.layout, self.discrete,
                                            self.space.periodic)
         for name, pop in state.populations.items():
@@ -324,7 +356,7 @@ class SpatialPartition(IdentityPartition):
         field = pop[self.position[name]]
         mask = None
         for axis in geo.bordered_axes(self.regions, rank):
-            v = field[:, axis]
+            v = field[:, axis] if field.dim() == 2 else field  # a line's x: [n], one axis
             if v.dtype not in (torch.float32, torch.float64):
                 v = v.to(torch.float32)
             tol = 8 * torch.finfo(v.dtype).eps * (abs(lo[axis]) + abs(hi[axis]) + abs(width)) + 1e-30

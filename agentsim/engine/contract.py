@@ -58,6 +58,7 @@ from agentsim.core.substep import ENV, Substep, resolve_reach
 from agentsim.errors import ContractError
 from agentsim.space.continuous.box import Box
 from agentsim.space.grid import Grid
+from agentsim.space.line import Line
 
 __all__ = ["ContractChecks", "checked_env"]
 
@@ -267,6 +268,8 @@ class ContractChecks:
                 occupied = space.neighbor_sum(occupied.reshape(space.shape), "moore", int(value),
                                               include_center=True).reshape(-1) > 0
             return occupied[pop[field]]
+        if kind == "length" and isinstance(space, Line):
+            return _near_on_line(space, pop[field], target, value)
         if kind == "length" and isinstance(space, Box):
             near = torch.zeros(pop.n, dtype=torch.bool, device=pop[UID].device)
             rows = torch.nonzero(candidates).reshape(-1)
@@ -315,6 +318,25 @@ class ContractChecks:
             if int(got[r, -1]):
                 return bytes(got[r, :-1].tolist()).rstrip(b"\0").decode(errors="replace")
         return None
+
+
+def _near_on_line(line: Line, x: Tensor, target: Tensor, reach: float) -> Tensor:
+    """``[n]`` bool: which of the positions ``x`` lie within ``reach`` of one of ``target``, either way."""
+    if target.numel() == 0:
+        return torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    t = torch.sort(target.reshape(-1)).values
+    at = torch.searchsorted(t, x)
+    n = t.shape[0]  # the targets next above and below each position, round the ring when periodic
+    up = t[at.clamp(max=n - 1)]
+    down = t[(at - 1).clamp(min=0)]
+    if line.periodic:
+        up = torch.where(at < n, up, t[0])
+        down = torch.where(at > 0, down, t[-1])
+        gap = torch.minimum(line.ahead(x, up), line.ahead(down, x))
+        gap = torch.where((up == x) | (down == x), torch.zeros_like(gap), gap)
+    else:
+        gap = torch.minimum((up - x).abs(), (x - down).abs())
+    return gap.to(torch.float64) <= reach * (1 + 1e-9)
 
 
 # ---------------------------------------------------------------------- outcomes

@@ -23,7 +23,8 @@ Other populations and spaces (graphs, whose rows are already in node order; ``gl
 reach in a box) are left alone. The sort is stable, so ties keep their order. Results
 never depend on row order (models key every random draw by uid or cell and build pairs
 in canonical order; the tests check this by shuffling rows), so this changes run time
-only, never a result.
+only, never a result. Rows already in key order, or in key order turned round once (agents
+on a ring after some crossed its end), are left as they are.
 
 Examples:
     >>> from agentsim.engine.simulation import Simulation
@@ -59,6 +60,14 @@ def check_sort_every(every: object) -> int:
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ConfigError(f"sort_every: expected an int >= 0 (got {every!r})")
     return every
+
+
+def _in_order_turned(key: Tensor) -> bool:
+    """Whether ``key`` ``[n]`` is sorted, or sorted and turned round once (rows ``a..n-1`` then
+    ``0..a-1``, as on a ring after agents crossed its end): as local as sorted, so left as it is.
+    """
+    back = torch.nonzero(key[1:] < key[:-1]).reshape(-1)
+    return back.numel() == 0 or (back.numel() == 1 and bool(key[-1] <= key[0]))
 
 
 class LocalityOrder:
@@ -107,4 +116,7 @@ class LocalityOrder:
             pop = state.populations.get(name)
             if pop is None or self.keys[name] not in pop or pop.n < 2:
                 continue
-            pop.permute(torch.argsort(self.cell_id(name, pop), stable=True))
+            key = self.cell_id(name, pop)
+            if _in_order_turned(key):
+                continue
+            pop.permute(torch.argsort(key, stable=True))

@@ -12,7 +12,10 @@ is refused with a :class:`~agentsim.errors.ConfigError` that names both; a run t
 never refused by the estimate. ``AGENTSIM_MEMORY_CHECK=0`` turns the check off.
 
 It costs two small builds (milliseconds for the built-in models); it estimates, it does not
-reserve: other processes may take the memory afterwards.
+reserve: other processes may take the memory afterwards. A model whose build is not small at
+1,000 agents (its ``init`` takes more than :data:`TRIAL_SECONDS`, e.g. it visits every cell of
+a large space) is not estimated: the two trial builds would cost about twice the real one, and
+what such a build allocates does not grow with the agents the way the line assumes.
 
 Examples:
     >>> format_bytes(1.2e12), format_bytes(950)
@@ -22,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,10 +38,11 @@ if TYPE_CHECKING:
     from agentsim.core.params import Params
     from agentsim.core.state import State
 
-__all__ = ["STEP_FACTOR", "TRIAL_AGENTS", "available_bytes", "check_memory", "estimate_bytes", "format_bytes",
-           "state_bytes"]
+__all__ = ["STEP_FACTOR", "TRIAL_AGENTS", "TRIAL_SECONDS", "available_bytes", "check_memory", "estimate_bytes",
+           "format_bytes", "state_bytes"]
 
 TRIAL_AGENTS = 1000  # the small build's agents (and a second at twice as many); runs up to it are not checked
+TRIAL_SECONDS = 0.25  # a first trial build slower than this is not small: no estimate
 STEP_FACTOR = 1.5  # a step's temporaries on top of the state
 ENV_SWITCH = "AGENTSIM_MEMORY_CHECK"
 
@@ -104,7 +109,7 @@ def available_bytes(device: torch.device | None = None) -> tuple[int | None, str
 def estimate_bytes(model: Model, params: Params, agents: int, seed: int = 0) -> tuple[float, float] | None:
     """``(estimated bytes of the state at agents, bytes per agent)`` from two small trial
     builds, or None when the model does not build at the trial sizes (the real build then
-    reports its own error).
+    reports its own error) or its first trial build takes more than :data:`TRIAL_SECONDS`.
     """
     from agentsim.core.context import InitContext
     from agentsim.core.random import CounterRNG
@@ -116,7 +121,10 @@ def estimate_bytes(model: Model, params: Params, agents: int, seed: int = 0) -> 
             for n in sizes:
                 rng = CounterRNG(seed)
                 ic = InitContext(params, n, rng.at(0, "init"), torch.device("cpu"))
+                started = time.perf_counter()
                 state, _ = model.build(ic)
+                if time.perf_counter() - started > TRIAL_SECONDS:
+                    return None
                 measured.append(state_bytes(state))
                 del state
     except Exception:  # any failure: no estimate; the real build reports it

@@ -65,6 +65,7 @@ from agentsim.io.locks import lock_on_rank0
 from agentsim.io.recording import Recorder, check_every, recording, space_record
 from agentsim.space.base import check_reaches
 from agentsim.space.grid import Grid
+from agentsim.space.line import Line
 from agentsim.threads import ThreadGovernor
 
 if TYPE_CHECKING:
@@ -98,7 +99,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def check_positions(state: State, space: Any) -> None:
-    """Refuse initial agents placed outside the space (a grid's cells are 0 to n_cells - 1)."""
+    """Refuse initial agents placed outside the space (a grid's cells are 0 to n_cells - 1; a line's
+    positions are on it, of the dtype it holds).
+    """
+    if isinstance(space, Line):
+        for name, pop in state.populations.items():
+            if Line.position_field in pop and pop.n:
+                x = pop[Line.position_field]
+                if x.dim() != 1 or space.cells == x.dtype.is_floating_point:
+                    want = "int64 cells" if space.cells else "float positions"
+                    raise ConfigError(f"init: population '{name}': {space.describe()} places agents by 'x', "
+                                      f"{want} of shape [n] (got {x.dtype} of shape {tuple(x.shape)})")
+                bad = x[space.outside(x)]
+                if bad.numel():
+                    raise ConfigError(f"init: population '{name}' has an agent at x = {bad[0].item()}, "
+                                      f"outside {space.describe()}")
+        return
     if not isinstance(space, Grid):
         return
     for name, pop in state.populations.items():
@@ -162,6 +178,8 @@ class RunResult:
         groups: The cut of every group field summed with ``ctx.group_totals`` (share of members in
             groups that span ranks, ghost groups per rank: :func:`~agentsim.engine.perf.group_figures`;
             also attributes of the file's ``/perf``).
+        agents: The agents at the start of the run, of every population on every rank (what ``init``
+            built, for a run from step 0: it may differ from the ``agents`` asked for).
         threads: One line: the torch threads the steps ran with on the CPU, and why fewer than the
             cap where other processes kept cores busy (:class:`agentsim.threads.ThreadGovernor`);
             empty on a GPU or from :func:`agentsim.launch` (each process runs one thread).
@@ -179,6 +197,7 @@ class RunResult:
     comm_bytes: list[int] = field(default_factory=list)
     groups: dict[str, float] = field(default_factory=dict)
     threads: str = ""
+    agents: int | None = None
 
     def __repr__(self) -> str:
         steps = len(self.metrics.get("step", [])) - 1
@@ -799,7 +818,11 @@ class Simulation:
         return out
 
     def _position_flags(self, s: Substep) -> list[Flag]:
-        """On a grid: a flag per cell field ``s`` writes, set if it holds a cell outside the grid."""
+        """On a grid or a line: a flag per position field ``s`` writes, set if it holds a position
+        outside the space.
+        """
+        if isinstance(self.space, Line):
+            return self._line_flags(s, self.space)
         if not isinstance(self.space, Grid):
             return []
         flags = []
@@ -815,6 +838,21 @@ class Simulation:
                 flags.append(Flag(f"{s.name}: {ref} holds a cell outside the {self.space.height} x "
                                   f"{self.space.width} grid (valid: 0 to {self.space.n_cells - 1}; on a bounded "
                                   "grid neighbor_cells gives -1 for cells beyond the border)", bad))
+        return flags
+
+    def _line_flags(self, s: Substep, line: Line) -> list[Flag]:
+        flags = []
+        for ref in s.writes:
+            pop, key = ref.split(".")
+            if pop != ENV and key == Line.position_field:
+                x = self.state.populations[pop][key]
+                bad = torch.tensor(False)
+                if x.numel():
+                    low, high = torch.aminmax(x)  # one pass; a NaN makes both NaN
+                    end = int(line.length) if line.cells else line.length
+                    bad = ~(low >= 0) | (~(high < end) if line.periodic or line.cells else ~(high <= end))
+                flags.append(Flag(f"{s.name}: {ref} holds a position outside {line.describe()} (map positions "
+                                  "onto it with ctx.space.move(x, dx) or ctx.space.wrap(x))", bad))
         return flags
 
     def _nan_flags(self, s: Substep) -> list[Flag]:
@@ -979,6 +1017,8 @@ class Simulation:
         self._stop_signal = 0
         self._rows = []
         try:
+            held = torch.tensor([sum(p.n for p in self.state.populations.values())], dtype=torch.int64)
+            agents_at_start = int((held if self.comm.world_size == 1 else self.comm.sum_int64(held))[0])
             row = self.metrics()
             figs = self._figures
             first_perf, first_comm, first_totals = figs.taken, figs.comm_taken, dict(figs.substep_totals)
@@ -1047,7 +1087,8 @@ class Simulation:
         comm = figs.last(figs.comm, figs.comm_taken - first_comm)
         return RunResult(metrics, self.state, timings, t_run, recorder.path, self.model, self.comm.world_size,
                          figs.last(figs.perf, taken), [c.seconds for c in comm], [c.bytes_sent for c in comm],
-                         groups, self.threads.summary() if self.threads is not None and self.threads.active else "")
+                         groups, self.threads.summary() if self.threads is not None and self.threads.active else "",
+                         agents_at_start)
 
     def _stop_run(self, checkpoint: str | None) -> None:
         """End a run that was asked to stop (every rank after the same step, its final

@@ -29,6 +29,7 @@ from agentsim.io.hdf5 import TrajectoryWriter
 from agentsim.space.continuous import Box
 from agentsim.space.graph import Graph
 from agentsim.space.grid import Grid
+from agentsim.space.line import Line
 
 __all__ = ["FLUSH_SECONDS", "Frame", "Recorder", "Recording", "recording", "space_record"]
 
@@ -132,7 +133,8 @@ def check_every(every: object, name: str = "every") -> int | None:
 def space_record(space: object) -> dict[str, Any] | None:
     """What a trajectory file records of a model's space (its root attribute ``space``, JSON), so
     that figures draw it from the file alone: ``{"kind": "grid", "shape": [h, w], "periodic": ...}``,
-    ``{"kind": "box", "size": [...], "periodic": ...}``, ``{"kind": "graph", "nodes": n}``; None for
+    ``{"kind": "box", "size": [...], "periodic": ...}``, ``{"kind": "graph", "nodes": n}``,
+    ``{"kind": "line", "length": L, "periodic": ..., "cells": ...}``; None for
     no space or another kind.
     """
     if isinstance(space, Grid):
@@ -141,6 +143,9 @@ def space_record(space: object) -> dict[str, Any] | None:
         return {"kind": "box", "size": [float(x) for x in space.size], "periodic": bool(space.periodic)}
     if isinstance(space, Graph):
         return {"kind": "graph", "nodes": int(space.n_nodes)}
+    if isinstance(space, Line):
+        length = int(space.length) if space.cells else float(space.length)
+        return {"kind": "line", "length": length, "periodic": bool(space.periodic), "cells": bool(space.cells)}
     return None
 
 

@@ -15,6 +15,10 @@ After every substep of every step each run gathers its agents (uid-sorted) and e
 first process; they must equal the first run's, bit for bit. The first difference names the run,
 the step, the substep, the field and the agents, with what usually causes it there.
 
+Each run on several processes also counts the agents each process holds once they are placed
+(``"W = 2, spatial: 160 + 140"``). A run in which one process held every agent tested nothing
+of its partition: the check says so and fails (``agentsim check`` exits 1), naming the run.
+
 Examples:
     >>> from agentsim.models.randomwalk import MODEL
     >>> report = check_model(MODEL, agents=50, steps=2, world_sizes=(1,))
@@ -40,7 +44,12 @@ from agentsim.core.substep import Substep
 from agentsim.engine.simulation import Simulation
 from agentsim.errors import ConfigError, ContractError
 
-__all__ = ["CheckReport", "Divergence", "check_model"]
+__all__ = ["CHECK_STEPS", "CheckReport", "Divergence", "check_model"]
+
+#: The steps a check runs by default: long enough for motion that builds up over steps (a car that
+#: speeds up by one cell a step from rest to five reads five cells ahead only after five steps, and
+#: its reads beyond a too short reach change a result only once neighbours have sped up too).
+CHECK_STEPS = 30
 
 Trace = list[tuple[int, str, dict[str, np.ndarray]]]  # (step, substep, "pop.field"/"env.layer" -> values)
 
@@ -84,11 +93,22 @@ class CheckReport:
     resumed_at: int | None = None
     contract: str | None = None
     divergence: Divergence | None = None
+    #: Agents each process held once placed, per run on several processes.
+    splits: dict[str, list[int]] = field(default_factory=dict)
+    #: Partitions that apply to the model's populations but were not run, and why.
+    not_checked: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def unsplit(self) -> list[str]:
+        """The runs on several processes in which one process held every agent (none split)."""
+        return [run for run, counts in self.splits.items() if sum(counts) > 0 and max(counts) == sum(counts)]
 
     @property
     def identical(self) -> bool:
-        """Whether every run gave the one-process bits."""
-        return self.contract is None and self.divergence is None
+        """Whether every run gave the one-process bits, each run on several processes with its agents
+        split between them.
+        """
+        return self.contract is None and self.divergence is None and not self.unsplit
 
     def summary(self) -> str:
         """One line (identical) or the problem found, with its hint."""
@@ -98,12 +118,21 @@ class CheckReport:
             return f"contract broken ({size}):\n{self.contract}"
         if self.divergence is not None:
             return f"not identical ({size}):\n{self.divergence}"
+        split = "; ".join(f"{run}: {' + '.join(f'{c:,}' for c in counts)}" for run, counts in self.splits.items())
+        if self.unsplit:
+            runs = ", ".join(f"'{r}'" for r in self.unsplit)
+            return (f"not a test of the partition ({size}): in {runs} one process held every agent, so those runs "
+                    f"split nothing (agents per process: {split}). Check with more agents or a larger space (the "
+                    "spatial partitioner cuts the space's first axis into strips; blocks and rcb cut both), or "
+                    "leave a partition out (agentsim check --partition data)")
         extra = ["rows shuffled"]
         if self.resumed_at is not None:
             extra.append(f"resumed at step {self.resumed_at} on W = 2")
         parts = f" ({', '.join(self.partitions)})" if self.partitions else ""
         ws = ", ".join(map(str, self.world_sizes))
-        return f"identical on W = {ws}{parts} ({'; '.join(extra)}): {size}"
+        agents = f"\nagents per process once placed: {split}" if split else ""
+        skipped = "".join(f"\n{p} partition not checked: {why}" for p, why in self.not_checked.items())
+        return f"identical on W = {ws}{parts} ({'; '.join(extra)}): {size}{agents}{skipped}"
 
 
 def _record(trace: Trace, sim: Simulation, s: Substep) -> None:
@@ -121,11 +150,20 @@ def _record(trace: Trace, sim: Simulation, s: Substep) -> None:
 
 def _traced_run(model: Model, agents: int, steps: int, seed: int, comm: Comm | None = None,
                 **options: Any) -> Trace:
+    return _counted_run(model, agents, steps, seed, comm, **options)[0]
+
+
+def _counted_run(model: Model, agents: int, steps: int, seed: int, comm: Comm | None = None,
+                 **options: Any) -> tuple[Trace, list[int]]:
+    """The run's trace, and the agents each process held once placed."""
     sim = Simulation(model, agents=agents, seed=seed, comm=comm, **options)
+    held = torch.zeros(sim.comm.world_size, dtype=torch.int64)
+    held[sim.comm.rank] = sum(p.n for p in sim.state.populations.values())
+    counts = sim.comm.sum_int64(held).tolist()
     trace: Trace = []
     sim.trace = lambda simulation, s: _record(trace, simulation, s)
     sim.run(steps - sim.state.step)
-    return trace
+    return trace, counts
 
 
 def _first_difference(want: Trace, got: Trace, run: str, hint: str) -> Divergence | None:
@@ -180,7 +218,7 @@ HINTS = {
 
 
 def _ranks_job(comm: Comm, model_ref: Any, agents: int, steps: int, seed: int, plans: list[tuple[int, str]],
-               resume: tuple[str, int] | None, timeout: float) -> dict[str, Trace] | None:
+               resume: tuple[str, int] | None, timeout: float) -> dict[str, tuple[Trace, list[int]]] | None:
     """On a job of max(W) ranks: each (W, partition) of ``plans`` on ranks 0..W-1, then the resume."""
     import torch.distributed as dist
 
@@ -190,25 +228,37 @@ def _ranks_job(comm: Comm, model_ref: Any, agents: int, steps: int, seed: int, p
     model = resolve_model(model_ref)
     sizes = sorted({w for w, _ in plans} | ({2} if resume else set()))
     groups = {w: dist.new_group(list(range(w))) for w in sizes if w > 1}  # every rank creates every group
-    out: dict[str, Trace] = {}
+    out: dict[str, tuple[Trace, list[int]]] = {}
     runs: list[tuple[str, int, dict[str, Any]]] = [(f"W = {w}, {p}", w, {"partition": p}) for w, p in plans]
     if resume is not None:
         runs.append((f"resumed at step {resume[1]} on W = 2", 2, {"partition": "data", "resume": resume[0]}))
     for key, w, options in runs:
         if comm.rank < w:
-            out[key] = _traced_run(model, agents, steps, seed, TorchComm(group=groups[w]), **options)
+            out[key] = _counted_run(model, agents, steps, seed, TorchComm(group=groups[w]), **options)
         dist.barrier()
     return out if comm.rank == 0 else None
 
 
-def _spatial_applies(model: Model, agents: int, seed: int) -> bool:
-    """Whether every population is placed in a space the spatial partitioner splits."""
+def _spatial_applies(model: Model, agents: int, seed: int, world_size: int) -> tuple[bool, str | None]:
+    """Whether every population is placed in a space the spatial partitioner splits on ``world_size``
+    processes, and if they are placed but the space cannot be split, why.
+    """
+    from agentsim.distributed.spatial import check_layout_splits
+
     sim = Simulation(model, agents=agents, seed=seed)
     field_name = getattr(sim.space, "position_field", None)
-    return field_name is not None and all(field_name in p for p in sim.state.populations.values())
+    if field_name is None or not all(field_name in p for p in sim.state.populations.values()):
+        return False, None
+    if field_name == UID:  # a network's nodes: split in uid blocks
+        return True, None
+    try:
+        check_layout_splits(sim.space, "strips", world_size)
+    except ConfigError as e:
+        return False, str(e).removeprefix("partition 'spatial': ")
+    return True, None
 
 
-def check_model(model: Model | str, agents: int = 1000, steps: int = 10, seed: int = 1,
+def check_model(model: Model | str, agents: int = 1000, steps: int = CHECK_STEPS, seed: int = 1,
                 params: Mapping[str, Any] | None = None, world_sizes: Sequence[int] = (1, 2, 3),
                 partitions: Sequence[str] | None = None, resume: bool = True, timeout: float = 60.0,
                 contract: bool = True) -> CheckReport:
@@ -237,17 +287,21 @@ def check_model(model: Model | str, agents: int = 1000, steps: int = 10, seed: i
     sizes = tuple(sorted(set(world_sizes)))
     if not sizes or sizes[0] != 1 or sizes[-1] > 4:
         raise ConfigError(f"world_sizes: expected 1 and up to three more sizes of at most 4 (got {list(world_sizes)})")
-    applies = ["data"] + (["spatial"] if _spatial_applies(configured, agents, seed) else [])
+    spatial, cannot_split = _spatial_applies(configured, agents, seed, sizes[-1])
+    applies = ["data"] + (["spatial"] if spatial else [])
     if partitions is None:
         chosen = tuple(applies)
     else:
         chosen = tuple(partitions)
         for p in chosen:
             if p not in applies:
+                why = f": {cannot_split}" if p == "spatial" and cannot_split else ""
                 raise ConfigError(f"partition {p!r} does not apply to model '{configured.name}' "
-                                  f"(applies: {', '.join(applies)})")
+                                  f"(applies: {', '.join(applies)}){why}")
     report = CheckReport(configured.name, agents, steps, len(configured.substeps), sizes,
                          chosen if len(sizes) > 1 else ())
+    if cannot_split and partitions is None and len(sizes) > 1:
+        report.not_checked["spatial"] = cannot_split
     try:
         reference = _traced_run(configured, agents, steps, seed, check=contract)
     except ContractError as e:
@@ -272,13 +326,15 @@ def check_model(model: Model | str, agents: int = 1000, steps: int = 10, seed: i
             report.resumed_at = half
         traces = run_ranks(_ranks_job, max(w for w, _ in multi),
                            (model_ref(configured), agents, steps, seed, multi, resumed, timeout), timeout=timeout)[0]
-    for key, trace in traces.items():
+    for key, (trace, counts) in traces.items():
         report.runs.append(key)
         kind = "resumed" if key.startswith("resumed") else key.split(", ")[-1]
+        if kind != "resumed":
+            report.splits[key] = counts
         found = _first_difference(reference, trace, key, HINTS[kind])
         if found is not None:
             if kind == "spatial" and any(k.endswith("data") and _first_difference(reference, t, k, "") is not None
-                                         for k, t in traces.items()):
+                                         for k, (t, _) in traces.items()):
                 found.hint = HINTS["data"]
             report.divergence = found
             return report

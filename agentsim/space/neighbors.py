@@ -544,7 +544,9 @@ def neighbor_reduce(
     same = sources is None
     field = getattr(space, "position_field", None)
     if not isinstance(space, (Box, Grid, Graph)) or field is None:
-        raise ConfigError(f"neighbor_reduce: expected a Box, Grid or Graph space (got {type(space).__name__})")
+        hint = " (on a Line, read the agents ahead, behind or nearest with agentsim.nearest)" \
+            if type(space).__name__ == "Line" else ""
+        raise ConfigError(f"neighbor_reduce: expected a Box, Grid or Graph space (got {type(space).__name__}){hint}")
     position = tgt[field]  # a graph's is the uid: its agents are its nodes
     n_rows = position.shape[0]
     n_t = n_rows if tgt.n_targets_declared is None else int(tgt.n_targets_declared)

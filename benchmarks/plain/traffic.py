@@ -9,13 +9,9 @@ Every car, from the state at the start of the step (parallel update):
 3. dawdles: ``v = v - 1`` with probability ``p_slow`` (0.3) if ``v > 0``;
 4. moves ``v`` cells.
 
-agentsim has no 1-D space and no "car ahead" query, so the road is a ``Grid((length, 1))``
-(one column, a torus: the row wraps; a ``(1, length)`` row would run too, but the spatial
-partitioner's ``strips`` and ``blocks`` layouts cut along rows and would leave every car on one
-process) and a car finds its gap by looking at the cells ahead:
-it reads the other cars' ``cell`` through ``ctx.neighbors`` within ``reach="moore:vmax"``,
-marks the occupied cells (``grid.occupancy``) and takes the first occupied one of the ``vmax``
-cells ahead (sugarscape's ``look``). Cars start on distinct random cells with ``v = 0``.
+The road is a ring of cells (``asim.Line(length, cells=True)``); a car finds its gap with
+``asim.nearest``: the car ahead within ``vmax`` cells (the substep's declared reach), if any.
+Cars start on distinct random cells with ``v = 0``.
 
 Metric: ``speed``, the mean speed (cells per step).
 
@@ -38,31 +34,27 @@ MODEL = asim.Model("traffic", params=PARAMS, default_agents=200_000)
 
 
 @MODEL.init
-def init(ic: asim.InitContext) -> asim.Grid:
+def init(ic: asim.InitContext) -> asim.Line:
     length = ic.params["length"]
     if ic.n_agents > length:
         raise asim.ConfigError(f"{ic.n_agents} cars do not fit on {length} cells")
-    road = asim.Grid((length, 1))
+    road = asim.Line(length, cells=True)
     key = ic.rng.uniform(torch.arange(length), "place")  # cells in a random order keyed by cell
     uid = ic.uids("car", ic.n_agents)
-    ic.add("car", uid=uid, cell=torch.argsort(key)[: ic.n_agents], v=torch.zeros_like(uid))
+    ic.add("car", uid=uid, x=torch.argsort(key)[: ic.n_agents], v=torch.zeros_like(uid))
     return road
 
 
-@MODEL.substep(reads=["car.cell"], writes=["car.v", "car.cell"],
-               neighbors={"car": ["cell"]}, reach="moore:vmax")
+@MODEL.substep(reads=["car.x"], writes=["car.v", "car.x"], neighbors={"car": ["x"]}, reach="vmax")
 def drive(ctx: asim.Context) -> None:
     car, road, p = ctx["car"], ctx.space, ctx.params
-    occupied = road.occupancy(ctx.neighbors("car")["cell"]) > 0  # bool [length]
-    ahead = torch.arange(1, p["vmax"] + 1)  # 1..vmax
-    x = car["cell"]  # one column: the cell is the row, the position along the road
-    blocked = occupied[road.cell_index(x[:, None] + ahead, 0)]  # [n, vmax]
-    # gap: empty cells before the first occupied one (vmax if none within vmax)
-    gap = torch.where(blocked.any(1), blocked.to(torch.int8).argmax(1), p["vmax"])
+    # the car ahead within vmax cells; none: as if it were at vmax + 1
+    ahead = asim.nearest(road, ctx.neighbors("car"), direction="ahead", within=p["vmax"], fill=p["vmax"] + 1)
+    gap = ahead.distance[:, 0] - 1  # empty cells before it
     v = torch.minimum(torch.clamp(car["v"] + 1, max=p["vmax"]), gap)
-    v = torch.where((v > 0) & (ctx.rng.uniform(car["uid"]) < p["p_slow"]), v - 1, v)
+    v = v - ((v > 0) & (ctx.rng.uniform(car["uid"]) < p["p_slow"])).to(v.dtype)  # dawdle
     car["v"] = v
-    car["cell"] = road.cell_index(x + v, 0)
+    car["x"] = road.move(car["x"], v)
 
 
 @MODEL.metric(reduce="mean")
