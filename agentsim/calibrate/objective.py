@@ -207,7 +207,7 @@ class Objective:
             for d in self._derived:
                 name = str(d.name)
                 try:
-                    row[name] = d.fn(row.copy_for(name))
+                    row[name] = d.value(row.copy_for(name), sim.params)
                 except _Unusable as e:
                     if name == self.metric:
                         raise ConfigError(f"metric: derived metric {name!r} reads {e}") from None
@@ -219,6 +219,9 @@ class Objective:
         """This rank's values of ``metric``, keyed by replicate (raises :class:`_Unusable`)."""
         if getattr(metric, "hist", None) is not None:
             raise _Unusable("a histogram (counts per bin), not one number per replicate")
+        if getattr(metric, "groups", None) is not None:
+            raise _Unusable("a metric per group (a sum per group), not one number per replicate: fit a derived "
+                            "metric of it")
         values = metric.fn(view)
         if isinstance(values, ExactSum):
             if self.replicates is not None or grad:

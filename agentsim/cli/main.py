@@ -746,8 +746,26 @@ def world_size_from_env() -> int:
     return ws()
 
 
+_SHOWN_ENTRIES = 8  # a vector metric of more entries is summarised on the run's final line
+
+
 def _fmt(v: object) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
+    """A metric's value on the run's final line: a vector of more than a few entries summarised."""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    size = getattr(v, "size", None)
+    if getattr(v, "ndim", 0) == 1 and isinstance(size, int) and size > _SHOWN_ENTRIES:
+        import numpy as np
+
+        a = np.asarray(v)
+        finite = a[np.isfinite(a)] if a.dtype.kind == "f" else a
+        if finite.size == 0:
+            return f"[{size} entries, none finite]"
+        return (f"[{size} entries: sum {_fmt(finite.sum().item())}, min {_fmt(finite.min().item())}, "
+                f"max {_fmt(finite.max().item())}, {int(np.count_nonzero(finite))} nonzero]")
+    if getattr(v, "ndim", 0) == 1:
+        return "[" + " ".join(_fmt(x.item()) for x in v) + "]"  # type: ignore[attr-defined]
+    return str(v)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

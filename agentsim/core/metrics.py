@@ -28,9 +28,24 @@ integer sums, so the same on any number of ranks; the row holds a :class:`Histog
 counts with their ``edges``), and a trajectory file stores the edges as the dataset's
 ``edges`` attribute.
 
+A metric per group, ``Metric(fn, groups=G)`` (``G`` an int or the name of an int parameter): ``fn``
+returns ``(group, values)``, the group of each agent ``[n]`` (integers; ``-1`` or any negative id:
+in no group) and its values ``[n]``, or the groups alone (each agent counts one); the metric is
+the exact sum of the values in each group, a vector of ``G`` (per place, city or region). A group
+id of ``G`` or more stops the run at that step, on every rank.
+
+Histogram edges may depend on the parameters: ``hist=fn``, a function of the run's parameters that
+returns the edges (``hist=lambda p: [0, 18, 65, p["max_age"]]``).
+
+A float metric is summed in multiples of ``2**-24`` (about 6e-8) per value; ``resolution=r`` sums
+in multiples of the power of two at or below ``r`` instead (per-agent values far smaller than 1,
+such as a speed over a road's length), with correspondingly smaller largest values
+(``2**38 * r / 2**-24``).
+
 A derived metric is a function of the other metrics' global values (a ratio, a norm): vector
 metrics arrive as numpy arrays; it returns a number or a vector (a 1-D array-like, stored as a
-numpy array).
+numpy array). A derived function of two arguments, ``fn(metrics, params)``, also gets the run's
+parameters (a flow: the sum of speeds over the road's length).
 
 Every run also reports ``n_<population>``, the number of agents of each population.
 
@@ -82,6 +97,7 @@ REDUCTIONS = ("sum", "mean")
 _COUNT = "#count"  # the entry that counts a mean metric's values (metric names cannot hold '#')
 _INVALID = "#invalid"  # the entry that counts the ranks whose float values a fixed-point sum cannot hold
 _BOUND = "#bound"  # the entry that bounds a float metric's |sum| (rows times largest magnitude), summed over ranks
+_OUTSIDE = "#outside"  # the entry that counts a metric per group's group ids past its last group, summed over ranks
 #: The largest magnitude of a float metric value the fixed-point sum holds exactly (larger values,
 #: NaN and inf stop the run with an error naming the metric, on every rank at the same step).
 METRIC_VALUE_LIMIT = 2.0 ** (62 - METRIC_FRAC_BITS)
@@ -345,7 +361,9 @@ class Metric:
     """
 
     def __init__(self, fn: MetricFn, name: str | None = None, reduce: str = "sum",
-                 hist: Iterable[float] | None = None, *, label: str | None = None, color: str | None = None,
+                 hist: Iterable[float] | Callable[[Mapping[str, Any]], Iterable[float]] | None = None, *,
+                 groups: int | str | None = None,
+                 resolution: float | None = None, label: str | None = None, color: str | None = None,
                  panel: str | None = None, share_of: str | Sequence[str] | None = None,
                  limits: tuple[float, float] | None = None, unit: str | None = None) -> None:
         if not callable(fn):
@@ -355,21 +373,61 @@ class Metric:
         self.fn = fn
         self.name = check_metric_name(name or getattr(fn, "__name__", None))
         self.reduce = reduce
-        self.hist: tuple[float, ...] | None = None if hist is None else check_edges(hist, self.name)
+        #: The edges, or a function of the parameters that returns them (per run: :meth:`edges`).
+        self.hist: tuple[float, ...] | Callable[[Mapping[str, Any]], Iterable[float]] | None = \
+            hist if callable(hist) or hist is None else check_edges(hist, self.name)
         if self.hist is not None and reduce != "sum":
             raise ConfigError(f"metric '{self.name}': hist counts values per bin, it has no reduce={reduce!r} "
                               "(valid with hist: reduce='sum'); declare a mean as a separate metric")
+        if groups is not None and (isinstance(groups, bool) or not isinstance(groups, (int, str))
+                                   or (isinstance(groups, int) and groups < 1)):
+            raise ConfigError(f"metric '{self.name}': groups: expected the number of groups, an int >= 1, or the "
+                              f"name of an int parameter (got {groups!r})")
+        if groups is not None and (reduce != "sum" or self.hist is not None):
+            raise ConfigError(f"metric '{self.name}': groups sums values per group (reduce='sum', no hist); a "
+                              "mean per group is a derived metric: the sums over the counts")
+        self.groups = groups
+        if resolution is not None and (isinstance(resolution, bool) or not isinstance(resolution, (int, float))
+                                       or not 0 < resolution < math.inf):
+            raise ConfigError(f"metric '{self.name}': resolution: expected a positive number (got {resolution!r})")
+        #: Extra fractional bits of this metric's fixed-point sum (negative: fewer), from ``resolution``:
+        #: values are summed in multiples of ``2**-(METRIC_FRAC_BITS + shift)``, the power of two at or
+        #: below the resolution.
+        self.shift = 0 if resolution is None else math.ceil(-math.log2(resolution)) - METRIC_FRAC_BITS
+        if not -METRIC_FRAC_BITS < self.shift + 0 < 61 - METRIC_FRAC_BITS:
+            raise ConfigError(f"metric '{self.name}': resolution {resolution!r} is outside what an int64 "
+                              "fixed-point sum holds (valid: 1e-18 to 0.5)")
         self.display = Display.declare(f"metric '{self.name}'", label=label, color=color, panel=panel,
                                        share_of=share_of, limits=limits, unit=unit)
         self._entry_names: dict[int, list[str]] = {}
         self._edges: dict[torch.device, Tensor] = {}
 
     def __repr__(self) -> str:
-        edges = self.hist or ()
-        shown = list(edges) if len(edges) <= 6 else f"[{edges[0]!r}, {edges[1]!r}, ..., {edges[-1]!r}]"
-        bins = len(edges) - 1
-        hist = "" if self.hist is None else f", hist={shown} ({bins} bin{'' if bins == 1 else 's'})"
-        return f"Metric({self.name!r}, reduce={self.reduce!r}{hist})"
+        if callable(self.hist):
+            hist = f", hist={getattr(self.hist, '__name__', 'fn')}(params)"
+        else:
+            edges = self.hist or ()
+            shown = list(edges) if len(edges) <= 6 else f"[{edges[0]!r}, {edges[1]!r}, ..., {edges[-1]!r}]"
+            bins = len(edges) - 1
+            hist = "" if self.hist is None else f", hist={shown} ({bins} bin{'' if bins == 1 else 's'})"
+        groups = "" if self.groups is None else f", groups={self.groups!r}"
+        return f"Metric({self.name!r}, reduce={self.reduce!r}{hist}{groups})"
+
+    def edges(self, params: Mapping[str, Any]) -> tuple[float, ...] | None:
+        """The histogram's edges for a run with ``params`` (None without ``hist``)."""
+        if not callable(self.hist):
+            return self.hist
+        return check_edges(self.hist(params), self.name)
+
+    def n_groups(self, params: Mapping[str, Any]) -> int | None:
+        """The number of groups for a run with ``params`` (None without ``groups``)."""
+        if not isinstance(self.groups, str):
+            return self.groups
+        got = _parameter(self.name, "groups", self.groups, params)
+        if isinstance(got, bool) or not isinstance(got, (int, np.integer)) or got < 1:
+            raise ConfigError(f"metric '{self.name}': groups: parameter {self.groups!r} = {got!r} is not a number "
+                              "of groups (an int >= 1)")
+        return int(got)
 
     def entries(self, k: int) -> list[str]:
         """The names of a vector metric's ``k`` entries in :class:`MetricSums`: ``name#0`` ... ``name#k-1``."""
@@ -382,7 +440,11 @@ class Metric:
         """This rank's exact sums of the metric (and, for a mean, its count), as blocks of entries."""
         value = self.fn(mc)
         if self.hist is not None:
-            return [self._histogram(value)]
+            return [self._histogram(value, mc.params)]
+        if self.groups is not None:
+            return self._per_group(value, mc.params)
+        if self.shift and isinstance(value, Tensor) and value.is_floating_point():
+            value = torch.ldexp(value.to(torch.float64), torch.tensor(float(self.shift), dtype=torch.float64))
         ranges: list[int] | None = None  # a float value's range entries, where the kernel made them
         if isinstance(value, ExactSum):
             count = int(value.n_values)
@@ -427,17 +489,52 @@ class Metric:
             blocks.append(([self.name + _COUNT], [False], [count]))
         return blocks
 
-    def _histogram(self, value: Any) -> Block:
+    def _histogram(self, value: Any, params: Mapping[str, Any]) -> Block:
         """The counts per bin of this rank's values, ``[K]`` int64."""
-        assert self.hist is not None
-        k = len(self.hist) - 1
+        hist = self.edges(params)
+        assert hist is not None
+        k = len(hist) - 1
         if not isinstance(value, Tensor) or value.dim() != 1:
             got = f"shape {list(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
             raise ConfigError(f"metric '{self.name}': a hist metric expects per-agent values [n] (got {got})")
         edges = self._edges.get(value.device)
-        if edges is None:
-            edges = self._edges[value.device] = torch.tensor(self.hist, dtype=torch.float64, device=value.device)
+        if edges is None or edges.numel() != len(hist) or tuple(edges.tolist()) != hist:
+            edges = self._edges[value.device] = torch.tensor(hist, dtype=torch.float64, device=value.device)
         return self.entries(k), [False] * k, histogram_counts(value, edges)
+
+    def _per_group(self, value: Any, params: Mapping[str, Any]) -> list[Block]:
+        """The sums per group of this rank's values, ``[G]`` int64 (floats in fixed point), and the
+        count of group ids of ``G`` or more (checked on the global sums by :func:`metric_row`).
+        """
+        n_groups = self.n_groups(params)
+        assert n_groups is not None
+        group, values = value if isinstance(value, tuple) and len(value) == 2 else (value, None)
+        if not isinstance(group, Tensor) or group.dim() != 1 or group.is_floating_point() \
+                or (values is not None and (not isinstance(values, Tensor) or values.shape != group.shape)):
+            got = ", ".join(f"{type(v).__name__} {list(v.shape)}" if isinstance(v, Tensor) else type(v).__name__
+                            for v in (value if isinstance(value, tuple) else (value,)))
+            raise ConfigError(f"metric '{self.name}': a metric per group returns (group [n] integers, values [n]) or "
+                              f"the groups alone (got {got})")
+        group = group.to(torch.int64)
+        outside = int((group >= n_groups).sum())
+        keep = (group >= 0) & (group < n_groups)
+        at = group[keep]
+        is_float = values is not None and values.is_floating_point()
+        blocks: list[Block] = []
+        if values is None:
+            sums = torch.bincount(at, minlength=n_groups)
+        elif is_float:
+            v = values[keep].to(torch.float64)
+            if self.shift:
+                v = torch.ldexp(v, torch.tensor(float(self.shift), dtype=torch.float64))
+            sums = torch.zeros(n_groups, dtype=torch.int64, device=v.device).index_add_(
+                0, at, ops.to_fixed(v, METRIC_FRAC_BITS))
+            blocks.append(([self.name + _INVALID, self.name + _BOUND], [False, False], _range_entries(v)))
+        else:
+            sums = torch.zeros(n_groups, dtype=torch.int64, device=at.device).index_add_(
+                0, at, values[keep].to(torch.int64))
+        return [(self.entries(n_groups), [is_float] * n_groups, sums.to(torch.int64).cpu()),
+                ([self.name + _OUTSIDE], [False], [outside]), *blocks]
 
 
 def _range_entries(values: Tensor) -> list[int]:
@@ -490,10 +587,25 @@ def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
 
 
 class Derived(NamedTuple):
-    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``."""
+    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``, or
+    ``fn(metrics, params)`` (``takes_params``) with the run's parameters too.
+    """
 
     name: str
-    fn: Callable[[dict[str, Any]], Any]
+    fn: Callable[..., Any]
+    takes_params: bool = False
+
+    def value(self, metrics: dict[str, Any], params: Mapping[str, Any]) -> Any:
+        """The derived metric's value from the metrics before it."""
+        return self.fn(metrics, params) if self.takes_params else self.fn(metrics)
+
+
+def _parameter(metric: str, what: str, name: str, params: Mapping[str, Any]) -> Any:
+    """Parameter ``name`` that metric ``metric``'s ``what`` (``groups``) names."""
+    if name not in params:
+        raise ConfigError(f"metric '{metric}': {what}={name!r} names no parameter (parameters: "
+                          f"{', '.join(params) or 'none'})." + did_you_mean(name, list(params)))
+    return params[name]
 
 
 class MetricSums(NamedTuple):
@@ -606,6 +718,7 @@ class _Item(NamedTuple):
     count_at: int | None  # the entry of a mean's count
     vector: bool
     hist: tuple[float, ...] | None
+    scale: float  # of a float entry: 2**-(fractional bits of the fixed-point sum)
 
 
 @functools.lru_cache(maxsize=64)
@@ -618,10 +731,20 @@ def _range_slots(names: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
                  for i, name in enumerate(names) if name.endswith(_INVALID))
 
 
+@functools.lru_cache(maxsize=64)
+def _outside_slots(names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """Each metric per group's name with the index of its ``#outside`` entry."""
+    return tuple((name[:-len(_OUTSIDE)], i) for i, name in enumerate(names) if name.endswith(_OUTSIDE))
+
+
 def _check_ranges(step: int, names: Sequence[str], raw: np.ndarray) -> None:
     """Raise where a float metric's global entries say its values or sum leave the fixed-point range
     (every rank holds the same global sums, so every rank raises at the same step).
     """
+    for metric, outside in _outside_slots(tuple(names)):
+        if raw[outside]:
+            raise SimulationError(f"step {step}: metric '{metric}': {int(raw[outside])} agent(s) in a group past its "
+                                  "last one (group ids are 0 to groups - 1; a negative id is no group)")
     for metric, invalid, bound in _range_slots(tuple(names)):
         if raw[invalid]:
             raise SimulationError(
@@ -637,17 +760,18 @@ def _check_ranges(step: int, names: Sequence[str], raw: np.ndarray) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
-            declared: tuple[tuple[str, str, tuple[float, ...] | None], ...]) -> tuple[_Item, ...]:
+            declared: tuple[tuple[str, str, tuple[float, ...] | None, int], ...]) -> tuple[_Item, ...]:
     """The metrics of a row from the entry names of the sums (computed once per layout: a
     histogram of a thousand bins costs no per-entry work at every step).
     """
-    info = {name: (reduce, hist) for name, reduce, hist in declared}
+    info = {name: (reduce, hist) for name, reduce, hist, _ in declared}
+    scales = {name: 2.0 ** -(METRIC_FRAC_BITS + shift) for name, _, _, shift in declared}
     index = {name: i for i, name in enumerate(names)}
     items: list[_Item] = []
     i = 0
     while i < len(names):
         name = names[i]
-        if name.endswith((_COUNT, _INVALID, _BOUND)):
+        if name.endswith((_COUNT, _INVALID, _BOUND, _OUTSIDE)):
             i += 1
             continue
         base, _, entry = name.rpartition("#")
@@ -657,48 +781,52 @@ def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
                 stop += 1
             reduce, hist = info[base]
             items.append(_Item(base, i, stop, is_float[i], index[base + _COUNT] if reduce == "mean" else None, True,
-                               hist))
+                               hist, scales[base]))
             i = stop
             continue
         mean = name in info and info[name][0] == "mean"
-        items.append(_Item(name, i, i + 1, is_float[i], index[name + _COUNT] if mean else None, False, None))
+        items.append(_Item(name, i, i + 1, is_float[i], index[name + _COUNT] if mean else None, False, None,
+                           scales.get(name, 2.0 ** -METRIC_FRAC_BITS)))
         i += 1
     return tuple(items)
 
 
 def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
-               derived: Sequence[Derived] = ()) -> dict[str, Any]:
+               derived: Sequence[Derived] = (), params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
     divided by their counts; a vector metric as a numpy array ``[K]``, a histogram as a
-    :class:`Histogram`), then the derived ones in order.
+    :class:`Histogram`), then the derived ones in order (``params``: the run's parameters, for
+    histogram edges and derived metrics that read them).
 
     Raises:
         ConfigError: A derived metric returned an array of more than one dimension.
+        SimulationError: A float metric's values or sum out of the fixed-point range, or a metric per
+            group with a group id past its last group (on every rank: the sums are global).
     """
-    declared = tuple((m.name, m.reduce, m.hist) for m in metrics)
+    params = {} if params is None else params
+    declared = tuple((m.name, m.reduce, m.edges(params), m.shift) for m in metrics)
     raw = np.asarray(sums.values, dtype=np.int64) if isinstance(sums.values, list) else sums.values.cpu().numpy()
     names = tuple(sums.names)
     _check_ranges(step, names, raw)
-    scale = 2.0 ** -METRIC_FRAC_BITS
     out: dict[str, Any] = {"step": step}
     for item in _layout(names, tuple(sums.is_float), declared):
         count = None if item.count_at is None else int(raw[item.count_at])
         if item.vector:
             block = raw[item.start:item.stop]
             # int64 to float64 rounds to nearest as Python's int-to-float does: the bits of a scalar metric
-            array: np.ndarray = block.astype(np.float64) * scale if item.is_float else block.copy()
+            array: np.ndarray = block.astype(np.float64) * item.scale if item.is_float else block.copy()
             if count is not None:
                 array = array / count if count else np.full(len(array), np.nan)
             out[item.name] = Histogram(array, item.hist) if item.hist is not None else array
             continue
         value: int | float = int(raw[item.start])
         if item.is_float:
-            value = value * scale
+            value = value * item.scale
         if count is not None:
             value = value / count if count else float("nan")
         out[item.name] = value
     for d in derived:
-        value = _vector(d.fn(dict(out)))
+        value = _vector(d.value(dict(out), params))
         if isinstance(value, np.ndarray) and value.ndim > 1:
             raise ConfigError(f"derived metric '{d.name}': expected a number or a vector [K] (got an array of "
                               f"shape {list(value.shape)})")

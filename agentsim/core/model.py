@@ -43,6 +43,7 @@ says what to write instead (CHANGELOG.md shows the port).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -74,6 +75,24 @@ def _check_display_keys(what: str, display: dict[str, Any], others: tuple[str, .
             valid = (*others, *Display.KEYS)
             raise ConfigError(f"{what}: unexpected keyword {key!r} (valid: {', '.join(valid)})."
                               + did_you_mean(key, valid))
+
+
+def _positional_arguments(name: str, fn: Callable[..., Any]) -> int:
+    """How many positional arguments a derived metric's function takes: 1 (the metrics) or 2 (and the
+    parameters).
+    """
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: called with the metrics
+        return 1
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return 1
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                  and p.default is p.empty]
+    if len(positional) not in (1, 2):
+        raise ConfigError(f"derived metric '{name}': expected a function of the metrics, fn(metrics), or of the "
+                          f"metrics and the parameters, fn(metrics, params) (got {len(positional)} arguments)")
+    return len(positional)
 
 
 class Model:
@@ -179,11 +198,23 @@ class Model:
         return metric
 
     def metric(self, name: str | Callable[..., Any] | None = None, *, reduce: str = "sum",
-               hist: Iterable[float] | None = None, **display: Any) -> Any:
-        """Decorator: ``fn(state) -> per-agent values`` is a metric, summed exactly over agents and
-        ranks (``reduce="sum"``) or averaged (``reduce="mean"``); ``[n, K]`` values make a vector
-        metric of K entries (each column summed); with ``hist=edges`` the metric counts the
-        ``[n]`` values per bin (see :mod:`agentsim.core.metrics`).
+               hist: Iterable[float] | Callable[[Mapping[str, Any]], Iterable[float]] | None = None,
+               groups: int | str | None = None,
+               resolution: float | None = None, **display: Any) -> Any:
+        """Decorator: ``fn(state) -> per-agent values`` is a metric.
+
+        The values are summed exactly over agents and ranks (``reduce="sum"``) or averaged
+        (``reduce="mean"``); ``[n, K]`` values make a vector metric of K entries (each column
+        summed); with ``hist=edges`` (or a function of the parameters returning them) the metric
+        counts the ``[n]`` values per bin; with ``groups=G`` (an int or an int parameter's name) ``fn``
+        returns ``(group, values)`` and the metric is the sum per group, ``[G]``;
+        ``resolution=r`` sums float values in multiples of about ``r`` (default ``2**-24``) (see
+        :mod:`agentsim.core.metrics`)::
+
+            @model.metric(groups="cities")
+            def infected(state):                       # [cities]: the infected people of each city
+                people = state["person"]
+                return people["city"], people["state"] == I
 
         ``label=``, ``color=``, ``panel=``, ``share_of=``, ``limits=``, ``unit=`` declare how a
         figure draws it (:class:`~agentsim.core.metrics.Display`)::
@@ -197,10 +228,12 @@ class Model:
         if callable(name):  # bare @model.metric
             self.add_metric(Metric(name))
             return name
-        _check_display_keys(f"metric '{name}'" if name else "metric", display, ("name", "reduce", "hist"))
+        _check_display_keys(f"metric '{name}'" if name else "metric", display,
+                            ("name", "reduce", "hist", "groups", "resolution"))
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist, **display))
+            self.add_metric(Metric(fn, name=name, reduce=reduce, hist=hist, groups=groups, resolution=resolution,
+                                   **display))
             return fn
 
         return register
@@ -240,19 +273,22 @@ class Model:
         out.update({name: d.as_dict() for name, d in self._display.items()})
         return out
 
-    def add_derived(self, name: str, fn: Callable[[dict[str, Any]], Any]) -> None:
-        """Append a derived metric ``fn(metrics) -> number`` of the global metric values."""
+    def add_derived(self, name: str, fn: Callable[..., Any]) -> None:
+        """Append a derived metric ``fn(metrics) -> number`` of the global metric values, or
+        ``fn(metrics, params)`` that also reads the run's parameters.
+        """
         check_metric_name(name, "derived metric")
         if not callable(fn):
             raise ConfigError(f"derived metric '{name}': expected a function of the metrics (got {fn!r})")
         if name in self.metric_names():
             raise ConfigError(f"model '{self.name}': metric '{name}' is already defined")
-        self._derived.append(Derived(name, fn))
+        self._derived.append(Derived(name, fn, _positional_arguments(name, fn) == 2))
         self.definition = object()
 
-    def derived(self, fn: Callable[[dict[str, Any]], Any] | None = None, **display: Any) -> Any:
+    def derived(self, fn: Callable[..., Any] | None = None, **display: Any) -> Any:
         """Decorator: ``fn(metrics) -> number`` is a metric computed from the others' global values,
-        named after the function (``metrics`` holds the metrics declared before it). As
+        named after the function (``metrics`` holds the metrics declared before it); a function of
+        two arguments, ``fn(metrics, params)``, also gets the run's parameters. As
         ``@model.derived(label=..., color=..., ...)`` it also declares how a figure draws it
         (:class:`~agentsim.core.metrics.Display`).
 
@@ -267,7 +303,7 @@ class Model:
             return fn
         _check_display_keys("derived metric", display)
 
-        def register(function: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        def register(function: Callable[..., Any]) -> Callable[..., Any]:
             name = getattr(function, "__name__", "")
             Display.declare(f"metric '{name}'", **display)  # a bad entry raises before anything is added
             self.add_derived(name, function)
@@ -433,9 +469,9 @@ class Model:
         """This rank's exact metric sums (see :mod:`agentsim.core.metrics`)."""
         return local_sums(self._metrics, mc)
 
-    def metric_row(self, step: int, sums: MetricSums) -> dict[str, Any]:
-        """The metrics of ``step`` from the global sums."""
-        return metric_row(step, sums, self._metrics, self._derived)
+    def metric_row(self, step: int, sums: MetricSums, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The metrics of ``step`` from the global sums (``params``: the run's parameters)."""
+        return metric_row(step, sums, self._metrics, self._derived, self.params if params is None else params)
 
     def validate_state(self, state: State) -> None:
         """Check that every declared field reference exists in ``state`` (run start)."""
