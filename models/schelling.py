@@ -111,7 +111,7 @@ def init(ic: InitContext) -> Grid:
         raise ConfigError(f"schelling: {n} residents do not fit with density {ic.params['density']}")
     grid = Grid((side, side), periodic=ic.params["torus"])
     cells = torch.arange(grid.n_cells, device=ic.device)
-    chosen = torch.argsort(ic.rng.bits(cells, "placement"), stable=True)[:n]
+    chosen = ic.rng.choice(cells, n, "placement")  # n distinct cells
     uid = ic.uids("resident", n)
     group = (ic.rng.uniform(uid, "group") < ic.params["minority_fraction"]).to(torch.int8)
     first = assessment(grid, chosen, group, ic.params["homophily"], ic.params["radius"], n)

@@ -226,7 +226,7 @@ def init(ic: InitContext) -> Grid:
         raise ConfigError(f"sugarscape: {n} agents do not fit on {side} x {side} cells (density {p['density']})")
     grid = Grid((side, side), periodic=True)
     cells = torch.arange(grid.n_cells, device=ic.device)
-    cell = torch.argsort(ic.rng.bits(cells, "placement"), stable=True)[:n]
+    cell = ic.rng.choice(cells, n, "placement")  # n distinct cells
     uid = ic.uids("agent", n)
     ic.add("agent", uid=uid, cell=cell, target=cell.clone(), **attributes(ic.rng, uid, p, ""))
     capacity = landscape(side).to(ic.device)

@@ -22,7 +22,7 @@ ring_cells = asim.Model("ring_cells", params={
 def _cells_init(ic: asim.InitContext) -> asim.Line:
     road = asim.Line(ic.params["length"], cells=True)
     uid = ic.uids("car", ic.n_agents)
-    cells = torch.argsort(ic.rng.bits(torch.arange(road.length), "place"), stable=True)[: ic.n_agents]
+    cells = ic.rng.choice(torch.arange(road.length), ic.n_agents, "place")
     ic.add("car", uid=uid, x=cells, v=ic.rng.integers(uid, "speed", high=ic.params["vmax"] + 1))
     return road
 

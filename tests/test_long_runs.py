@@ -13,7 +13,7 @@ import pytest
 
 import agentsim as asim
 from agentsim.cli.main import main
-from agentsim.engine.memory import check_memory, estimate_bytes, format_bytes
+from agentsim.engine.memory import TRIAL_AGENTS, check_memory, estimate_bytes, format_bytes
 from agentsim.engine.simulation import PERF_WINDOW, Simulation
 from agentsim.errors import ConfigError, NetworkError
 
@@ -202,20 +202,21 @@ def test_a_rendezvous_with_nobody_listening_fails_within_the_timeout(host):
     assert time.perf_counter() - t0 < 2 + 5
 
 
-def test_a_slow_trial_build_is_not_estimated(monkeypatch):
-    """A model whose init visits a large space costs as much at 1,000 agents as at any size: one
-    trial build past TRIAL_SECONDS, and no estimate (not two more builds of that cost)."""
-    from agentsim.engine import memory
-
+def test_one_trial_build_settles_a_run_whose_bound_fits(monkeypatch):
+    """A model whose init visits a large space costs as much at 1,000 agents as at any size: where the
+    first trial's bytes per agent, times the agents, fit, no second trial is built."""
     builds = []
     model = asim.get_model("sir")
     real = model.build
 
-    def slow_build(ic):
+    def counted_build(ic):
         builds.append(ic.n_agents)
-        time.sleep(memory.TRIAL_SECONDS + 0.05)
         return real(ic)
 
-    monkeypatch.setattr(model, "build", slow_build)
-    assert estimate_bytes(model, model.params, 10**10) is None
-    assert builds == [memory.TRIAL_AGENTS]
+    monkeypatch.setattr(model, "build", counted_build)
+    bound, per_agent = estimate_bytes(model, model.params, 10**6, enough=1e12)
+    assert builds == [TRIAL_AGENTS] and bound == per_agent * 10**6
+    check_memory(model, model.params, 10**6, asim.engine.simulation.resolve_device("cpu"))
+    assert builds == [TRIAL_AGENTS] * 2  # the check asked for no second build either
+    assert estimate_bytes(model, model.params, 10**6, enough=1.0) is not None
+    assert builds == [TRIAL_AGENTS] * 3 + [2 * TRIAL_AGENTS]  # a bound that does not fit: the line of two

@@ -244,3 +244,27 @@ def test_normal_passes_gradients_to_a_mean_and_std_that_require_them():
     standard = rng.normal(ids, 1, "walk", draws=2, dtype=torch.float32, paired=True)
     assert float(mean[0].grad) == 50.0
     assert abs(float(std.grad) - float(standard[:, 0].double().sum())) < 1e-4
+
+
+def test_choice_is_the_ids_of_the_smallest_keys_in_key_order():
+    from agentsim.core.random import CounterRNG
+
+    rng = CounterRNG(11)
+    ids = torch.arange(5_000) * 3 + 7  # ids that are not positions
+    keys = rng.bits(ids, 2, "place")
+    for k in (0, 1, 17, 1_000, 1_249, 1_251, 4_999, 5_000):  # below and above the sorting share
+        want = ids[torch.argsort(keys, stable=True)[:k]]
+        assert torch.equal(rng.choice(ids, k, 2, "place"), want), k
+    assert torch.equal(rng.at(2, "place").choice(ids, 30), ids[torch.argsort(keys, stable=True)[:30]])
+    with pytest.raises(ValueError, match="expected k, an int from 0 to 5000"):
+        rng.choice(ids, 5_001, 2, "place")
+
+
+def test_choice_breaks_ties_of_keys_by_position(monkeypatch):
+    from agentsim.core.random import CounterRNG
+
+    rng = CounterRNG(0)
+    monkeypatch.setattr(rng, "bits", lambda ids, step, stream: ids % 7)  # many equal keys
+    ids = torch.arange(200)
+    for k in range(0, 201, 7):
+        assert torch.equal(rng.choice(ids, k, 0, "x"), ids[torch.argsort(ids % 7, stable=True)[:k]]), k

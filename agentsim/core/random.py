@@ -282,6 +282,32 @@ class CounterRNG:
         """Boolean draws that are True with probability ``p``."""
         return self.uniform(ids, step, stream, draw) < p
 
+    def choice(self, ids: Tensor, k: int, step: int, stream: int | str) -> Tensor:
+        """``k`` of ``ids`` ``[n]`` without replacement, every subset equally likely: the ids with the
+        ``k`` smallest random keys (:meth:`bits`), in key order (ties by position), the same as
+        ``ids[torch.argsort(bits(ids), stable=True)[:k]]`` without sorting all ``n`` keys.
+
+        Examples:
+            >>> rng = CounterRNG(seed=3)
+            >>> cells = torch.arange(1000)
+            >>> picked = rng.choice(cells, 5, step=0, stream="place")
+            >>> bool(torch.equal(picked, cells[torch.argsort(rng.bits(cells, 0, "place"), stable=True)[:5]]))
+            True
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= ids.shape[0]:
+            raise ValueError(f"choice: expected k, an int from 0 to {ids.shape[0]} (the ids; got {k!r})")
+        keys = self.bits(ids, step, stream)
+        if k == 0:
+            return ids[:0]
+        if 4 * k >= ids.shape[0]:  # a large share: sorting every key costs about as much as selecting
+            return ids[torch.argsort(keys, stable=True)[:k]]
+        kth = torch.kthvalue(keys, k).values  # the k-th smallest key: those below it, then ties by position
+        rows = torch.nonzero(keys <= kth).reshape(-1)
+        if rows.numel() > k:  # ties at the k-th key: the first of them by position
+            tied = torch.nonzero(keys[rows] == kth).reshape(-1)
+            rows = torch.cat([rows[keys[rows] < kth], rows[tied[: k - int((keys[rows] < kth).sum())]]]).sort().values
+        return ids[rows[torch.argsort(keys[rows], stable=True)]]
+
     def at(self, step: int, stream: int | str | None = None) -> StepRNG:
         """A view of this generator with the step fixed (what substeps receive); ``stream`` is the
         default stream of its draws (substeps: the substep's name).
@@ -348,6 +374,12 @@ class StepRNG:
         if high is None:
             raise ValueError("integers: high is required (rng.integers(ids, high=n))")
         return self.rng.integers(ids, self.step, self._stream(stream), high, draw, draws)
+
+    def choice(self, ids: Tensor, k: int, stream: int | str | None = None) -> Tensor:
+        """``k`` of ``ids`` without replacement, in random order (see :meth:`CounterRNG.choice`):
+        ``ic.rng.choice(torch.arange(n_cells), n, "place")`` puts ``n`` agents on distinct cells.
+        """
+        return self.rng.choice(ids, k, self.step, self._stream(stream))
 
     def bernoulli(self, ids: Tensor, stream: int | str | None = None, p: float | Tensor | None = None,
                   draw: int = 0) -> Tensor:

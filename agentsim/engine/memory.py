@@ -11,11 +11,12 @@ less, or the free memory of the CUDA device for a CUDA run. If the estimate exce
 is refused with a :class:`~agentsim.errors.ConfigError` that names both; a run that fits is
 never refused by the estimate. ``AGENTSIM_MEMORY_CHECK=0`` turns the check off.
 
-It costs two small builds (milliseconds for the built-in models); it estimates, it does not
-reserve: other processes may take the memory afterwards. A model whose build is not small at
-1,000 agents (its ``init`` takes more than :data:`TRIAL_SECONDS`, e.g. it visits every cell of
-a large space) is not estimated: the two trial builds would cost about twice the real one, and
-what such a build allocates does not grow with the agents the way the line assumes.
+The first small build alone often settles it: its bytes per agent, counting everything it built
+(env layers too) as if it grew with the agents, bound the state at the requested size from
+above; where that bound fits, the run is not refused and the second build is not made. That
+matters for a model whose ``init`` visits every cell of a large space: each trial build costs
+about as much as the real one. It costs one or two small builds (milliseconds for the built-in
+models); it estimates, it does not reserve: other processes may take the memory afterwards.
 
 Examples:
     >>> format_bytes(1.2e12), format_bytes(950)
@@ -25,7 +26,6 @@ Examples:
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,11 +38,10 @@ if TYPE_CHECKING:
     from agentsim.core.params import Params
     from agentsim.core.state import State
 
-__all__ = ["STEP_FACTOR", "TRIAL_AGENTS", "TRIAL_SECONDS", "available_bytes", "check_memory", "estimate_bytes",
+__all__ = ["STEP_FACTOR", "TRIAL_AGENTS", "available_bytes", "check_memory", "estimate_bytes",
            "format_bytes", "state_bytes"]
 
 TRIAL_AGENTS = 1000  # the small build's agents (and a second at twice as many); runs up to it are not checked
-TRIAL_SECONDS = 0.25  # a first trial build slower than this is not small: no estimate
 STEP_FACTOR = 1.5  # a step's temporaries on top of the state
 ENV_SWITCH = "AGENTSIM_MEMORY_CHECK"
 
@@ -106,32 +105,35 @@ def available_bytes(device: torch.device | None = None) -> tuple[int | None, str
     return avail, where.format(format_bytes(avail)) if avail is not None else "unknown"
 
 
-def estimate_bytes(model: Model, params: Params, agents: int, seed: int = 0) -> tuple[float, float] | None:
-    """``(estimated bytes of the state at agents, bytes per agent)`` from two small trial
-    builds, or None when the model does not build at the trial sizes (the real build then
-    reports its own error) or its first trial build takes more than :data:`TRIAL_SECONDS`.
-    """
+def _trial_bytes(model: Model, params: Params, n: int, seed: int) -> int:
+    """The bytes of the state of ``model`` built with ``n`` agents on the CPU (no autograd)."""
     from agentsim.core.context import InitContext
     from agentsim.core.random import CounterRNG
 
-    sizes = (TRIAL_AGENTS, 2 * TRIAL_AGENTS)
-    measured = []
+    with torch.no_grad():
+        ic = InitContext(params, n, CounterRNG(seed).at(0, "init"), torch.device("cpu"))
+        state, _ = model.build(ic)
+        return state_bytes(state)
+
+
+def estimate_bytes(model: Model, params: Params, agents: int, seed: int = 0,
+                   enough: float | None = None) -> tuple[float, float] | None:
+    """``(estimated bytes of the state at agents, bytes per agent)`` from two small trial
+    builds, or None when the model does not build at the trial sizes (the real build then
+    reports its own error).
+
+    With ``enough`` (bytes): when the first build's bound (its bytes per agent times ``agents``)
+    is at most ``enough``, that bound and the bytes per agent it assumed, without the second build.
+    """
     try:
-        with torch.no_grad():
-            for n in sizes:
-                rng = CounterRNG(seed)
-                ic = InitContext(params, n, rng.at(0, "init"), torch.device("cpu"))
-                started = time.perf_counter()
-                state, _ = model.build(ic)
-                if time.perf_counter() - started > TRIAL_SECONDS:
-                    return None
-                measured.append(state_bytes(state))
-                del state
+        small = _trial_bytes(model, params, TRIAL_AGENTS, seed)
+        if enough is not None and small / TRIAL_AGENTS * agents <= enough:
+            return small / TRIAL_AGENTS * agents, small / TRIAL_AGENTS
+        large = _trial_bytes(model, params, 2 * TRIAL_AGENTS, seed)
     except Exception:  # any failure: no estimate; the real build reports it
         return None
-    small, large = measured
-    per_agent = max((large - small) / (sizes[1] - sizes[0]), 0.0)
-    total = max(small + per_agent * (agents - sizes[0]), float(large))
+    per_agent = max((large - small) / TRIAL_AGENTS, 0.0)
+    total = max(small + per_agent * (agents - TRIAL_AGENTS), float(large))
     return total, per_agent
 
 
@@ -143,7 +145,7 @@ def check_memory(model: Model, params: Params, agents: int, device: torch.device
     avail, where = available_bytes(device)
     if avail is None:
         return
-    got = estimate_bytes(model, params, agents, seed)
+    got = estimate_bytes(model, params, agents, seed, enough=avail / STEP_FACTOR)
     if got is None:
         return
     total, per_agent = got

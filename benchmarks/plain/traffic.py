@@ -39,9 +39,9 @@ def init(ic: asim.InitContext) -> asim.Line:
     if ic.n_agents > length:
         raise asim.ConfigError(f"{ic.n_agents} cars do not fit on {length} cells")
     road = asim.Line(length, cells=True)
-    key = ic.rng.uniform(torch.arange(length), "place")  # cells in a random order keyed by cell
     uid = ic.uids("car", ic.n_agents)
-    ic.add("car", uid=uid, x=torch.argsort(key)[: ic.n_agents], v=torch.zeros_like(uid))
+    cells = ic.rng.choice(torch.arange(length), ic.n_agents, "place")  # distinct cells, drawn by cell
+    ic.add("car", uid=uid, x=cells, v=torch.zeros_like(uid))
     return road
 
 
