@@ -10,7 +10,8 @@ same algorithm, in alternating rounds.
 - ``traffic10m``: the traffic model on a ring of 10,000,000 cells with 2,000,000 cars (100 steps).
 
 Each measurement is a fresh process that imports its side, then times ``run(steps, seed)`` (the
-model's set-up and every step: what a user waits for). agentsim runs with one thread
+model's set-up and every step: what a user waits for), then ``run(0, seed)`` (the set-up alone,
+warm): their difference over the steps is the time of a step (``step_ms``). agentsim runs with one thread
 (``AGENTSIM_THREADS=1``) and with its default threads; NumPy with one thread. Figures: per model,
 the median seconds of each side and the ratios agentsim/NumPy (the target: at most 1.0 on one
 thread, at most 1/1.5 on two threads of an idle machine); and each side's summary at the last
@@ -54,8 +55,11 @@ spec.loader.exec_module(module)
 t0 = time.perf_counter()
 out = module.run(steps, 1, **sizes)
 seconds = time.perf_counter() - t0
+t0 = time.perf_counter()
+module.run(0, 1, **sizes)  # the set-up alone (after the whole run: warm), to tell the steps' share
+init_seconds = time.perf_counter() - t0
 last = {k: float(v[-1]) for k, v in out.items()}
-print(json.dumps({"seconds": seconds, "last": last}))
+print(json.dumps({"seconds": seconds, "init_seconds": init_seconds, "last": last}))
 """
 
 
@@ -92,7 +96,12 @@ def main() -> None:
                                        and "seconds" in x) for side in SIDES}
         last = {side: next(x["last"] for x in rounds if x["model"] == name and x["side"] == side and "last" in x)
                 for side in SIDES}
+        steps_ms = {side: 1e3 * statistics.median(x["seconds"] - x["init_seconds"] for x in rounds
+                                                   if x["model"] == name and x["side"] == side and "init_seconds" in x)
+                    / MODELS[name][1] for side in SIDES}
         summary[name] = {"steps": MODELS[name][1], "sizes": MODELS[name][2], "seconds": med,
+                         "step_ms": steps_ms,
+                         "agentsim_one_thread_step_over_numpy": steps_ms["agentsim-1"] / steps_ms["numpy"],
                          "agentsim_one_thread_over_numpy": med["agentsim-1"] / med["numpy"],
                          "agentsim_default_over_numpy": med["agentsim"] / med["numpy"], "last_step": last}
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,

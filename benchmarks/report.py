@@ -1084,12 +1084,15 @@ def plain_models_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
         rows = []
         for name, s in d["summary"].items():
             sec, last = s["seconds"], s["last_step"]
+            step = s.get("agentsim_one_thread_step_over_numpy")  # files before the step time have none
             rows.append([name, str(s["steps"]), num(sec["numpy"]), num(sec["agentsim-1"]), num(sec["agentsim"]),
                          num(s["agentsim_one_thread_over_numpy"], 3), num(s["agentsim_default_over_numpy"], 3),
+                         "-" if step is None else num(step, 3),
                          " / ".join(", ".join(f"{k} {v:,.4g}" for k, v in last[side].items())
                                     for side in ("numpy", "agentsim"))])
         lines += table(["model", "steps", "NumPy s", "agentsim 1 thread s", "agentsim default s",
-                        "agentsim 1 thread / NumPy", "agentsim default / NumPy", "last step NumPy / agentsim"], rows)
+                        "agentsim 1 thread / NumPy", "agentsim default / NumPy", "a step, 1 thread / NumPy",
+                        "last step NumPy / agentsim"], rows)
 
     def plot(ax: Any) -> None:
         bars = []
@@ -1098,9 +1101,9 @@ def plain_models_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                 numpy = _median([float(r["seconds"]) for r in d["rounds"] if r["model"] == name and r["side"] == "numpy"
                                  and "seconds" in r])
                 for side in ("agentsim-1", "agentsim"):
-                    bars.append((f"{name} ({side} / NumPy)", [float(r["seconds"]) / numpy for r in d["rounds"]
-                                                              if r["model"] == name and r["side"] == side
-                                                              and "seconds" in r]))
+                    bars.append((f"{name} ({side} / NumPy, {d['commit']})",
+                                 [float(r["seconds"]) / numpy for r in d["rounds"]
+                                  if r["model"] == name and r["side"] == side and "seconds" in r]))
         _bars(ax, bars, "agentsim's seconds / NumPy's median (dots: each round; 1: as fast)")
     n = sum(2 * len(d["summary"]) for _, d in files)
     return Section("plain-models", "Plain user models beside NumPy (`bench_plain.py`)", [rel for rel, _ in files],
