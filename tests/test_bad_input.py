@@ -457,6 +457,17 @@ CASES += [
              ctx.env["food"] = ctx.space.occupancy(ctx["a"]["cell"]).reshape(8, 8)
          """, init=GRID_INIT.replace("(uid * 3) % 64", "uid * 0"), agents="5", extra=("--nprocs", "2")), 1,
          "count: env.food: cell 0 (row 0, column 0) was set to different values on different processes"),
+    Case("env-set-conflict-float", "agent state", "agents on two processes eat one cell of a float layer (--nprocs 2)",
+         grid_case("g_scf", """
+         @model.substep(reads=["a.cell"], writes=["env.heat"])
+         def eat(ctx):
+             heat = ctx.env["heat"].reshape(-1).clone()
+             heat.index_add_(0, ctx["a"]["cell"], torch.full((ctx["a"].n,), -0.25))
+             ctx.env["heat"] = heat.reshape(8, 8)
+         """, init=GRID_INIT.replace("(uid * 3) % 64", "uid * 0") + "; ic.add_env(heat=torch.ones(8, 8))",
+                   agents="5", extra=("--nprocs", "2")), 1,
+         "was set to different values on different processes: agents on several processes change the same cell. "
+         "For amounts that add up (deposits, consumption) compute the cell's new value from ctx.neighbors"),
     Case("env-min-raised", "agent state", "a substep that raises a cell of a 'min' layer (--nprocs 2)",
          grid_case("g_mr", """
          @model.substep(reads=["a.cell"], writes=["env.food"], combine={"env.food": "min"})

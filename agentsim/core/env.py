@@ -51,7 +51,9 @@ def check_combine_dtype(substep: str, name: str, combine: str, dtype: torch.dtyp
         raise ConfigError(
             f"substep '{substep}': combine 'add' for env.{name} needs an integer layer (got {dtype}): a float sum "
             "depends on how the agents are split over processes. Hold the layer in integer units (e.g. int64 "
-            "micro-units), or use 'max'/'min', or 'set' with each cell written by one agent")
+            "micro-units), or keep the default 'set' and compute each cell's new value from ctx.neighbors so "
+            "that every process computes the same (what the agents of the cell take or leave, summed over "
+            "ctx.neighbors); 'min'/'max' do not add changes up")
 
 
 def _bits(t: Tensor) -> Tensor:

@@ -407,10 +407,8 @@ class IdentityPartition:
             if mode == "set":
                 flags.append(Flag(
                     f"{substep.name}: {where}: {_cell_text(conflict, old.shape)} was set to different values on "
-                    f"different processes: agents on several processes change the same cell. Declare how the "
-                    f"writes combine (combine={{'{where}': 'add'|'min'|'max'}}), or compute the cell's new value "
-                    f"from ctx.neighbors so that every process computes the same",
-                    torch.tensor(conflict is not None)))
+                    f"different processes: agents on several processes change the same cell. "
+                    + _combine_hint(where, old.dtype), torch.tensor(conflict is not None)))
             elif mode in ("min", "max"):
                 bad = every["cell"][every["raised"]]
                 first = int(bad.min()) if bad.numel() else None
@@ -512,6 +510,18 @@ class IdentityPartition:
         """Every cell on rank 0, none elsewhere (env replicated)."""
         flat = state.env[name].reshape(-1)
         return flat if comm.rank == 0 else flat[:0]
+
+
+def _combine_hint(where: str, dtype: torch.dtype) -> str:
+    """What to declare or write instead, for a layer of ``dtype`` changed by several processes."""
+    idiom = ("compute the cell's new value from ctx.neighbors, so that every process computes the same (what the "
+             "agents of a cell take or leave, summed over ctx.neighbors of the cell: the wolfsheep model's grazing)")
+    if dtype.is_floating_point:
+        return (f"For amounts that add up (deposits, consumption) {idiom}, or hold the layer in integer units (e.g. "
+                f"int64 micro-units) with combine={{'{where}': 'add'}}; 'min'/'max' keep one process's value, not "
+                "the sum of the changes: only for a rule where the lowest or highest value wins")
+    return (f"Declare combine={{'{where}': 'add'}} if the changes add up (deposits, consumption, counts), 'min' or "
+            f"'max' if the lowest or highest value wins; or {idiom}")
 
 
 def _cell_text(cell: int | None, shape: torch.Size) -> str:
