@@ -153,3 +153,27 @@ def test_nearest_refuses_bad_queries() -> None:
         nearest(asim.Grid((3, 3)), cars, within=2)
     with pytest.raises(FieldAccessError, match="declares reach"):
         nearest(ring.with_query_limit(2, "substep 'drive' declares reach 2"), cars, within=3)
+
+
+@pytest.mark.parametrize("cells", [True, False])
+def test_wrap_and_move_give_the_bits_of_remainder(cells: bool) -> None:
+    """The fast path (positions on the ring or one turn off it) against torch.remainder everywhere."""
+    gen = torch.Generator().manual_seed(5)
+    for length in ((1000, 7) if cells else (10.0, 0.3, 1e6)):
+        line = asim.Line(length, cells=cells)
+        for spread in (1, 2, 10):  # on the ring, at most one turn off it, farther
+            if cells:
+                x = torch.randint(-length * (spread - 1), length * spread, (5000,), generator=gen)
+                dx = torch.randint(-3, 4, (5000,), generator=gen)
+            else:
+                x = (torch.rand(5000, generator=gen, dtype=torch.float64) * 3 - 1) * length * spread / 2
+                x = torch.cat([x, torch.tensor([-1e-300, -0.0, length, 2 * length - 1e-9, -length])])
+                dx = torch.zeros_like(x)
+            for got, of in ((line.wrap(x), x), (line.move(x, dx), x + dx)):
+                want = torch.remainder(of, length)
+                if not cells:
+                    want = torch.where(want >= length, torch.zeros_like(want), want)
+                assert torch.equal(got.view(torch.int64), want.view(torch.int64)), (length, spread)
+            before = x.clone()
+            line.wrap(x)
+            assert torch.equal(x, before)  # wrap leaves its input alone

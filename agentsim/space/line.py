@@ -48,6 +48,24 @@ def _cell_key(x: Tensor) -> Tensor:
     return x
 
 
+def _turned_round(x: Tensor, length: float | int, fresh: bool) -> Tensor:
+    """``torch.remainder(x, length)`` (the same bits), in a pass that finds the positions already on
+    the ring (steps shorter than the ring leave most of them there) and the few that went round
+    once; a full remainder only where some went farther.
+    """
+    if x.numel() == 0:
+        return x if fresh else x.clone()
+    low, high = (v.item() for v in torch.aminmax(x))
+    if not (-length <= low and high < 2 * length):  # also NaN: the general remainder
+        return torch.remainder(x, length)
+    out = x if fresh else x.clone()
+    if high >= length:
+        out[out >= length] -= length  # x - length: exact for x in [L, 2L), as remainder computes it
+    if low < 0:
+        out[out < 0] += length  # x + length, as remainder computes it for x in [-L, 0)
+    return out
+
+
 @dataclass(frozen=True)
 class Line:
     """A line of length ``length``, continuous or in cells, periodic (a ring) or bounded.
@@ -155,20 +173,26 @@ class Line:
         Args:
             x: ``[...]`` float (continuous) or integer (cells) positions.
         """
+        return self._wrapped(x, fresh=False)
+
+    def _wrapped(self, x: Tensor, fresh: bool) -> Tensor:
+        """:meth:`wrap`, writing into ``x`` itself where it is ``fresh`` (a temporary of the caller)."""
         if self.cells:
             if x.dtype.is_floating_point:
                 raise ConfigError(f"Line.wrap: a line of cells holds integer cells (got dtype {x.dtype})")
             n = int(self.length)
-            return torch.remainder(x, n) if self.periodic else torch.clamp(x, 0, n - 1)
+            if not self.periodic:
+                return torch.clamp(x, 0, n - 1)
+            return _turned_round(x, n, fresh)
         if self.periodic:
-            out = torch.remainder(x, self.length)
+            out = _turned_round(x, self.length, fresh)
             # remainder may round a tiny negative x up to L itself: that point is 0 on the ring
             return torch.where(out >= self.length, torch.zeros_like(out), out)
         return torch.clamp(x, 0.0, self.length)
 
     def move(self, x: Tensor, dx: Tensor) -> Tensor:
         """``wrap(x + dx)``: positions after moving ``dx`` (a new tensor; ``[...]``)."""
-        return self.wrap(x + dx)
+        return self._wrapped(x + dx, fresh=True)
 
     def ahead(self, frm: Tensor, to: Tensor) -> Tensor:
         """Distance ahead from ``frm`` to ``to`` (broadcast): ``to - frm``, plus ``L`` where that is
