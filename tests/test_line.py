@@ -101,6 +101,23 @@ def test_nearest_with_a_halo_and_another_population(direction: str) -> None:
     assert got.index.tolist() == want
 
 
+@pytest.mark.parametrize("cells", [True, False])
+@pytest.mark.parametrize("periodic", [True, False])
+def test_fewer_agents_than_asked_for(cells: bool, periodic: bool) -> None:
+    """One, two or three agents at distinct positions in order (the ring walk) with k = 4."""
+    line = asim.Line(50 if cells else 50.0, periodic=periodic, cells=cells)
+    for n in (1, 2, 3):
+        x = torch.tensor([3, 10, 14][:n]) if cells else torch.tensor([3.0, 10.0, 14.0][:n])
+        uid = torch.arange(n)
+        for direction in ("ahead", "behind", "either"):
+            got = nearest(line, {"x": x, "uid": uid}, k=4, direction=direction, within=20)
+            rows, dists = brute_nearest(line, x, uid, n, 4, direction, 20)
+            fill = torch.iinfo(torch.int64).max if cells else float("inf")
+            assert got.index.tolist() == rows, (n, direction)
+            assert got.distance.tolist() == [[fill if d is None else d for d in r] for r in dists], (n, direction)
+            assert got.found.tolist() == [[r >= 0 for r in row] for row in rows]
+
+
 def test_take_and_fill() -> None:
     line = asim.Line(10.0)
     cars = {"x": torch.tensor([1.0, 2.5, 9.0]), "uid": torch.tensor([5, 6, 7]), "v": torch.tensor([[1.0, 2.0],

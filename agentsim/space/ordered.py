@@ -185,7 +185,7 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str = "ahead", wi
         raw = distance
         return Nearest(index, lambda: raw <= within, torch.clamp(raw, max=fill))
     found = distance <= within
-    if turn is None or not space.periodic:  # rows past a bounded line's ends, or no source
+    if turn is None or not space.periodic or k >= n_s:  # past a bounded line's ends, or no source left
         found &= index >= 0
     distance = torch.where(found, distance, fill)
     if direction != "either":  # nearest first already: a miss is followed by misses
