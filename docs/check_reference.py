@@ -7,7 +7,8 @@ Usage (after ``python -m sphinx -b html docs docs/_build/html``)::
 Reads the site's ``objects.inv`` and requires an entry for every name in the ``__all__`` of each
 module of ``_ext/api_pages.PUBLIC_MODULES`` (at that module or at the module that documents the
 same object first), and that every agentsim module with an ``__all__`` that is a package's public
-face (a package ``__init__`` or a module the reference lists) is listed. Exits 1 naming what is
+face (a package ``__init__`` or a module the reference lists) is listed; and that no page loads a
+script or a stylesheet from the network (the site reads the same offline). Exits 1 naming what is
 missing.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import sys
 from pathlib import Path
 
@@ -61,12 +63,21 @@ def missing(site: Path) -> list[str]:
     return problems
 
 
+_REMOTE = re.compile(r"<(?:script|link)\b[^>]*\b(?:src|href)=\"((?:https?:)?//[^\"]+\.(?:js|css)[^\"]*)\"")
+
+
+def remote_assets(site: Path) -> list[str]:
+    """``page: url`` for every script or stylesheet a page of the site loads from the network."""
+    return [f"{page.relative_to(site)}: loads {url} from the network (the site must read offline)"
+            for page in sorted(site.rglob("*.html")) for url in _REMOTE.findall(page.read_text(errors="replace"))]
+
+
 def main(argv: list[str]) -> int:
     """Check the site at ``argv[0]``; print what is missing."""
     if len(argv) != 1:
         print(__doc__)
         return 2
-    problems = missing(Path(argv[0]))
+    problems = missing(Path(argv[0])) + remote_assets(Path(argv[0]))
     for p in problems:
         print(p)
     total = sum(len(public_names(importlib.import_module(m))) for m in PUBLIC_MODULES)

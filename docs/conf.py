@@ -33,7 +33,6 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
-    "sphinx.ext.mathjax",
     "sphinxarg.ext",
     "api_pages",
     "benchmarks_page",
@@ -44,7 +43,9 @@ source_suffix = {".md": "myst-nb", ".rst": "restructuredtext"}
 root_doc = "index"
 
 # MyST
-myst_enable_extensions = ["colon_fence", "deflist", "dollarmath", "fieldlist"]
+# No math extension: formulas are written in Unicode, so pages read the same offline (MathJax would
+# load from a CDN); docs/check_reference.py refuses a page that loads a script from the network.
+myst_enable_extensions = ["colon_fence", "deflist", "fieldlist"]
 myst_heading_anchors = 3
 
 # Notebooks: executed at every build from scratch (cached between builds in the output folder), a
