@@ -92,7 +92,8 @@ def test_a_country_of_ones_own_from_csv_files(tmp_path):
 @pytest.mark.timeout(300)
 def test_same_days_on_one_to_four_processes():
     params = {"initial_prevalence": 0.2, "test_day": 2, "vaccine_day": 1,  # and people in hospital by day 4:
-              "latent_days": 1.5, "presymptomatic_days": 1.0, "onset_to_severe_days": 1.5}
+              "latent_days": 1.5, "presymptomatic_days": 1.0, "onset_to_severe_days": 1.5,
+              "people_per_locality": 100}  # 16 localities: every process holds people
     report = check_model("covid", agents=1500, steps=8, world_sizes=(1, 2, 4), params=params)
     assert report.identical, report.summary()
     one = Simulation(get_model("covid"), agents=1500, seed=1, params=params).run(8).metrics  # check_model's seed

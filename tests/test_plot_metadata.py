@@ -137,8 +137,8 @@ def test_metrics_chosen_by_name_override_the_declared_figure(tmp_path):
     (lambda m: m.metric(name="x", color=(1, 0, 0))(lambda s: s),
      r"metric 'x': color: expected a matplotlib color .* \(got tuple \(1, 0, 0\)\)"),
     (lambda m: m.metric(name="x", colour="red")(lambda s: s),
-     r"metric 'x': unexpected keyword 'colour' \(valid: name, reduce, hist, label, color, panel, share_of, limits, "
-     r"unit\)\. Perhaps you meant 'color'\?"),
+     r"metric 'x': unexpected keyword 'colour' \(valid: name, reduce, hist, groups, resolution, label, color, panel, "
+     r"share_of, limits, unit\)\. Perhaps you meant 'color'\?"),
     (lambda m: m.metric(name="x", panel=" ")(lambda s: s), r"metric 'x': panel: expected a non-empty str"),
     (lambda m: m.metric(name="x", share_of=[])(lambda s: s),
      r"metric 'x': share_of: expected a metric name or a non-empty list of them \(got \[\]\)"),

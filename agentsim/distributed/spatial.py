@@ -94,8 +94,8 @@ def check_layout_splits(space: Any, layout: str, world_size: int) -> None:
         if p == 1:
             continue
         if one_axis and axis == 1:
-            raise ConfigError(f"partition 'spatial': layout {layout!r} at W = {world_size} cuts a {p} x "
-                              f"{parts[0]} grid of blocks, but a {name} has one axis: use layout 'strips' or "
+            raise ConfigError(f"partition 'spatial': layout {layout!r} at W = {world_size} cuts a {parts[0]} x "
+                              f"{parts[1]} grid of blocks, but a {name} has one axis: use layout 'strips' or "
                               "'rcb', which cut it into W stretches")
         if space.discrete and size < p:
             what = ("rows", "columns")[axis] if name == "Grid" else f"cells along axis {axis}"
