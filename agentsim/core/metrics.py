@@ -394,13 +394,13 @@ class Metric:
         #: values are summed in multiples of ``2**-(METRIC_FRAC_BITS + shift)``, the power of two at or
         #: below the resolution.
         self.shift = 0 if resolution is None else math.ceil(-math.log2(resolution)) - METRIC_FRAC_BITS
-        if not -METRIC_FRAC_BITS < self.shift + 0 < 61 - METRIC_FRAC_BITS:
+        if not -METRIC_FRAC_BITS < self.shift < 61 - METRIC_FRAC_BITS:
             raise ConfigError(f"metric '{self.name}': resolution {resolution!r} is outside what an int64 "
                               "fixed-point sum holds (valid: 1e-18 to 0.5)")
         self.display = Display.declare(f"metric '{self.name}'", label=label, color=color, panel=panel,
                                        share_of=share_of, limits=limits, unit=unit)
         self._entry_names: dict[int, list[str]] = {}
-        self._edges: dict[torch.device, Tensor] = {}
+        self._edges: dict[tuple[torch.device, tuple[float, ...] | None], Tensor] = {}
 
     def __repr__(self) -> str:
         if callable(self.hist):
@@ -443,8 +443,8 @@ class Metric:
             return [self._histogram(value, mc.params)]
         if self.groups is not None:
             return self._per_group(value, mc.params)
-        if self.shift and isinstance(value, Tensor) and value.is_floating_point():
-            value = torch.ldexp(value.to(torch.float64), torch.tensor(float(self.shift), dtype=torch.float64))
+        if isinstance(value, Tensor) and value.is_floating_point():
+            value = self._shifted(value)
         ranges: list[int] | None = None  # a float value's range entries, where the kernel made them
         if isinstance(value, ExactSum):
             count = int(value.n_values)
@@ -489,6 +489,12 @@ class Metric:
             blocks.append(([self.name + _COUNT], [False], [count]))
         return blocks
 
+    def _shifted(self, values: Tensor) -> Tensor:
+        """Float ``values`` times ``2**shift`` (exact): summed in this metric's resolution."""
+        if not self.shift:
+            return values
+        return torch.ldexp(values.to(torch.float64), torch.tensor(float(self.shift), dtype=torch.float64))
+
     def _histogram(self, value: Any, params: Mapping[str, Any]) -> Block:
         """The counts per bin of this rank's values, ``[K]`` int64."""
         hist = self.edges(params)
@@ -497,9 +503,10 @@ class Metric:
         if not isinstance(value, Tensor) or value.dim() != 1:
             got = f"shape {list(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
             raise ConfigError(f"metric '{self.name}': a hist metric expects per-agent values [n] (got {got})")
-        edges = self._edges.get(value.device)
-        if edges is None or edges.numel() != len(hist) or tuple(edges.tolist()) != hist:
-            edges = self._edges[value.device] = torch.tensor(hist, dtype=torch.float64, device=value.device)
+        key = (value.device, hist if callable(self.hist) else None)  # edges of a function: per value
+        edges = self._edges.get(key)
+        if edges is None:
+            edges = self._edges[key] = torch.tensor(hist, dtype=torch.float64, device=value.device)
         return self.entries(k), [False] * k, histogram_counts(value, edges)
 
     def _per_group(self, value: Any, params: Mapping[str, Any]) -> list[Block]:
@@ -524,9 +531,7 @@ class Metric:
         if values is None:
             sums = torch.bincount(at, minlength=n_groups)
         elif is_float:
-            v = values[keep].to(torch.float64)
-            if self.shift:
-                v = torch.ldexp(v, torch.tensor(float(self.shift), dtype=torch.float64))
+            v = self._shifted(values[keep].to(torch.float64))
             sums = torch.zeros(n_groups, dtype=torch.int64, device=v.device).index_add_(
                 0, at, ops.to_fixed(v, METRIC_FRAC_BITS))
             blocks.append(([self.name + _INVALID, self.name + _BOUND], [False, False], _range_entries(v)))

@@ -304,8 +304,9 @@ class CounterRNG:
         kth = torch.kthvalue(keys, k).values  # the k-th smallest key: those below it, then ties by position
         rows = torch.nonzero(keys <= kth).reshape(-1)
         if rows.numel() > k:  # ties at the k-th key: the first of them by position
-            tied = torch.nonzero(keys[rows] == kth).reshape(-1)
-            rows = torch.cat([rows[keys[rows] < kth], rows[tied[: k - int((keys[rows] < kth).sum())]]]).sort().values
+            below = keys[rows] < kth
+            tied = rows[~below]
+            rows = torch.cat([rows[below], tied[: k - int(below.sum())]]).sort().values
         return ids[rows[torch.argsort(keys[rows], stable=True)]]
 
     def at(self, step: int, stream: int | str | None = None) -> StepRNG:

@@ -51,6 +51,7 @@ from agentsim.core.state import Population, State
 from agentsim.core.substep import Substep, resolve_reach
 from agentsim.errors import ConfigError
 from agentsim.space.base import SortKey
+from agentsim.space.ordered import turn_in_order
 
 __all__ = ["LocalityOrder", "check_sort_every"]
 
@@ -60,14 +61,6 @@ def check_sort_every(every: object) -> int:
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ConfigError(f"sort_every: expected an int >= 0 (got {every!r})")
     return every
-
-
-def _in_order_turned(key: Tensor) -> bool:
-    """Whether ``key`` ``[n]`` is sorted, or sorted and turned round once (rows ``a..n-1`` then
-    ``0..a-1``, as on a ring after agents crossed its end): as local as sorted, so left as it is.
-    """
-    back = torch.nonzero(key[1:] < key[:-1]).reshape(-1)
-    return back.numel() == 0 or (back.numel() == 1 and bool(key[-1] <= key[0]))
 
 
 class LocalityOrder:
@@ -117,6 +110,6 @@ class LocalityOrder:
             if pop is None or self.keys[name] not in pop or pop.n < 2:
                 continue
             key = self.cell_id(name, pop)
-            if _in_order_turned(key):
+            if turn_in_order(key, strict=False) is not None:  # as local as sorted: left as it is
                 continue
             pop.permute(torch.argsort(key, stable=True))

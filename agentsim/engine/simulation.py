@@ -846,11 +846,8 @@ class Simulation:
             pop, key = ref.split(".")
             if pop != ENV and key == Line.position_field:
                 x = self.state.populations[pop][key]
-                bad = torch.tensor(False)
-                if x.numel():
-                    low, high = torch.aminmax(x)  # one pass; a NaN makes both NaN
-                    end = int(line.length) if line.cells else line.length
-                    bad = ~(low >= 0) | (~(high < end) if line.periodic or line.cells else ~(high <= end))
+                # the smallest and largest positions (one pass; a NaN makes both NaN) off the line, or not
+                bad = line.outside(torch.stack(torch.aminmax(x))).any() if x.numel() else torch.tensor(False)
                 flags.append(Flag(f"{s.name}: {ref} holds a position outside {line.describe()} (map positions "
                                   "onto it with ctx.space.move(x, dx) or ctx.space.wrap(x))", bad))
         return flags
@@ -1017,9 +1014,8 @@ class Simulation:
         self._stop_signal = 0
         self._rows = []
         try:
-            held = torch.tensor([sum(p.n for p in self.state.populations.values())], dtype=torch.int64)
-            agents_at_start = int((held if self.comm.world_size == 1 else self.comm.sum_int64(held))[0])
             row = self.metrics()
+            agents_at_start = sum(int(row[f"n_{name}"]) for name in self.state.populations)  # over every rank
             figs = self._figures
             first_perf, first_comm, first_totals = figs.taken, figs.comm_taken, dict(figs.substep_totals)
             rows.append(row)

@@ -54,7 +54,7 @@ from torch import Tensor
 from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
 from agentsim.space.line import Line
 
-__all__ = ["DIRECTIONS", "Nearest", "nearest"]
+__all__ = ["DIRECTIONS", "Nearest", "nearest", "turn_in_order"]
 
 DIRECTIONS: tuple[str, ...] = ("ahead", "behind", "either")
 
@@ -174,7 +174,7 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str = "ahead", wi
     if n_t == 0 or n_s == 0:
         none = torch.full((n_t, k), -1, dtype=torch.int64, device=x_t.device)
         return Nearest(none, none >= 0, torch.full((n_t, k), fill, dtype=x_s.dtype, device=x_t.device))
-    turn = _ring_turn(x_s) if same and n_t == n_s else None
+    turn = turn_in_order(x_s, strict=True) if same and n_t == n_s else None
     if turn is not None:
         index, distance = _ring_walk(space, x_s, turn, k, direction)
     else:
@@ -193,21 +193,23 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str = "ahead", wi
     return _compact(index, found, distance, k)
 
 
-def _ring_turn(x: Tensor) -> int | None:
-    """Where the rows turn round, if they are at distinct positions in order along the line, possibly
-    turned round once (rows ``a..n-1`` then ``0..a-1``: a ring's order after agents crossed the wrap):
+def turn_in_order(key: Tensor, strict: bool) -> int | None:
+    """Where rows turn round, if ``key`` ``[n]`` is in increasing order (``strict``: no two equal) possibly
+    turned round once (rows ``a..n-1`` then ``0..a-1``: a ring's order after agents crossed its end):
     ``a`` (0 when in order), else None.
     """
-    n = int(x.shape[0])
-    if n < 2:
+    if key.shape[0] < 2:
         return 0
-    back = torch.nonzero(x[1:] <= x[:-1]).reshape(-1)
+    back = torch.nonzero(key[1:] <= key[:-1] if strict else key[1:] < key[:-1]).reshape(-1)
     if back.numel() == 0:
         return 0
+    if back.numel() > 1:
+        return None
     b = int(back[0])
-    if back.numel() == 1 and bool(x[b + 1] < x[b]) and bool(x[-1] < x[0]):
-        return b + 1
-    return None
+    if strict and not bool(key[b + 1] < key[b]):  # two equal keys, not a turn
+        return None
+    turned = key[-1] < key[0] if strict else key[-1] <= key[0]
+    return b + 1 if bool(turned) else None
 
 
 def _ring_walk(space: Line, x: Tensor, turn: int, k: int, direction: str) -> tuple[Tensor, Tensor]:
