@@ -17,6 +17,8 @@ runs as many threads as there are cores to run them:
   :data:`SAMPLE_SECONDS`, how much CPU time the other processes took on its cores
   (``/proc/stat`` less this process's own time) and runs ``floor(cores - busy + 0.25)`` threads
   (at least 1, at most the cap): with one CPU-bound process beside it on 2 cores, 1 thread.
+  Before the first sample (the run's initialization) it goes by the threads running on the
+  machine at its start (:func:`running_others`), where the process may use every core.
   The number of threads never changes a result (every sum agentsim makes is exact and every
   kernel's split is fixed), only the time.
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 from agentsim.errors import ConfigError
 
 __all__ = ["FIRST_SAMPLE_SECONDS", "SAMPLE_SECONDS", "CpuSample", "ThreadGovernor", "busy_threads", "cap_threads",
-           "configured_threads", "other_load", "quota_cores", "usable_cores"]
+           "configured_threads", "other_load", "quota_cores", "running_others", "usable_cores"]
 
 SAMPLE_SECONDS = 0.25  # the governor reads the machine's CPU times at most this often (seconds of wall time)
 FIRST_SAMPLE_SECONDS = 0.05  # ... and first after this long (the samples count 10 ms ticks)
@@ -135,6 +138,38 @@ def cap_threads() -> None:
         torch.set_num_threads(usable_cores())
 
 
+def _procs_running() -> tuple[int, int] | None:
+    """``procs_running`` of ``/proc/stat`` (threads running or runnable on the whole machine now,
+    this one included) and the machine's cores listed there; None off Linux.
+    """
+    try:
+        with open("/proc/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = re.search(r"^procs_running (\d+)$", text, re.MULTILINE)
+    if found is None:
+        return None
+    return int(found.group(1)), len(re.findall(r"^cpu\d+ ", text, re.MULTILINE))
+
+
+def running_others(cores: int, reads: int = 2, pause: float = 0.001) -> float | None:
+    """Threads of other processes running now: the fewest of ``reads`` readings of ``procs_running``
+    ``pause`` seconds apart, less this thread (a thread that ran for a moment is not counted). None
+    where that cannot tell: off Linux, or where the process may use fewer than the machine's cores
+    (a container's threads elsewhere on its host do not compete with it).
+    """
+    fewest: int | None = None
+    for k in range(reads):
+        if k:
+            time.sleep(pause)
+        got = _procs_running()
+        if got is None or got[1] > cores:
+            return None
+        fewest = got[0] if fewest is None else min(fewest, got[0])
+    return None if fewest is None else float(max(0, fewest - 1))
+
+
 def busy_threads(cores: int, others: float, cap: int) -> int:
     """Threads to run on ``cores`` usable cores while other processes use ``others`` of them (in
     cores): ``floor(cores - others + 0.25)``, at least 1, at most ``cap``.
@@ -195,6 +230,8 @@ class ThreadGovernor:
         cap: The most threads (default: torch's threads now).
         cores: The usable cores (default: :func:`usable_cores`).
         sample: What reads the CPU times (default: :meth:`CpuSample.take`; None where it cannot).
+        running: What counts the other processes' running threads at the start, for the threads
+            until the first sample (default: :func:`running_others`; None where it cannot).
 
     Attributes:
         history: Thread count to the steps run with it.
@@ -206,6 +243,7 @@ class ThreadGovernor:
     cap: int = 0
     cores: int = field(default_factory=usable_cores)
     sample: Callable[[], CpuSample | None] = field(default=CpuSample.take, repr=False)
+    running: Callable[[int], float | None] = field(default=running_others, repr=False)
     history: dict[int, int] = field(default_factory=dict, init=False)
     others: float = field(default=0.0, init=False)
     most_others: float = field(default=0.0, init=False)
@@ -223,6 +261,22 @@ class ThreadGovernor:
         self._last = self.sample() if self.active else None
         if self._last is None:
             self.active = False
+            return
+        others = self.running(self.cores)  # until the first sample: the threads running now
+        if others is not None:
+            self._adapt(others)
+
+    def _adapt(self, others: float) -> None:
+        """Run the threads that ``others`` busy cores leave (torch's threads set where they change)."""
+        import torch
+
+        self.others = others
+        self.most_others = max(self.most_others, others)
+        want = busy_threads(self.cores, others, self.cap)
+        self.shed |= want < self.cap
+        if want != self._set:
+            torch.set_num_threads(want)
+            self._set = want
 
     def tick(self) -> int:
         """Before a step: the threads it runs with (changed where the load changed)."""
@@ -235,14 +289,10 @@ class ThreadGovernor:
         if self.active and self._last is not None and time.monotonic() - self._last.wall >= wait:
             sample = self.sample()
             if sample is not None:
-                self.others = other_load(self._last, sample)
-                self.most_others = max(self.most_others, self.others)
+                others = other_load(self._last, sample)
                 self._last = sample
-                want = busy_threads(self.cores, self.others, self.cap)
-                self.shed |= want < self.cap
-                if want != now:
-                    torch.set_num_threads(want)
-                    self._set = now = want
+                self._adapt(others)
+                now = self._set
         self.history[now] = self.history.get(now, 0) + 1
         return now
 

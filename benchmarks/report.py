@@ -984,7 +984,8 @@ def busy_threads_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
     for rel, d in files:
         lines += [f"`{rel}` ({d['usable_cores']} usable cores; busy: {d['busy_processes']} CPU-bound process(es) "
                   f"beside the run; {d['rounds']} alternating rounds, a fresh process each): seconds for the "
-                  "steps, medians, and the ratios of the medians:", ""]
+                  "steps, medians, and the ratios of the medians (the last column: of the whole run, building "
+                  "the model and its initialization included, where recorded):", ""]
         rows = []
         for w, (model, agents, steps) in d["workloads"].items():
             med = d["summary"][w]["median_seconds"]
@@ -995,8 +996,11 @@ def busy_threads_section(files: list[tuple[str, dict[str, Any]]]) -> Section:
                 default = med[condition].get("default")
                 row.append(num(default / one if default and one else None, 2))
                 row.append(num(default / fixed if default and fixed else None, 2))
+                whole = d["summary"][w].get("median_whole_seconds", {}).get(condition, {})
+                row.append(num(whole["default"] / whole["one"], 2) if whole else "")
                 rows.append(row)
-        lines += table(["workload", "machine", *modes, "default / one", "default / fixed"], rows)
+        lines += table(["workload", "machine", *modes, "default / one", "default / fixed",
+                        "whole run: default / one"], rows)
 
     def plot(ax: Any) -> None:
         bars = []

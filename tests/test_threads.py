@@ -151,6 +151,34 @@ def test_the_governor_follows_the_load_and_the_users_own_setting(two_threads: ob
                                   "kept up to 1.0 cores busy)")
 
 
+def test_the_governor_starts_from_the_threads_running_at_its_start(two_threads: object,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's initialization happens before the first sample: it runs with the threads that the
+    processes running at the start leave, and the first sample corrects a passing process.
+    """
+    monkeypatch.delenv("AGENTSIM_THREADS", raising=False)
+    machine = FakeMachine()
+    governor = ThreadGovernor(cores=2, sample=machine, running=lambda cores: 1.0)
+    assert torch.get_num_threads() == 1 and governor.shed and governor.most_others == 1.0
+    assert governor.tick() == 2  # the sample: nothing else ran
+    torch.set_num_threads(2)
+    unknown = ThreadGovernor(cores=2, sample=machine, running=lambda cores: None)
+    assert torch.get_num_threads() == 2 and not unknown.shed
+
+
+def test_running_others_counts_other_threads_only_where_they_compete(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter([(3, 2), (2, 2)])
+    monkeypatch.setattr(threads, "_procs_running", lambda: next(readings))
+    assert threads.running_others(2, pause=0.0) == 1.0  # the fewer of two readings, less this thread
+    monkeypatch.setattr(threads, "_procs_running", lambda: (5, 64))
+    assert threads.running_others(2) is None  # 2 of 64 cores: the others may run elsewhere
+    monkeypatch.setattr(threads, "_procs_running", lambda: None)
+    assert threads.running_others(2) is None
+    monkeypatch.undo()
+    if os.path.exists("/proc/stat"):
+        assert threads._procs_running() is not None
+
+
 def test_agentsim_threads_stops_the_governor(two_threads: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTSIM_THREADS", "2")
     machine = FakeMachine()
