@@ -83,3 +83,29 @@ def ages(state: asim.MetricsContext):
 @MODEL.metric(reduce="sum", resolution=1e-12)
 def tiny(state: asim.MetricsContext):
     return state["person"]["days"].double() * 1e-9
+
+
+# Bugs wandering on a grid, counted per cell: a metric with one group per cell of the space.
+BUGS = asim.Model("bugs", params={"rows": asim.Param(7, "grid rows", ge=1),
+                                  "cols": asim.Param(5, "grid columns", ge=1)})
+
+
+@BUGS.init
+def place_bugs(ic: asim.InitContext) -> asim.Grid:
+    grid = asim.Grid((ic.params["rows"], ic.params["cols"]), periodic=True)
+    uid = ic.uids("bug", ic.n_agents)
+    ic.add("bug", uid=uid, cell=ic.rng.integers(uid, "cell", high=grid.n_cells))
+    return grid
+
+
+@BUGS.substep(reads=["bug.cell"], writes=["bug.cell"])
+def wander(ctx: asim.Context) -> None:
+    bugs = ctx["bug"]
+    row, col = ctx.space.coords(bugs["cell"])
+    step = ctx.rng.integers(bugs["uid"], "step", high=3) - 1  # -1, 0 or 1 column
+    bugs["cell"] = ctx.space.cell_index(row, col + step)  # wraps on the torus
+
+
+@BUGS.metric(groups="space")
+def bugs_per_cell(state: asim.MetricsContext) -> torch.Tensor:
+    return state["bug"]["cell"]

@@ -104,6 +104,34 @@ def test_derived_metrics_read_the_parameters():
         model.derived(lambda m, p, q: 0)
 
 
+def test_one_group_per_cell_of_the_space():
+    import place_models
+
+    run = asim.Simulation(place_models.BUGS, 300, 2, params={"rows": 4, "cols": 6}).run(3)
+    assert run.metrics["bugs_per_cell"].shape == (4, 24)
+    cells = run.state["bug"]["cell"]
+    assert run.metrics["bugs_per_cell"][-1].tolist() == torch.bincount(cells, minlength=24).tolist()
+    boxed = asim.Model("boxed")
+
+    @boxed.init
+    def init(ic):
+        ic.add("p", uid=ic.uids("p", ic.n_agents), pos=torch.zeros(ic.n_agents, 2))
+        return asim.Box((4.0, 4.0))
+
+    boxed.substep(reads=["p.pos"])(lambda ctx: None)
+    boxed.metric(name="per_cell", groups="space")(lambda state: state["p"]["uid"])
+    with pytest.raises(ConfigError, match="groups='space' makes one group per cell of the space, and a Box has no "
+                                          "cells"):
+        asim.Simulation(boxed, 10, 0).run(1)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(300)
+def test_a_metric_per_cell_is_identical_on_one_to_three_processes():
+    report = check_model("place_models:BUGS", agents=400, steps=6)
+    assert report.identical, report.summary()
+
+
 @pytest.mark.timeout(300)
 def test_a_model_with_metrics_per_city_is_identical_on_one_to_three_processes():
     report = check_model("place_models:MODEL", agents=600, steps=8)

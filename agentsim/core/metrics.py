@@ -28,7 +28,9 @@ integer sums, so the same on any number of ranks; the row holds a :class:`Histog
 counts with their ``edges``), and a trajectory file stores the edges as the dataset's
 ``edges`` attribute.
 
-A metric per group, ``Metric(fn, groups=G)`` (``G`` an int or the name of an int parameter): ``fn``
+A metric per group, ``Metric(fn, groups=G)`` (``G`` an int, the name of an int parameter, or
+``"space"``: one group per cell of the model's space, a :class:`~agentsim.Grid`'s cells in row-major
+order or a line's cells, the agent's cell its group): ``fn``
 returns ``(group, values)``, the group of each agent ``[n]`` (integers; ``-1`` or any negative id:
 in no group) and its values ``[n]``, or the groups alone (each agent counts one); the metric is
 the exact sum of the values in each group, a vector of ``G`` (per place, city or region). A group
@@ -98,6 +100,7 @@ _COUNT = "#count"  # the entry that counts a mean metric's values (metric names 
 _INVALID = "#invalid"  # the entry that counts the ranks whose float values a fixed-point sum cannot hold
 _BOUND = "#bound"  # the entry that bounds a float metric's |sum| (rows times largest magnitude), summed over ranks
 _OUTSIDE = "#outside"  # the entry that counts a metric per group's group ids past its last group, summed over ranks
+SPACE_GROUPS = "space"  # Metric(groups=SPACE_GROUPS): one group per cell of the model's space
 #: The largest magnitude of a float metric value the fixed-point sum holds exactly (larger values,
 #: NaN and inf stop the run with an error naming the metric, on every rank at the same step).
 METRIC_VALUE_LIMIT = 2.0 ** (62 - METRIC_FRAC_BITS)
@@ -381,8 +384,9 @@ class Metric:
                               "(valid with hist: reduce='sum'); declare a mean as a separate metric")
         if groups is not None and (isinstance(groups, bool) or not isinstance(groups, (int, str))
                                    or (isinstance(groups, int) and groups < 1)):
-            raise ConfigError(f"metric '{self.name}': groups: expected the number of groups, an int >= 1, or the "
-                              f"name of an int parameter (got {groups!r})")
+            raise ConfigError(f"metric '{self.name}': groups: expected the number of groups, an int >= 1, the "
+                              f"name of an int parameter, or {SPACE_GROUPS!r} (one per cell of the space) "
+                              f"(got {groups!r})")
         if groups is not None and (reduce != "sum" or self.hist is not None):
             raise ConfigError(f"metric '{self.name}': groups sums values per group (reduce='sum', no hist); a "
                               "mean per group is a derived metric: the sums over the counts")
@@ -419,10 +423,17 @@ class Metric:
             return self.hist
         return check_edges(self.hist(params), self.name)
 
-    def n_groups(self, params: Mapping[str, Any]) -> int | None:
-        """The number of groups for a run with ``params`` (None without ``groups``)."""
+    def n_groups(self, params: Mapping[str, Any], space: Any = None) -> int | None:
+        """The number of groups for a run with ``params`` in ``space`` (None without ``groups``)."""
         if not isinstance(self.groups, str):
             return self.groups
+        if self.groups == SPACE_GROUPS:
+            shape = getattr(space, "layer_shape", None)
+            if not shape:
+                raise ConfigError(f"metric '{self.name}': groups={SPACE_GROUPS!r} makes one group per cell of the "
+                                  f"space, and a {type(space).__name__} has no cells (a Grid or a Line(cells=True) "
+                                  "has); give the number of groups, or the name of an int parameter")
+            return int(math.prod(shape))
         got = _parameter(self.name, "groups", self.groups, params)
         if isinstance(got, bool) or not isinstance(got, (int, np.integer)) or got < 1:
             raise ConfigError(f"metric '{self.name}': groups: parameter {self.groups!r} = {got!r} is not a number "
@@ -442,7 +453,7 @@ class Metric:
         if self.hist is not None:
             return [self._histogram(value, mc.params)]
         if self.groups is not None:
-            return self._per_group(value, mc.params)
+            return self._per_group(value, mc.params, mc.space)
         if isinstance(value, Tensor) and value.is_floating_point():
             value = self._shifted(value)
         ranges: list[int] | None = None  # a float value's range entries, where the kernel made them
@@ -509,11 +520,11 @@ class Metric:
             edges = self._edges[key] = torch.tensor(hist, dtype=torch.float64, device=value.device)
         return self.entries(k), [False] * k, histogram_counts(value, edges)
 
-    def _per_group(self, value: Any, params: Mapping[str, Any]) -> list[Block]:
+    def _per_group(self, value: Any, params: Mapping[str, Any], space: Any) -> list[Block]:
         """The sums per group of this rank's values, ``[G]`` int64 (floats in fixed point), and the
         count of group ids of ``G`` or more (checked on the global sums by :func:`metric_row`).
         """
-        n_groups = self.n_groups(params)
+        n_groups = self.n_groups(params, space)
         assert n_groups is not None
         group, values = value if isinstance(value, tuple) and len(value) == 2 else (value, None)
         if not isinstance(group, Tensor) or group.dim() != 1 or group.is_floating_point() \

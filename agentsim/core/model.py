@@ -206,8 +206,9 @@ class Model:
         The values are summed exactly over agents and ranks (``reduce="sum"``) or averaged
         (``reduce="mean"``); ``[n, K]`` values make a vector metric of K entries (each column
         summed); with ``hist=edges`` (or a function of the parameters returning them) the metric
-        counts the ``[n]`` values per bin; with ``groups=G`` (an int or an int parameter's name) ``fn``
-        returns ``(group, values)`` and the metric is the sum per group, ``[G]``;
+        counts the ``[n]`` values per bin; with ``groups=G`` (an int, an int parameter's name, or
+        ``"space"``: one group per cell of a Grid or a line of cells) ``fn`` returns ``(group, values)``
+        and the metric is the sum per group, ``[G]``;
         ``resolution=r`` sums float values in multiples of about ``r`` (default ``2**-24``) (see
         :mod:`agentsim.core.metrics`)::
 
