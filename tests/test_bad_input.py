@@ -700,8 +700,11 @@ CASES += [
     Case("cli-check-partition", "command line", "agentsim check --partition spatial for a model without a space",
          args("check", "flu", "--agents", "50", "--partition", "spatial"), 2,
          "partition 'spatial' does not apply to model 'flu' (applies: data)"),
-    Case("config-check-type", "config file", "check that is not true or false", config_check, 2,
-         "check: expected true or false (got 'yes')"),
+    Case("config-check-type", "config file", "check that is not true, false or a number of steps", config_check, 2,
+         "check: expected True, False, or a number of steps K >= 1 (check every K-th step) (got 'yes')"),
+    Case("cli-check-steps", "command line", "agentsim run --check 0",
+         args("run", "sir", "--agents", "50", "--check", "0"), 2,
+         "argument --check: expected a number of steps K >= 1 (got 0)"),
 ]
 
 # Reliability cases (issue 33), one block per fault class; each block extends CASES.

@@ -76,6 +76,38 @@ def test_on_several_ranks_the_spatial_reach_check_stops_every_rank():
         run_ranks(_short_reach_spatial, 2, timeout=30.0)
 
 
+def test_a_sampled_check_checks_every_kth_step_only():
+    """``check=K``: the same bits as a plain run; a broken contract found at the first checked step at
+    or after the first step that breaks it; the steps between run unchecked.
+    """
+    model = get_model("wolfsheep")
+    plain = Simulation(model, agents=200, seed=3).run(6)
+    sampled = Simulation(model, agents=200, seed=3, check=3).run(6)
+    for key, values in plain.metrics.items():
+        assert sampled.metrics[key].tobytes() == values.tobytes(), key
+    slow_start = get_model("bad_models:slow_start")  # reads 5 cells ahead, declares 1: broken on some steps
+    with pytest.raises(ContractError, match=r"^step 10: substep '_drive_blind'"):
+        Simulation(slow_start, agents=100, seed=3, check=True).run(30)
+    with pytest.raises(ContractError, match=r"^step 27: substep '_drive_blind'"):  # steps 3, 6, ..., 27
+        Simulation(slow_start, agents=100, seed=3, check=3).run(30)
+    Simulation(slow_start, agents=100, seed=3, check=3).run(26)  # the checked steps 3 ... 24 keep the contract
+    for bad in (-1, 2.5, "5"):
+        with pytest.raises(ConfigError, match=r"check: expected True, False, or a number of steps K >= 1"):
+            Simulation(model, agents=20, seed=3, check=bad)
+
+
+def _short_reach_sampled(comm):
+    Simulation(get_model("bad_models:short_reach"), agents=40, seed=3, comm=comm, partition="spatial",
+               check=2).run(3)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(60)
+def test_a_sampled_check_on_several_ranks_stops_every_rank_at_a_checked_step():
+    with pytest.raises(ContractError, match=r"ContractError: step 2: substep 'crowding': \[rank \d\]"):
+        run_ranks(_short_reach_sampled, 2, timeout=30.0)
+
+
 def test_check_mode_refuses_a_differentiable_run():
     with pytest.raises(ConfigError, match=r"check=True runs every substep several times"):
         Simulation(get_model("flu"), agents=50, check=True, grad=["beta"])

@@ -178,9 +178,21 @@ def _run_parser(sub: Any) -> None:
                      help="continue from the newest complete checkpoint in DIR (on any number of processes); "
                           "--steps stays the run's total; --agents, --seed, --set, --sync-every, --record and "
                           "--every must be those of the run that saved it")
-    run.add_argument("--check", action="store_true", default=None,
+    run.add_argument("--check", nargs="?", const=True, default=None, type=_check_steps, metavar="K",
                      help="check mode: check every substep call against the contract (row order, reach, "
-                          "sums over one process's agents, env combines, env indices, uids); several times slower")
+                          "sums over one process's agents, env combines, env indices, uids); several times slower. "
+                          "--check K checks every K-th step only (a sampled check of a long run)")
+
+
+def _check_steps(text: str) -> int:
+    """``--check K``: K, the steps between checked steps (an int >= 1)."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps K >= 1 (got {text!r})") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of steps K >= 1 (got {k})")
+    return k
 
 
 def _train_parser(sub: Any) -> None:

@@ -38,6 +38,11 @@ other rank's agents as its halo and must give the same writes. A violation found
 stops every rank at the same substep. The checks cost several calls of every substep: use
 the check mode while writing a model (``agentsim check`` runs it), not for production runs.
 Nothing of it runs when it is off.
+
+A sampled check, ``check=K`` (``agentsim run --check K``), checks every substep call of every K-th
+step (steps K, 2K, ...) and runs the other steps as usual: a production run on several processes
+that watches its contract at about ``1 + (c - 1) / K`` times the plain run's time, ``c`` the check
+mode's own factor (the spatial partitioner then runs no substep around its exchange, on any step).
 """
 
 from __future__ import annotations
@@ -55,17 +60,32 @@ from agentsim.core.groups import GroupIndex, GroupSums, check_spread, check_weig
 from agentsim.core.params import Params
 from agentsim.core.state import UID, State
 from agentsim.core.substep import ENV, Substep, resolve_reach
-from agentsim.errors import ContractError
+from agentsim.errors import ConfigError, ContractError
 from agentsim.space.continuous.box import Box
 from agentsim.space.grid import Grid
 from agentsim.space.line import Line
 
-__all__ = ["ContractChecks", "checked_env"]
+__all__ = ["ContractChecks", "check_every_steps", "checked_env"]
 
 CallFn = Callable[..., Effects]  # call(substep, state, halos, groups=None) -> Effects
 _GROUP_PASSES = 4  # passes of a split call that uses ctx.group_totals (2 unless totals feed later contributions)
 Outcome = dict[str, Tensor]
 _MESSAGE_BYTES = 4096  # a violation's message travels to every rank in a fixed-size row
+
+
+def check_every_steps(check: object) -> int:
+    """The steps between checked steps for a ``check`` argument: ``True`` 1 (every step), ``False``
+    or 0 none (0), an int ``K >= 1`` every K-th step.
+
+    Raises:
+        ConfigError: ``check`` is neither a bool nor an int >= 0.
+    """
+    if isinstance(check, bool):
+        return int(check)
+    if isinstance(check, int) and check >= 0:
+        return check
+    raise ConfigError(f"check: expected True, False, or a number of steps K >= 1 (check every K-th step) "
+                      f"(got {check!r})")
 
 
 class _CheckedLayer(Tensor):

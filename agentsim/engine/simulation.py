@@ -55,7 +55,7 @@ from agentsim.distributed.partition import Partitioner, RankFigures, StepReport,
 from agentsim.distributed.partitioners import check_sync_every_for, make_partition
 from agentsim.distributed.snapshot import NeighborSnapshots
 from agentsim.engine import stops
-from agentsim.engine.contract import ContractChecks, checked_env, plain
+from agentsim.engine.contract import ContractChecks, check_every_steps, checked_env, plain
 from agentsim.engine.locality import LocalityOrder
 from agentsim.engine.memory import check_memory
 from agentsim.engine.perf import GROUP_COLUMNS, group_figures, step_figures
@@ -315,6 +315,8 @@ class Simulation:
             sums over this process's agents, env combines, env indices, uids); a violation raises a
             :class:`~agentsim.errors.ContractError` naming the step, substep, field and agents.
             Several times slower: for writing a model (``agentsim check``), not for production.
+            An int ``K`` checks every K-th step only (a sampled check of a production run, at about
+            ``1/K`` of the check mode's extra time).
         shuffle_rows: Debug aid: permute every population's rows before each step. Results
             must not change (they never depend on row order); the tests use this.
         sort_every: Sort the rows of populations read through ``neighbors`` by cell every
@@ -374,7 +376,8 @@ class Simulation:
                  check_inf: bool = True, shuffle_rows: bool = False, sort_every: int = DEFAULT_SORT_EVERY,
                  sync_every: int = 1,
                  policies: Mapping[str, Any] | None = None, grad: bool | Iterable[str] = False,
-                 resume: str | os.PathLike[str] | None = None, check: bool = False, **partition_options: Any) -> None:
+                 resume: str | os.PathLike[str] | None = None, check: bool | int = False,
+                 **partition_options: Any) -> None:
         if not isinstance(model, Model):
             raise ConfigError(f"model: expected an agentsim.Model (got {type(model).__name__}); "
                               "agentsim.get_model(name) loads one by name")
@@ -387,16 +390,15 @@ class Simulation:
         self.comm: Comm = comm if comm is not None else LocalComm()
         self.groups = GroupSums(self.comm)  # ctx.group_totals: per-group sums over ranks, cut groups cached
         self.partition: Partitioner = make_partition(partition, self.comm.world_size, **partition_options)
-        if not isinstance(check, bool):
-            raise ConfigError(f"check: expected True or False (got {check!r})")
-        if check and hasattr(self.partition, "allow_overlap"):
+        self.check_every = check_every_steps(check)  # 0: no check mode; K: every K-th step
+        if self.check_every and hasattr(self.partition, "allow_overlap"):
             self.partition.allow_overlap = False  # every substep call is checked, none runs around an exchange
         self.sync_every = check_sync_every_for(self.partition, sync_every)
         self.snapshots = NeighborSnapshots(self.sync_every) if self.sync_every > 1 else None
         self.check_nan, self.check_inf = check_nan, check_inf
         self.shuffle_rows = shuffle_rows
         self.grad_params: dict[str, Tensor] = grad_parameters(self.model, grad)
-        if check and self.grad_params:
+        if self.check_every and self.grad_params:
             raise ConfigError("check=True runs every substep several times and compares the results: not in a "
                               "differentiable run (grad=); check the model without grad first")
         self.params: Params = Params({**self.model.params, **self.grad_params}, self.model.name) \
@@ -448,7 +450,7 @@ class Simulation:
         # Called after every substep with (simulation, substep) on every rank (agentsim.runner.invariance).
         self.trace: Callable[[Simulation, Substep], None] | None = None
         self.checks = ContractChecks(self._call, space, self.params, self.comm, self.partition.name,
-                                     set(self.model.policies)) if check else None
+                                     set(self.model.policies)) if self.check_every else None
         self._figures = StepFigures()  # the last PERF_WINDOW steps' figures and running totals
         self.failed: str | None = None
         self._rows: list[tuple[dict[str, Any], dict[str, float]]] = []  # metric rows arrived, not yet recorded
@@ -725,16 +727,19 @@ class Simulation:
         if self.snapshots is not None and s.neighbors and fresh:
             self._store_snapshot(s, halos)
         before = self._env_before(s)
-        checking = self.checks is not None and fresh
-        start = state.clone() if checking else None
+        start = state.clone() if fresh and self._checking() else None
         effects = self._call(s, state, halos, fresh=fresh)
         if self.checks is not None and start is not None:
             self.checks.check(s, start, halos, state, effects, state.step + 1)
         flags = part.merge_env(state, s, before, self.comm) + self._apply(s, effects)
-        if self.checks is not None and s.births:
+        if self.checks is not None and s.births and self._checking():
             self.checks.check_uids(state, state.step + 1, s)
         part.migrate(state, s, self.comm)
         return flags
+
+    def _checking(self) -> bool:
+        """Whether the check mode checks the step being computed (every ``check_every``-th)."""
+        return self.checks is not None and (self.state.step + 1) % self.check_every == 0
 
     def _env_before(self, s: Substep) -> dict[str, Tensor]:
         """On several ranks, a copy of the env layers ``s`` writes when it runs on agents (each rank
@@ -766,7 +771,8 @@ class Simulation:
                       device=self.device, neighbors=neighbors if s.neighbors else None,
                       per_agent_flags=per_agent_flags, policies=self.actors,
                       groups=self.groups if groups is None else groups)
-        if self.checks is not None:  # env layers that refuse negative indices, for this call
+        checking = self._checking()
+        if checking:  # env layers that refuse negative indices, for this call
             state.env.update(checked_env(state.env, s))
         versions = _read_only_versions(s, state, self._read_only)
         try:
@@ -777,7 +783,7 @@ class Simulation:
                     raise FieldAccessError(
                         f"substep '{s.name}' modified '{pop}.{key}' in place but does not declare it in writes=")
         finally:
-            if self.checks is not None:
+            if checking:
                 _plain_state(state, ctx.effects)
         return ctx.effects
 

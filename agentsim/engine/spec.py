@@ -41,6 +41,7 @@ from agentsim.core.model import Model
 from agentsim.distributed.partition import SPATIAL_OPTIONS
 from agentsim.distributed.partitioners import check_run_partition
 from agentsim.distributed.process_group import DEFAULT_TIMEOUT, check_timeout
+from agentsim.engine.contract import check_every_steps
 from agentsim.engine.simulation import RunResult, Simulation, check_agents, check_seed, check_steps, resolve_device
 from agentsim.errors import ConfigError, did_you_mean
 from agentsim.io.checkpoint import check_keep
@@ -109,7 +110,7 @@ class RunSpec:
             :meth:`Simulation.run <agentsim.Simulation.run>`).
         timeout: Seconds a collective waits for the other processes before failing.
         max_restarts: With several processes, restarts from the newest checkpoint after a failure.
-        check: The check mode (:mod:`agentsim.engine.contract`).
+        check: The check mode (:mod:`agentsim.engine.contract`): True, or K to check every K-th step.
         progress: A progress bar (one process, on a terminal).
 
     Raises:
@@ -142,7 +143,7 @@ class RunSpec:
     checkpoint_async: bool = False
     timeout: float = DEFAULT_TIMEOUT
     max_restarts: int = 0
-    check: bool = False
+    check: bool | int = False
     progress: bool = False
     _resolved: Model | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -180,7 +181,7 @@ class RunSpec:
         _check_bool("checkpoint_async", self.checkpoint_async)
         put(self, "timeout", check_timeout(self.timeout))
         put(self, "max_restarts", _check_count("max_restarts", self.max_restarts, 0))
-        _check_bool("check", self.check)
+        check_every_steps(self.check)
         _check_bool("progress", self.progress)
 
     def _configured(self) -> Model:
@@ -305,7 +306,7 @@ class RunOptions(TypedDict, total=False):
     checkpoint_async: bool
     timeout: float
     max_restarts: int
-    check: bool
+    check: bool | int
     progress: bool
 
 

@@ -39,7 +39,7 @@ def run(model: Model | str | RunSpec, *args: Any, **options: Unpack[RunOptions])
             ``balance_threshold``, ``bins``, ``overlap``), ``progress`` (a progress bar: one process,
             on a terminal), ``check`` (the check mode, :mod:`agentsim.engine.contract`: every substep
             call checked against the contract that makes results the same on any number of
-            processes; several times slower), and the checkpoint and resume options of
+            processes; several times slower; an int K checks every K-th step), and the checkpoint and resume options of
             :class:`~agentsim.engine.spec.RunSpec`.
 
     Raises:
