@@ -79,3 +79,28 @@ def _split(ctx: asim.Context) -> None:
 @ring_drift.metric(reduce="sum")
 def particles(state: asim.MetricsContext) -> torch.Tensor:
     return torch.ones_like(state["p"]["x"], dtype=torch.int64)
+
+
+# Particles in a periodic box, each drawn toward its two nearest neighbours within its sight.
+nearest_pairs = asim.Model("nearest_pairs", params={
+    "side": asim.Param(20.0, "side of the box", gt=0),
+    "sight": asim.Param(2.0, "how far a particle sees", gt=0),
+})
+
+
+@nearest_pairs.init
+def _pairs_init(ic: asim.InitContext) -> asim.Box:
+    box = asim.Box((ic.params["side"], ic.params["side"]))
+    uid = ic.uids("p", ic.n_agents)
+    ic.add("p", uid=uid, pos=ic.rng.uniform(uid, "place", draws=2) * ic.params["side"])
+    return box
+
+
+@nearest_pairs.substep(reads=["p.pos"], writes=["p.pos"], neighbors={"p": ["pos"]}, reach="sight")
+def _pair_up(ctx: asim.Context) -> None:
+    p, box = ctx["p"], ctx.space
+    near = asim.nearest(box, ctx.neighbors("p"), k=2, within=ctx.params["sight"])
+    toward = box.displacement(p["pos"].unsqueeze(1), near.take(ctx.neighbors("p")["pos"]))  # [n, 2, 2]
+    pull = torch.where(near.found.unsqueeze(2), toward, 0.0).sum(1) * 0.1
+    jitter = (ctx.rng.uniform(p["uid"], "jitter", draws=2) - 0.5) * 0.2
+    p["pos"] = box.wrap(p["pos"] + pull + jitter)

@@ -166,7 +166,7 @@ def test_nearest_refuses_bad_queries() -> None:
         nearest(ring, cars, k=0, within=2)
     with pytest.raises(ConfigError, match="integer cells"):
         nearest(ring, {"x": torch.tensor([1.0]), "uid": torch.tensor([0])}, within=2)
-    with pytest.raises(ConfigError, match="expected a Line"):
+    with pytest.raises(ConfigError, match="expected a Line or a Box"):
         nearest(asim.Grid((3, 3)), cars, within=2)
     with pytest.raises(FieldAccessError, match="declares reach"):
         nearest(ring.with_query_limit(2, "substep 'drive' declares reach 2"), cars, within=3)

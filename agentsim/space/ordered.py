@@ -1,5 +1,6 @@
-"""Ordered neighbor queries on a :class:`~agentsim.space.line.Line`: the next agents ahead, behind,
-or the nearest either way, within a reach.
+"""Nearest-neighbor queries: on a :class:`~agentsim.space.line.Line` the next agents ahead, behind,
+or the nearest either way, within a reach; in a :class:`~agentsim.space.continuous.Box` the ``k``
+nearest within a radius.
 
 ::
 
@@ -24,7 +25,12 @@ and uids, so the answer is the same on any number of processes and with either
 partitioner, whose halos bring every agent within the substep's declared reach
 (``within`` may not exceed it).
 
-The query sorts the sources by ``(x, uid)``, unless their rows are already in that order,
+In a :class:`~agentsim.space.continuous.Box` (``direction`` does not apply): the sources within
+``within`` of the target (Euclidean, minimum image when periodic, inclusive: the pairs of
+:func:`~agentsim.space.continuous.radius_pairs`), nearest first by squared distance, ties in
+ascending uid; ``distance`` is the correctly rounded square root (``pair.dist``'s bits).
+
+On a line the query sorts the sources by ``(x, uid)``, unless their rows are already in that order,
 or in that order turned round once (a ring's order after agents crossed the wrap, which the
 engine's locality sort keeps): then it costs a few passes over the rows, like the code one
 writes for a ring in NumPy.
@@ -51,7 +57,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentsim.core import portable
 from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
+from agentsim.space.continuous.box import Box
+from agentsim.space.continuous.search import radius_pair_chunks
 from agentsim.space.line import Line
 
 __all__ = ["DIRECTIONS", "Nearest", "nearest", "turn_in_order"]
@@ -104,23 +113,27 @@ def _field(agents: Any, key: str, who: str) -> Tensor:
     try:
         got = agents[key]
     except KeyError:
-        raise ConfigError(f"nearest: {who} have no field {key!r} (a Line places agents at 'x')") from None
+        raise ConfigError(f"nearest: {who} have no field {key!r} (a Line places agents at 'x', "
+                          "a Box at 'pos')") from None
     if not isinstance(got, Tensor):
         raise ConfigError(f"nearest: {who}[{key!r}]: expected a tensor (got {type(got).__name__})")
     return got
 
 
-def nearest(space: Any, agents: Any, k: int = 1, *, direction: str = "ahead", within: float,
+def nearest(space: Any, agents: Any, k: int = 1, *, direction: str | None = None, within: float,
             sources: Any = None, fill: float | int | None = None) -> Nearest:
-    """The ``k`` nearest sources of each target along a line, within ``within`` (module docstring).
+    """The ``k`` nearest sources of each target along a line or in a box, within ``within`` (module
+    docstring).
 
     Args:
-        space: A :class:`~agentsim.space.line.Line` (``ctx.space``).
+        space: A :class:`~agentsim.space.line.Line` or a :class:`~agentsim.space.continuous.Box`
+            (``ctx.space``).
         agents: The targets, ``ctx.neighbors(pop)`` (targets: its ``n_local`` local rows; sources:
-            all its rows, halo included), or a mapping with ``x`` ``[n]`` and ``uid`` ``[n]``
-            (every row a target and a source).
+            all its rows, halo included), or a mapping with the positions (``x`` ``[n]`` on a line,
+            ``pos`` ``[n, d]`` in a box) and ``uid`` ``[n]`` (every row a target and a source).
         k: How many sources per target, an int >= 1.
-        direction: ``"ahead"``, ``"behind"`` or ``"either"``.
+        direction: On a line ``"ahead"`` (the default), ``"behind"`` or ``"either"``; in a box
+            only ``"either"`` (or None).
         within: The largest distance (length units; cells on a line of cells), at most the reach the
             substep declares; on a ring below the length (``"either"``: below half of it), so that no
             source is met twice.
@@ -137,11 +150,17 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str = "ahead", wi
         ConfigError: not a Line, a bad ``k``, ``direction`` or ``within``, missing fields.
         FieldAccessError: ``within`` beyond the substep's declared reach.
     """
-    if not isinstance(space, Line):
-        raise ConfigError(f"nearest: expected a Line space (got {type(space).__name__}); in a Box or on a Grid "
+    if not isinstance(space, (Line, Box)):
+        raise ConfigError(f"nearest: expected a Line or a Box space (got {type(space).__name__}); on a Grid "
                           "read neighbors with neighbor_reduce")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ConfigError(f"nearest: expected k to be an int >= 1 (got {k!r})")
+    if isinstance(space, Box):
+        if direction not in (None, "either"):
+            raise ConfigError(f"nearest: in a Box the k nearest are taken in every direction: leave direction out "
+                              f"(got {direction!r}; 'ahead' and 'behind' are for a Line)")
+        return _box_nearest(space, agents, k, within, sources, fill)
+    direction = "ahead" if direction is None else direction
     if direction not in DIRECTIONS:
         raise ConfigError(f"nearest: unknown direction {direction!r} (valid: {', '.join(DIRECTIONS)})."
                           + did_you_mean(str(direction), DIRECTIONS))
@@ -191,6 +210,56 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str = "ahead", wi
     if direction != "either":  # nearest first already: a miss is followed by misses
         return Nearest(index, found, distance)
     return _compact(index, found, distance, k)
+
+
+def _box_nearest(box: Box, agents: Any, k: int, within: float, sources: Any, fill: float | int | None) -> Nearest:
+    """:func:`nearest` in a Box: the radius pairs within ``within``, each target's sorted by
+    (squared distance, uid), the first ``k`` kept.
+    """
+    if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 < within < float("inf"):
+        raise ConfigError(f"nearest: expected within to be a distance > 0 in a Box (got {within!r})")
+    limit = box.query_limit
+    if limit is not None and within > limit[0]:
+        raise FieldAccessError(f"{limit[1]} but queries within {within:g}: on several processes the agents beyond "
+                               "the declared reach are not there. Declare a reach that covers the query")
+    field = box.position_field
+    pos_t = _field(agents, field, "the agents")
+    same = sources is None
+    pos_s, uid_s = (pos_t, _field(agents, "uid", "the agents")) if same else (
+        _field(sources, field, "the sources"), _field(sources, "uid", "the sources"))
+    n_local = getattr(agents, "n_local", None)
+    n_t = int(pos_t.shape[0] if n_local is None else n_local)
+    fill = float("inf") if fill is None else fill
+    device = pos_s.device
+    rows = torch.full((n_t, k), -1, dtype=torch.int64, device=device)
+    distance = torch.full((n_t, k), fill, dtype=pos_s.dtype, device=device)
+    if n_t == 0 or pos_s.shape[0] == 0:
+        return Nearest(rows, rows >= 0, distance)
+    if same:
+        pos, uid = pos_s, uid_s.to(torch.int64)
+    else:  # targets first, as rows the search queries; their pairs with each other are dropped
+        pos = torch.cat([pos_t[:n_t], pos_s])
+        uid = torch.cat([_field(agents, "uid", "the agents")[:n_t].to(torch.int64), uid_s.to(torch.int64)])
+    for c in radius_pair_chunks(pos, box, float(within), uid=uid, n_query=n_t, include_self=not same,
+                                with_delta=True):
+        i, j, dist2 = c.i, c.j, c.dist2
+        assert dist2 is not None  # with_delta=True
+        if not same:
+            keep = torch.nonzero(j >= n_t).flatten()
+            i, j, dist2 = i.index_select(0, keep), j.index_select(0, keep) - n_t, dist2.index_select(0, keep)
+        # each target's pairs by (squared distance, uid): stable sorts, last key first
+        order = torch.argsort(uid_s.index_select(0, j), stable=True)
+        order = order.index_select(0, torch.argsort(dist2.index_select(0, order), stable=True))
+        order = order.index_select(0, torch.argsort(i.index_select(0, order), stable=True))
+        i, j, dist2 = i.index_select(0, order), j.index_select(0, order), dist2.index_select(0, order)
+        counts = torch.bincount(i - c.start, minlength=c.stop - c.start)
+        first = torch.cumsum(counts, 0) - counts
+        rank = torch.arange(i.shape[0], device=device) - first.index_select(0, i - c.start)
+        kept = torch.nonzero(rank < k).flatten()
+        at = i.index_select(0, kept) * k + rank.index_select(0, kept)
+        rows.view(-1).index_copy_(0, at, j.index_select(0, kept))
+        distance.view(-1).index_copy_(0, at, portable.sqrt(dist2.index_select(0, kept)).to(distance.dtype))
+    return Nearest(rows, rows >= 0, distance)
 
 
 def turn_in_order(key: Tensor, strict: bool) -> int | None:
