@@ -444,12 +444,19 @@ CASES += [
          @model.substep(reads=["a.cell"], writes=["env.food"], combine={"env.food": "sum"})
          def step(ctx): pass
          """), 2, "combine for env.food: expected one of set, add, min, max (got 'sum')"),
-    Case("env-add-float", "model definition", "combine 'add' on a float layer",
+    Case("env-add-float", "model definition", "a float layer with combine 'add' written directly",
          grid_case("g_af", """
          @model.substep(reads=["a.cell"], writes=["env.heat"], combine={"env.heat": "add"})
-         def step(ctx): pass
-         """, init=GRID_INIT + "; ic.add_env(heat=torch.zeros(8, 8))"), 2,
-         "combine 'add' for env.heat needs an integer layer (got torch.float32)"),
+         def step(ctx): ctx.env["heat"] = ctx.env["heat"] + 1.0
+         """, init=GRID_INIT + "; ic.add_env(heat=torch.zeros(8, 8))"), 1,
+         "substep 'step' writes env.heat directly: a float layer that combines by 'add' changes only through "
+         "ctx.deposit('env.heat', cells, amounts)"),
+    Case("env-deposit-outside", "agent state", "a deposit into a cell outside a float layer",
+         grid_case("g_do", """
+         @model.substep(reads=["a.cell"], writes=["env.heat"], combine={"env.heat": "add"})
+         def step(ctx): ctx.deposit("heat", ctx["a"]["cell"] + 64, torch.ones(ctx["a"].n))
+         """, init=GRID_INIT + "; ic.add_env(heat=torch.zeros(8, 8))"), 1,
+         "step 1: substep 'step': ctx.deposit into env.heat: a cell outside the layer's 64 cells"),
     Case("env-set-conflict", "agent state", "processes that set one cell to different values (--nprocs 2)",
          grid_case("g_sc", """
          @model.substep(reads=["a.cell"], writes=["env.food"])
@@ -467,7 +474,8 @@ CASES += [
          """, init=GRID_INIT.replace("(uid * 3) % 64", "uid * 0") + "; ic.add_env(heat=torch.ones(8, 8))",
                    agents="5", extra=("--nprocs", "2")), 1,
          "was set to different values on different processes: agents on several processes change the same cell. "
-         "For amounts that add up (deposits, consumption) compute the cell's new value from ctx.neighbors"),
+         "For amounts that add up (deposits, consumption) declare combine={'env.heat': 'add'} and add them with "
+         "ctx.deposit('env.heat', cells, amounts)"),
     Case("env-min-raised", "agent state", "a substep that raises a cell of a 'min' layer (--nprocs 2)",
          grid_case("g_mr", """
          @model.substep(reads=["a.cell"], writes=["env.food"], combine={"env.food": "min"})

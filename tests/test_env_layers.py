@@ -121,8 +121,9 @@ def test_add_on_a_float_layer_is_refused_at_run_start():
     def init(ic):
         uid = ic.uids("a", 2)
         ic.add("a", uid=uid, x=torch.zeros(2))
-        ic.add_env(heat=torch.zeros(3, 3))
+        ic.add_env(heat=torch.zeros(3, 3, dtype=torch.bool))
         return asim.Grid((3, 3))
 
-    with pytest.raises(ConfigError, match=r"combine 'add' for env.heat needs an integer layer \(got torch.float32\)"):
+    with pytest.raises(ConfigError, match=r"combine 'add' for env.heat needs an integer or a float layer \(got "
+                                          r"torch.bool\)"):
         Simulation(model, agents=2)

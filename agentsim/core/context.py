@@ -38,7 +38,9 @@ from typing import Any, Literal, NamedTuple, TypeVar, overload
 import torch
 from torch import Tensor
 
+from agentsim.core import ops
 from agentsim.core.comm import LocalComm
+from agentsim.core.env import DEPOSIT_FRAC_BITS, DEPOSIT_LIMIT, deposit_layer
 from agentsim.core.groups import GroupIndex, GroupSums
 from agentsim.core.params import Params
 from agentsim.core.random import StepRNG
@@ -87,11 +89,14 @@ class Death(NamedTuple):
 
 @dataclass
 class Effects:
-    """What a substep asked for besides its writes: births, deaths and error flags."""
+    """What a substep asked for besides its writes: births, deaths, error flags, and deposits into
+    float env layers (``[cells]`` int64 per layer, in multiples of ``2**-DEPOSIT_FRAC_BITS``).
+    """
 
     births: list[Birth] = field(default_factory=list)
     deaths: list[Death] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
+    deposits: dict[str, Tensor] = field(default_factory=dict)
 
 
 class PopulationView:
@@ -544,6 +549,53 @@ class Context:
             raise FieldAccessError(f"kill('{population}'): expected a bool mask of shape [{n}] "
                                    f"(got {dies.dtype} {list(dies.shape)})")
         self.effects.deaths.append(Death(population, dies))
+
+    def deposit(self, layer: str, cells: Tensor, amounts: Tensor) -> None:
+        """Add ``amounts`` into the float env layer ``layer`` at the flat indices ``cells``, exactly
+        (applied when the substep returns; :mod:`agentsim.core.env`).
+
+        Each amount is rounded to a multiple of ``2**-24`` and the amounts of a cell are summed in
+        int64 over this call's agents and every process, so the layer's new values have the same
+        bits on any number of processes. Consuming is a negative deposit. Deposit for this
+        process's agents (``ctx[pop]`` rows), never for the halo's. The substep must declare the
+        layer in ``writes=`` with ``combine={"env.<layer>": "add"}``, and writes it only this way.
+
+        Args:
+            layer: The layer's name (``"food"`` or ``"env.food"``).
+            cells: ``[m]`` integer flat indices into the layer (row-major).
+            amounts: ``[m]`` float amounts (the layer's units). NaN, inf, magnitudes of
+                :data:`~agentsim.core.env.DEPOSIT_LIMIT` or more, and cells outside the layer
+                stop the run at this step with an error (those deposits are not made).
+        """
+        name = layer[len(ENV) + 1:] if layer.startswith(ENV + ".") else layer
+        where = f"substep '{self.substep.name}': ctx.deposit into env.{name}"
+        if name not in self.substep.writable(ENV) or self.substep.env_combine(name) != "add":
+            raise FieldAccessError(f"{where}: declare the layer in writes= with combine={{'env.{name}': 'add'}}")
+        current = self._state.env[name]
+        if not deposit_layer(current.dtype, "add"):
+            raise ConfigError(f"{where}: the layer holds {current.dtype}; deposits are for float layers (an integer "
+                              "layer with combine 'add' is written as usual: its changes add up exactly)")
+        if not isinstance(cells, Tensor) or cells.dim() != 1 or cells.is_floating_point() \
+                or cells.dtype == torch.bool or not isinstance(amounts, Tensor) or amounts.shape != cells.shape \
+                or not amounts.is_floating_point():
+            got = ", ".join(f"{type(v).__name__} {v.dtype} {list(v.shape)}" if isinstance(v, Tensor)
+                            else type(v).__name__ for v in (cells, amounts))
+            raise ConfigError(f"{where}: expected cells [m] integers and amounts [m] floats (got {got})")
+        if amounts.requires_grad and torch.is_grad_enabled():
+            raise ConfigError(f"{where}: deposits are exact integer sums, not differentiable; a differentiable "
+                              "run writes the layer with the default combine 'set'")
+        n = current.numel()
+        outside = (cells < 0) | (cells >= n)
+        bad = ~torch.isfinite(amounts) | (amounts.abs() >= DEPOSIT_LIMIT)
+        self.effects.flags.append(Flag(f"{where}: a cell outside the layer's {n} cells", outside.any()))
+        self.effects.flags.append(Flag(f"{where}: an amount that is NaN, inf or of magnitude {DEPOSIT_LIMIT:g} or "
+                                       "more", bad.any()))
+        keep = ~(outside | bad)
+        fixed = torch.where(keep, ops.to_fixed(torch.where(keep, amounts, 0.0), DEPOSIT_FRAC_BITS), 0)
+        total = self.effects.deposits.get(name)
+        if total is None:
+            total = self.effects.deposits[name] = torch.zeros(n, dtype=torch.int64, device=current.device)
+        total.index_add_(0, torch.where(keep, cells, 0).to(torch.int64), fixed)
 
     def flag(self, message: str, condition: Tensor) -> None:
         """Record an error condition (a bool tensor); checked once per step on all ranks.

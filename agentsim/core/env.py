@@ -10,9 +10,15 @@ process applies every process's changes with the layer's declared *combine*:
   step stops with an error that names the substep, the layer and the cell, and says what to
   declare instead. Right for "each agent writes its own cell" (harvest a patch, mark a cell)
   and for updates every process computes alike from ``ctx.neighbors`` (wolf-sheep's grazing).
-- ``"add"``: the changes add up, ``new = old + sum over processes (new_p - old)``; integer
-  layers only (integer addition is exact and order-free; a float sum would depend on how
-  agents are split). Right for deposits and counts (pheromone units, visits).
+- ``"add"``: the changes add up. An integer layer is written as usual and ``new = old + sum over
+  processes (new_p - old)`` (integer addition is exact and order-free): counts, visits. A float
+  layer changes only through :meth:`ctx.deposit(layer, cells, amounts)
+  <agentsim.core.context.Context.deposit>`: each amount is rounded to a multiple of ``2**-24``
+  (:data:`DEPOSIT_FRAC_BITS`) and the amounts are summed per cell exactly, in int64, over the
+  agents and the processes; after the substep every cell becomes ``old + sum`` (one rounding to
+  the layer's dtype), the same bits on any number of processes. Right for consuming and
+  depositing continuous quantities (food eaten, pheromone laid). The substep reads the layer as
+  it was before its deposits.
 - ``"min"`` / ``"max"``: the elementwise minimum / maximum of the changed values and the old
   one; a process that raises a cell under ``"min"`` (lowers it under ``"max"``) is an error.
 
@@ -42,18 +48,34 @@ from torch import Tensor
 from agentsim.core.substep import COMBINES
 from agentsim.errors import ConfigError
 
-__all__ = ["COMBINES", "changed_cells", "check_combine_dtype", "merge_layer", "raised_cells"]
+__all__ = ["COMBINES", "DEPOSIT_FRAC_BITS", "DEPOSIT_LIMIT", "add_deposits", "changed_cells", "check_combine_dtype",
+           "deposit_layer", "merge_layer", "raised_cells"]
+
+#: Fractional bits of a float layer's deposits: each amount is a multiple of ``2**-24`` (about 6e-8).
+DEPOSIT_FRAC_BITS = 24
+#: The largest magnitude of one deposit, about 1e9 (a cell's sum must stay below ``2**38``, about 2.7e11).
+DEPOSIT_LIMIT = 2.0 ** 30
+
+
+def deposit_layer(dtype: torch.dtype, combine: str) -> bool:
+    """Whether a layer of ``dtype`` with ``combine`` changes through deposits (a float layer that adds)."""
+    return combine == "add" and dtype.is_floating_point
+
+
+def add_deposits(layer: Tensor, total: Tensor) -> Tensor:
+    """``layer`` plus the deposits ``total`` (``[layer.numel()]`` int64 in multiples of
+    ``2**-DEPOSIT_FRAC_BITS``): computed in float64, rounded once to the layer's dtype.
+    """
+    added = layer.reshape(-1).to(torch.float64) + total.to(torch.float64) * 2.0 ** -DEPOSIT_FRAC_BITS
+    return added.to(layer.dtype).reshape(layer.shape)
 
 
 def check_combine_dtype(substep: str, name: str, combine: str, dtype: torch.dtype) -> None:
-    """Refuse a combine that cannot be exact for a layer of ``dtype`` (``"add"`` on floats or bools)."""
-    if combine == "add" and (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool):
+    """Refuse a combine that cannot be exact for a layer of ``dtype`` (``"add"`` on bools or complex)."""
+    if combine == "add" and (dtype.is_complex or dtype == torch.bool):
         raise ConfigError(
-            f"substep '{substep}': combine 'add' for env.{name} needs an integer layer (got {dtype}): a float sum "
-            "depends on how the agents are split over processes. Hold the layer in integer units (e.g. int64 "
-            "micro-units), or keep the default 'set' and compute each cell's new value from ctx.neighbors so "
-            "that every process computes the same (what the agents of the cell take or leave, summed over "
-            "ctx.neighbors); 'min'/'max' do not add changes up")
+            f"substep '{substep}': combine 'add' for env.{name} needs an integer or a float layer (got {dtype}): "
+            "count in an integer layer, or keep the default 'set'")
 
 
 def _bits(t: Tensor) -> Tensor:

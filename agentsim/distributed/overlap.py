@@ -66,7 +66,7 @@ from agentsim.core.comm import Comm, Work
 from agentsim.core.context import Flag
 from agentsim.core.ops import flatnonzero, take_rows
 from agentsim.core.state import UID, Population, State
-from agentsim.core.substep import Substep, resolve_reach
+from agentsim.core.substep import ENV, Substep, resolve_reach
 from agentsim.distributed.comm import pack_rows, unpack_rows
 from agentsim.distributed.partition import CallSubstep, StepReport
 
@@ -94,8 +94,8 @@ def overlap_plan(partition: SpatialPartition, substeps: Sequence[Substep], param
     if kind != "length":
         return None
     for s in substeps:
-        if s.births or s.deaths or (s is not first and s.neighbors):
-            return None
+        if s.births or s.deaths or (s is not first and s.neighbors) or "add" in map(s.env_combine, s.writable(ENV)):
+            return None  # (a layer that adds may take deposits: their sums are not split around the exchange)
     return name, first, reach
 
 

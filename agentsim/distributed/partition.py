@@ -517,9 +517,10 @@ def _combine_hint(where: str, dtype: torch.dtype) -> str:
     idiom = ("compute the cell's new value from ctx.neighbors, so that every process computes the same (what the "
              "agents of a cell take or leave, summed over ctx.neighbors of the cell: the wolfsheep model's grazing)")
     if dtype.is_floating_point:
-        return (f"For amounts that add up (deposits, consumption) {idiom}, or hold the layer in integer units (e.g. "
-                f"int64 micro-units) with combine={{'{where}': 'add'}}; 'min'/'max' keep one process's value, not "
-                "the sum of the changes: only for a rule where the lowest or highest value wins")
+        return (f"For amounts that add up (deposits, consumption) declare combine={{'{where}': 'add'}} and add "
+                f"them with ctx.deposit('{where}', cells, amounts) (summed exactly, on any number of processes), "
+                f"or {idiom}; 'min'/'max' keep one process's value, not the sum of the changes: only for a rule "
+                "where the lowest or highest value wins")
     return (f"Declare combine={{'{where}': 'add'}} if the changes add up (deposits, consumption, counts), 'min' or "
             f"'max' if the lowest or highest value wins; or {idiom}")
 

@@ -55,7 +55,7 @@ from torch import Tensor
 
 from agentsim.core.comm import Comm, LocalComm
 from agentsim.core.context import Effects, Halos
-from agentsim.core.env import changed_cells, merge_layer
+from agentsim.core.env import DEPOSIT_FRAC_BITS, changed_cells, deposit_layer, merge_layer
 from agentsim.core.groups import GroupIndex, GroupSums, check_spread, check_weights, weighted_total
 from agentsim.core.params import Params
 from agentsim.core.state import UID, State
@@ -70,6 +70,7 @@ __all__ = ["ContractChecks", "check_every_steps", "checked_env"]
 CallFn = Callable[..., Effects]  # call(substep, state, halos, groups=None) -> Effects
 _GROUP_PASSES = 4  # passes of a split call that uses ctx.group_totals (2 unless totals feed later contributions)
 Outcome = dict[str, Tensor]
+_DEPOSITS = "deposits into "  # an outcome's key for a float layer's exact deposit sums, "deposits into env.<layer>"
 _MESSAGE_BYTES = 4096  # a violation's message travels to every rank in a fixed-size row
 
 
@@ -239,10 +240,15 @@ class ContractChecks:
                 "and only their declared fields: a value computed in this substep for this process's agents (a "
                 "target, a bid) is unknown for the halo's agents, so write it to a field in one substep and read "
                 "it through ctx.neighbors in the next")
-        if diff.startswith("env."):
+        if diff.startswith(_DEPOSITS):
+            hint = ("deposit for this process's agents only (ctx[pop] rows, each agent's deposit made once, on the "
+                    "process that holds it), never for the halo's (ctx.neighbors rows), and compute each amount "
+                    "from what the agent reads through ctx.neighbors")
+        elif diff.startswith("env."):
             layer = diff.split()[0]
             hint = (f"declare how writes to {layer} combine: combine={{'{layer}': 'add'}} if each agent adds to a "
-                    f"cell (integer layers), 'min'/'max' if it only lowers/raises cells; with 'set' (the default) a "
+                    f"cell (an integer layer written as usual, a float layer through ctx.deposit), 'min'/'max' if "
+                    f"it only lowers/raises cells; with 'set' (the default) a "
                     "cell changed on several processes must be changed to one value, so compute it from "
                     "ctx.neighbors (every agent that affects it) rather than from this process's agents")
         return f"{diff} changes when the agents are split over two processes: {hint}"
@@ -454,6 +460,10 @@ def _outcome(s: Substep, state: State, effects: Effects) -> Outcome:
         pop, key = ref.split(".")
         if pop == ENV:
             out[f"env.{key}"] = plain(state.env[key])
+            if deposit_layer(state.env[key].dtype, s.env_combine(key)):
+                total = effects.deposits.get(key)
+                out[f"{_DEPOSITS}env.{key}"] = total if total is not None else torch.zeros(
+                    state.env[key].numel(), dtype=torch.int64, device=state.env[key].device)
             continue
         p = state[pop]
         order = torch.argsort(p[UID])
@@ -478,7 +488,9 @@ def _merged(parts: list[Outcome], s: Substep, before: State) -> Outcome:
     keys = list(dict.fromkeys(k for p in parts for k in p))
     for key in keys:
         values = [p[key] for p in parts if key in p]
-        if key.startswith("env."):
+        if key.startswith(_DEPOSITS):  # exact sums: the parts' deposits add up (env only: made alike by each)
+            out[key] = torch.stack(values).sum(0) if s.touches_agents() else values[0]
+        elif key.startswith("env."):
             old = before.env[key[4:]]
             cells = [changed_cells(old, v) for v in values]
             changed = [v.reshape(-1)[c] for v, c in zip(values, cells, strict=True)]
@@ -523,6 +535,10 @@ def _difference(want: Outcome, got: Outcome, env: bool = True, label: str = "in 
         if not torch.equal(x, y):
             differ = (x != y).reshape(x.shape[0], -1).any(1) if x.dim() else torch.tensor([True])
             rows = torch.nonzero(differ).reshape(-1)
+            if key.startswith(_DEPOSITS):
+                cell, unit = int(rows[0]), 2.0 ** -DEPOSIT_FRAC_BITS
+                return (f"{key} (cell {cell}: {a[cell].item() * unit:.9g} in the one-process call, "
+                        f"{b[cell].item() * unit:.9g} {label})")
             if key.startswith("env."):
                 cell = int(rows[0]) if a.dim() <= 1 else int(torch.nonzero((x != y).reshape(-1))[0])
                 return (f"{key} (cell {cell}: {a.reshape(-1)[cell].item()} in the one-process call, "

@@ -43,6 +43,7 @@ from agentsim._native import build as native
 from agentsim.core import ops
 from agentsim.core.comm import Comm, CommStats, LocalComm
 from agentsim.core.context import CLEAR, Birth, Context, Effects, Flag, Halos, InitContext, MetricsContext, NeighborView
+from agentsim.core.env import add_deposits, deposit_layer
 from agentsim.core.groups import GroupSums
 from agentsim.core.metrics import MetricSums
 from agentsim.core.model import Model
@@ -732,10 +733,29 @@ class Simulation:
         if self.checks is not None and start is not None:
             self.checks.check(s, start, halos, state, effects, state.step + 1)
         flags = part.merge_env(state, s, before, self.comm) + self._apply(s, effects)
+        self._add_deposits(s, effects)
         if self.checks is not None and s.births and self._checking():
             self.checks.check_uids(state, state.step + 1, s)
         part.migrate(state, s, self.comm)
         return flags
+
+    def _deposit_layers(self, s: Substep) -> list[str]:
+        """The float env layers ``s`` changes through ``ctx.deposit`` (combine 'add'), in name order."""
+        return [k for k in sorted(s.writable(ENV)) if deposit_layer(self.state.env[k].dtype, s.env_combine(k))]
+
+    def _add_deposits(self, s: Substep, effects: Effects) -> None:
+        """Add the deposits of ``s`` into its float layers: every rank's exact sums (a substep on agents:
+        each rank deposited for its own; one that touches no agents deposited alike on every rank).
+        """
+        for name in self._deposit_layers(s):
+            layer = self.state.env[name]
+            total = effects.deposits.get(name)
+            if self.comm.world_size > 1 and s.touches_agents():
+                if total is None:
+                    total = torch.zeros(layer.numel(), dtype=torch.int64, device=layer.device)
+                total = self.comm.sum_int64(total)
+            if total is not None:
+                self.state.env[name] = add_deposits(layer, total)
 
     def _checking(self) -> bool:
         """Whether the check mode checks the step being computed (every ``check_every``-th)."""
@@ -747,7 +767,8 @@ class Simulation:
         """
         if self.comm.world_size == 1 or not s.touches_agents():
             return {}
-        return {key: self.state.env[key].clone() for key in sorted(s.writable(ENV))}  # the same order on every rank
+        deposits = self._deposit_layers(s)  # (merged by their exact sums instead)
+        return {key: self.state.env[key].clone() for key in sorted(s.writable(ENV)) if key not in deposits}
 
     def _call(self, s: Substep, state: State, halos: Halos, *, per_agent_flags: bool = False,
               fresh: bool = True, groups: Any = None) -> Effects:
@@ -775,8 +796,15 @@ class Simulation:
         if checking:  # env layers that refuse negative indices, for this call
             state.env.update(checked_env(state.env, s))
         versions = _read_only_versions(s, state, self._read_only)
+        deposited = {k: (id(state.env[k]), ops.tensor_version(state.env[k])) for k in self._deposit_layers(s)}
         try:
             s(ctx)
+            for key, (tensor_id, version) in deposited.items():
+                t = state.env[key]
+                if id(t) != tensor_id or ops.tensor_version(t) != version:
+                    raise FieldAccessError(
+                        f"substep '{s.name}' writes env.{key} directly: a float layer that combines by 'add' "
+                        f"changes only through ctx.deposit('env.{key}', cells, amounts), summed exactly")
             for (pop, key), (tensor_id, version) in versions.items():
                 t = state.env[key] if pop == ENV else state.populations[pop][key]
                 if id(t) == tensor_id and ops.tensor_version(t) != version:
