@@ -109,3 +109,8 @@ def wander(ctx: asim.Context) -> None:
 @BUGS.metric(groups="space")
 def bugs_per_cell(state: asim.MetricsContext) -> torch.Tensor:
     return state["bug"]["cell"]
+
+
+@BUGS.derived
+def bugs_per_cell_mean(m, params, space) -> float:  # a function of three arguments also gets the space
+    return float(m["n_bug"] / space.n_cells)

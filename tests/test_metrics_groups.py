@@ -100,15 +100,16 @@ def test_derived_metrics_read_the_parameters():
 
     got = asim.Simulation(model, 50, 0, params={"length": 500}).run(2).metrics
     assert got["flow"].tolist() == [0.2, 0.3, 0.4]
-    with pytest.raises(ConfigError, match=r"fn\(metrics, params\) \(got 3 arguments\)"):
-        model.derived(lambda m, p, q: 0)
+    with pytest.raises(ConfigError, match=r"fn\(metrics, params, space\) \(got 4 arguments\)"):
+        model.derived(lambda m, p, q, r: 0)
 
 
-def test_one_group_per_cell_of_the_space():
+def test_one_group_per_cell_of_the_space_and_a_derived_metric_of_the_space():
     import place_models
 
     run = asim.Simulation(place_models.BUGS, 300, 2, params={"rows": 4, "cols": 6}).run(3)
     assert run.metrics["bugs_per_cell"].shape == (4, 24)
+    assert run.metrics["bugs_per_cell_mean"].tolist() == [300 / 24] * 4
     cells = run.state["bug"]["cell"]
     assert run.metrics["bugs_per_cell"][-1].tolist() == torch.bincount(cells, minlength=24).tolist()
     boxed = asim.Model("boxed")

@@ -207,7 +207,7 @@ class Objective:
             for d in self._derived:
                 name = str(d.name)
                 try:
-                    row[name] = d.value(row.copy_for(name), sim.params)
+                    row[name] = d.value(row.copy_for(name), sim.params, sim.space)
                 except _Unusable as e:
                     if name == self.metric:
                         raise ConfigError(f"metric: derived metric {name!r} reads {e}") from None

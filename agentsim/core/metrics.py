@@ -47,7 +47,8 @@ such as a speed over a road's length), with correspondingly smaller largest valu
 A derived metric is a function of the other metrics' global values (a ratio, a norm): vector
 metrics arrive as numpy arrays; it returns a number or a vector (a 1-D array-like, stored as a
 numpy array). A derived function of two arguments, ``fn(metrics, params)``, also gets the run's
-parameters (a flow: the sum of speeds over the road's length).
+parameters (a flow: the sum of speeds over the road's length); of three, ``fn(metrics, params,
+space)``, the run's space too (a density: agents per cell of the grid, ``space.n_cells``).
 
 Every run also reports ``n_<population>``, the number of agents of each population.
 
@@ -603,17 +604,18 @@ def histogram_counts(values: Tensor, edges: Tensor) -> Tensor:
 
 
 class Derived(NamedTuple):
-    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``, or
-    ``fn(metrics, params)`` (``takes_params``) with the run's parameters too.
+    """A metric computed from the global values of the others: ``fn(metrics) -> number or vector``,
+    ``fn(metrics, params)`` with the run's parameters too, or ``fn(metrics, params, space)`` with
+    the run's space too (``arguments``: 1, 2 or 3).
     """
 
     name: str
     fn: Callable[..., Any]
-    takes_params: bool = False
+    arguments: int = 1
 
-    def value(self, metrics: dict[str, Any], params: Mapping[str, Any]) -> Any:
+    def value(self, metrics: dict[str, Any], params: Mapping[str, Any], space: Any = None) -> Any:
         """The derived metric's value from the metrics before it."""
-        return self.fn(metrics, params) if self.takes_params else self.fn(metrics)
+        return self.fn(*(metrics, params, space)[:self.arguments])
 
 
 def _parameter(metric: str, what: str, name: str, params: Mapping[str, Any]) -> Any:
@@ -808,11 +810,13 @@ def _layout(names: tuple[str, ...], is_float: tuple[bool, ...],
 
 
 def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
-               derived: Sequence[Derived] = (), params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               derived: Sequence[Derived] = (), params: Mapping[str, Any] | None = None,
+               space: Any = None) -> dict[str, Any]:
     """The metrics of a step from global sums: ``step``, ``n_<population>``, every metric (means
     divided by their counts; a vector metric as a numpy array ``[K]``, a histogram as a
     :class:`Histogram`), then the derived ones in order (``params``: the run's parameters, for
-    histogram edges and derived metrics that read them).
+    histogram edges and derived metrics that read them; ``space``: the run's space, for derived
+    metrics that read it).
 
     Raises:
         ConfigError: A derived metric returned an array of more than one dimension.
@@ -842,7 +846,7 @@ def metric_row(step: int, sums: MetricSums, metrics: Sequence[Metric],
             value = value / count if count else float("nan")
         out[item.name] = value
     for d in derived:
-        value = _vector(d.value(dict(out), params))
+        value = _vector(d.value(dict(out), params, space))
         if isinstance(value, np.ndarray) and value.ndim > 1:
             raise ConfigError(f"derived metric '{d.name}': expected a number or a vector [K] (got an array of "
                               f"shape {list(value.shape)})")

@@ -78,8 +78,8 @@ def _check_display_keys(what: str, display: dict[str, Any], others: tuple[str, .
 
 
 def _positional_arguments(name: str, fn: Callable[..., Any]) -> int:
-    """How many positional arguments a derived metric's function takes: 1 (the metrics) or 2 (and the
-    parameters).
+    """How many positional arguments a derived metric's function takes: 1 (the metrics), 2 (and the
+    parameters) or 3 (and the space).
     """
     try:
         parameters = list(inspect.signature(fn).parameters.values())
@@ -89,9 +89,10 @@ def _positional_arguments(name: str, fn: Callable[..., Any]) -> int:
         return 1
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
                   and p.default is p.empty]
-    if len(positional) not in (1, 2):
-        raise ConfigError(f"derived metric '{name}': expected a function of the metrics, fn(metrics), or of the "
-                          f"metrics and the parameters, fn(metrics, params) (got {len(positional)} arguments)")
+    if len(positional) not in (1, 2, 3):
+        raise ConfigError(f"derived metric '{name}': expected a function of the metrics, fn(metrics), of the "
+                          f"metrics and the parameters, fn(metrics, params), or of those and the space, "
+                          f"fn(metrics, params, space) (got {len(positional)} arguments)")
     return len(positional)
 
 
@@ -283,7 +284,7 @@ class Model:
             raise ConfigError(f"derived metric '{name}': expected a function of the metrics (got {fn!r})")
         if name in self.metric_names():
             raise ConfigError(f"model '{self.name}': metric '{name}' is already defined")
-        self._derived.append(Derived(name, fn, _positional_arguments(name, fn) == 2))
+        self._derived.append(Derived(name, fn, _positional_arguments(name, fn)))
         self.definition = object()
 
     def derived(self, fn: Callable[..., Any] | None = None, **display: Any) -> Any:
@@ -470,9 +471,11 @@ class Model:
         """This rank's exact metric sums (see :mod:`agentsim.core.metrics`)."""
         return local_sums(self._metrics, mc)
 
-    def metric_row(self, step: int, sums: MetricSums, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The metrics of ``step`` from the global sums (``params``: the run's parameters)."""
-        return metric_row(step, sums, self._metrics, self._derived, self.params if params is None else params)
+    def metric_row(self, step: int, sums: MetricSums, params: Mapping[str, Any] | None = None,
+                   space: Any = None) -> dict[str, Any]:
+        """The metrics of ``step`` from the global sums (``params``, ``space``: the run's)."""
+        return metric_row(step, sums, self._metrics, self._derived, self.params if params is None else params,
+                          space)
 
     def validate_state(self, state: State) -> None:
         """Check that every declared field reference exists in ``state`` (run start)."""

@@ -946,7 +946,7 @@ class Simulation:
         if summary.sums is not None:
             row = {"step_seconds": step_seconds,
                    **{f"substep_seconds/{k}": v for k, v in summary.seconds.items()}, **perf}
-            self._rows.append((self.model.metric_row(summary.step, summary.sums, self.params), row))
+            self._rows.append((self.model.metric_row(summary.step, summary.sums, self.params, self.space), row))
 
     # ---------------------------------------------------------------- metrics
     def view(self) -> MetricsContext:
@@ -967,7 +967,7 @@ class Simulation:
         self._settle()
         sums = self.model.metric_sums(self.view())
         total = self.comm.sum_int64(torch.as_tensor(sums.values, dtype=torch.int64))
-        return self.model.metric_row(self.state.step, sums._replace(values=total), self.params)
+        return self.model.metric_row(self.state.step, sums._replace(values=total), self.params, self.space)
 
     # ---------------------------------------------------------------- running
     def run(self, steps: int, out: str | os.PathLike[str] | None = None, *, record: Iterable[str] | None = None,
