@@ -260,6 +260,19 @@ def test_choice_is_the_ids_of_the_smallest_keys_in_key_order():
         rng.choice(ids, 5_001, 2, "place")
 
 
+def test_choice_of_few_among_many_selects_below_a_quantile_with_the_same_bits():
+    from agentsim.core.random import CounterRNG, _below_quantile
+
+    rng = CounterRNG(5)
+    ids = torch.arange(300_000)
+    keys = rng.bits(ids, 0, "place")
+    for k in (1, 64, 1_000, 40_000, 74_999):
+        assert torch.equal(rng.choice(ids, k, 0, "place"), ids[torch.argsort(keys, stable=True)[:k]]), k
+        below = _below_quantile(keys, (k + 8 * int(k ** 0.5) + 64) / ids.shape[0])
+        assert below is not None and below.numel() >= k  # the quantile's candidates held the k smallest
+    assert _below_quantile(keys, 1.0) is None
+
+
 def test_choice_breaks_ties_of_keys_by_position(monkeypatch):
     from agentsim.core.random import CounterRNG
 

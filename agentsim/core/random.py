@@ -22,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 
@@ -301,6 +302,11 @@ class CounterRNG:
             return ids[:0]
         if 4 * k >= ids.shape[0]:  # a large share: sorting every key costs about as much as selecting
             return ids[torch.argsort(keys, stable=True)[:k]]
+        # The keys are uniform over int64: the k smallest lie below a threshold that about k + 8 sqrt(k) of n
+        # keys pass; where at least k pass, the k-th smallest of those is the k-th smallest of all.
+        rows = _below_quantile(keys, (k + 8 * math.isqrt(k) + 64) / ids.shape[0])
+        if rows is not None and rows.numel() >= k:
+            keys, ids = keys[rows], ids[rows]
         kth = torch.kthvalue(keys, k).values  # the k-th smallest key: those below it, then ties by position
         rows = torch.nonzero(keys <= kth).reshape(-1)
         if rows.numel() > k:  # ties at the k-th key: the first of them by position
@@ -314,6 +320,16 @@ class CounterRNG:
         default stream of its draws (substeps: the substep's name).
         """
         return StepRNG(self, step, stream)
+
+
+def _below_quantile(keys: Tensor, share: float) -> Tensor | None:
+    """``[m]`` the positions (ascending) of the int64 ``keys`` below the ``share`` quantile of the
+    int64 range, or None where ``share >= 1``.
+    """
+    if share >= 1.0:
+        return None
+    threshold = -(2**63) + int(share * 2.0**64)
+    return torch.nonzero(keys < threshold).reshape(-1)
 
 
 class StepRNG:
