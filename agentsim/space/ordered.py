@@ -75,11 +75,18 @@ class Nearest:
         distance: ``[n, k]`` distance to each source (the positions' dtype; ``fill`` where none).
     """
 
-    def __init__(self, rows: Tensor, found: Tensor | Callable[[], Tensor], distance: Tensor) -> None:
-        self._rows = rows  # [n, k] int64 rows of the sources, meaningless where not found
+    def __init__(self, rows: Tensor | Callable[[], Tensor], found: Tensor | Callable[[], Tensor],
+                 distance: Tensor) -> None:
+        self._rows_or_fn = rows  # [n, k] int64 rows of the sources, meaningless where not found (or how)
         self._found = found  # or how to compute it, when asked
         self.distance = distance
         self._index: Tensor | None = None
+
+    @property
+    def _rows(self) -> Tensor:
+        if callable(self._rows_or_fn):
+            self._rows_or_fn = self._rows_or_fn()
+        return self._rows_or_fn
 
     @property
     def found(self) -> Tensor:
@@ -101,7 +108,7 @@ class Nearest:
         """``values`` (``[n_sources, ...]``, a field of the sources) at the found sources,
         ``fill`` elsewhere: ``[n, k, ...]``.
         """
-        shape = self._rows.shape
+        shape = self.distance.shape
         if values.shape[0] == 0:
             return torch.full((*shape, *values.shape[1:]), fill, dtype=values.dtype, device=values.device)
         got = values.index_select(0, self._rows.clamp(min=0).reshape(-1)).reshape(*shape, *values.shape[1:])
@@ -194,22 +201,24 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str | None = None
         none = torch.full((n_t, k), -1, dtype=torch.int64, device=x_t.device)
         return Nearest(none, none >= 0, torch.full((n_t, k), fill, dtype=x_s.dtype, device=x_t.device))
     turn = turn_in_order(x_s, strict=True) if same and n_t == n_s else None
+    rows: Tensor | Callable[[], Tensor]
     if turn is not None:
-        index, distance = _ring_walk(space, x_s, turn, k, direction)
+        rows, distance = _ring_walk(space, x_s, turn, k, direction)
     else:
-        index, distance = _sorted_walk(space, x_t[:n_t], x_s, uid_s, k, direction, same)
+        rows, distance = _sorted_walk(space, x_t[:n_t], x_s, uid_s, k, direction, same)
     if turn is not None and space.periodic and direction != "either" and space.cells and fill == within + 1 \
             and k < n_s:
         # every row has a source at some distance: the ones beyond reach become within + 1 in one clamp
         raw = distance
-        return Nearest(index, lambda: raw <= within, torch.clamp(raw, max=fill))
+        return Nearest(rows, lambda: raw <= within, torch.clamp(raw, max=fill))
     found = distance <= within
     if turn is None or not space.periodic or k >= n_s:  # past a bounded line's ends, or no source left
-        found &= index >= 0
+        rows = rows() if callable(rows) else rows
+        found &= rows >= 0
     distance = torch.where(found, distance, fill)
     if direction != "either":  # nearest first already: a miss is followed by misses
-        return Nearest(index, found, distance)
-    return _compact(index, found, distance, k)
+        return Nearest(rows, found, distance)
+    return _compact(rows() if callable(rows) else rows, found, distance, k)
 
 
 def _box_nearest(box: Box, agents: Any, k: int, within: float, sources: Any, fill: float | int | None) -> Nearest:
@@ -281,43 +290,54 @@ def turn_in_order(key: Tensor, strict: bool) -> int | None:
     return b + 1 if bool(turned) else None
 
 
-def _ring_walk(space: Line, x: Tensor, turn: int, k: int, direction: str) -> tuple[Tensor, Tensor]:
+def _ring_walk(space: Line, x: Tensor, turn: int, k: int, direction: str) -> tuple[Callable[[], Tensor], Tensor]:
     """Rows in ring order at distinct positions (turned round at row ``turn``): the ``j``-th source
-    ahead of row ``r`` is row ``r + j`` (turning round), behind ``r - j``; ``(rows [n, c], distance
-    [n, c])``, ``c`` = ``k`` (``2k`` for ``"either"``: behind, then ahead), ``-1`` past a bounded
-    line's ends. A few passes over the rows per column, as the NumPy code for a ring.
+    ahead of row ``r`` is row ``r + j`` (turning round), behind ``r - j``; ``(rows, distance [n,
+    c])``, ``c`` = ``k`` (``2k`` for ``"either"``: behind, then ahead), ``rows()`` computing the
+    ``[n, c]`` rows when asked (``-1`` past a bounded line's ends). A few passes over the rows per
+    column, as the NumPy code for a ring.
     """
     n = int(x.shape[0])
     length = int(space.length) if space.cells else space.length
-    index, dist = [], []
     signs = {"ahead": (1,), "behind": (-1,), "either": (-1, 1)}[direction]
-    for sign in signs:
-        for j in range(1, k + 1):
-            if j >= n:  # once round: each source is met once
+    columns = [(sign, j) for sign in signs for j in range(1, k + 1)]
+
+    def ends(sign: int, j: int) -> Tensor:
+        """The rows whose ``j``-th source that way crosses the end of the line (the last or first ``j``
+        in line order).
+        """
+        first = turn - j if sign > 0 else turn
+        return torch.remainder(torch.arange(first, first + j, device=x.device), n)
+
+    dist = []
+    for sign, j in columns:
+        if j >= n:  # once round: each source is met once
+            dist.append(torch.zeros_like(x))
+            continue
+        d = torch.empty_like(x)
+        if sign > 0:  # row r sees row r + j: x[r + j] - x[r]
+            torch.sub(x[j:], x[:n - j], out=d[:n - j])
+            torch.sub(x[:j], x[n - j:], out=d[n - j:])
+        else:  # row r sees row r - j: x[r] - x[r - j]
+            torch.sub(x[j:], x[:n - j], out=d[j:])
+            torch.sub(x[:j], x[n - j:], out=d[:j])
+        if space.periodic:
+            d.index_add_(0, ends(sign, j), torch.full((j,), length, dtype=d.dtype, device=d.device))
+        dist.append(d)
+
+    def rows() -> Tensor:
+        index = []
+        for sign, j in columns:
+            if j >= n:
                 index.append(torch.full((n,), -1, dtype=torch.int64, device=x.device))
-                dist.append(torch.zeros_like(x))
                 continue
-            d = torch.empty_like(x)
-            if sign > 0:  # row r sees row r + j: x[r + j] - x[r]
-                torch.sub(x[j:], x[:n - j], out=d[:n - j])
-                torch.sub(x[:j], x[n - j:], out=d[n - j:])
-                row = torch.cat([torch.arange(j, n, device=x.device), torch.arange(0, j, device=x.device)])
-                # the rows whose j-th next crosses the end of the line: the last j in line order
-                ends = torch.remainder(torch.arange(turn - j, turn, device=x.device), n)
-            else:  # row r sees row r - j: x[r] - x[r - j]
-                torch.sub(x[j:], x[:n - j], out=d[j:])
-                torch.sub(x[:j], x[n - j:], out=d[:j])
-                row = torch.cat([torch.arange(n - j, n, device=x.device), torch.arange(0, n - j, device=x.device)])
-                ends = torch.remainder(torch.arange(turn, turn + j, device=x.device), n)
-            if space.periodic:
-                d.index_add_(0, ends, torch.full((j,), length, dtype=d.dtype, device=d.device))
-            else:
-                row.index_fill_(0, ends, -1)
+            row = torch.remainder(torch.arange(sign * j, n + sign * j, device=x.device), n)
+            if not space.periodic:
+                row.index_fill_(0, ends(sign, j), -1)
             index.append(row)
-            dist.append(d)
-    if len(index) == 1:
-        return index[0][:, None], dist[0][:, None]
-    return torch.stack(index, 1), torch.stack(dist, 1)
+        return torch.stack(index, 1)
+
+    return rows, dist[0][:, None] if len(dist) == 1 else torch.stack(dist, 1)
 
 
 def _sorted_walk(space: Line, xt: Tensor, x_s: Tensor, uid_s: Tensor, k: int, direction: str,
