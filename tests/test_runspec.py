@@ -49,7 +49,7 @@ BAD = {
     "checkpoint_async": ("y", "checkpoint_async: expected true or false (got 'y')"),
     "timeout": (0, "timeout: expected seconds > 0 (got 0)"),
     "max_restarts": (-1, "max_restarts: expected an int >= 0 (got -1)"),
-    "check": ("y", "check: expected true or false (got 'y')"),
+    "check": ("y", "check: expected True, False, or a number of steps K >= 1 (check every K-th step) (got 'y')"),
     "progress": ("y", "progress: expected true or false (got 'y')"),
 }
 SPATIAL = {"layout", "balance_every", "balance_threshold", "bins", "overlap"}
