@@ -450,6 +450,7 @@ class Simulation:
         self.locality = LocalityOrder(space, self.model.substeps, self.params, sort_every)
         # Called after every substep with (simulation, substep) on every rank (agentsim.runner.invariance).
         self.trace: Callable[[Simulation, Substep], None] | None = None
+        self._deposits_of: dict[str, list[str]] = {}  # substep name: its float layers that take deposits
         self.checks = ContractChecks(self._call, space, self.params, self.comm, self.partition.name,
                                      set(self.model.policies)) if self.check_every else None
         self._figures = StepFigures()  # the last PERF_WINDOW steps' figures and running totals
@@ -728,20 +729,27 @@ class Simulation:
         if self.snapshots is not None and s.neighbors and fresh:
             self._store_snapshot(s, halos)
         before = self._env_before(s)
-        start = state.clone() if fresh and self._checking() else None
+        start = state.clone() if fresh and self.checks is not None and self._checking() else None
         effects = self._call(s, state, halos, fresh=fresh)
         if self.checks is not None and start is not None:
             self.checks.check(s, start, halos, state, effects, state.step + 1)
         flags = part.merge_env(state, s, before, self.comm) + self._apply(s, effects)
-        self._add_deposits(s, effects)
+        if effects.deposits or (self.comm.world_size > 1 and self._deposit_layers(s)):
+            self._add_deposits(s, effects)
         if self.checks is not None and s.births and self._checking():
             self.checks.check_uids(state, state.step + 1, s)
         part.migrate(state, s, self.comm)
         return flags
 
     def _deposit_layers(self, s: Substep) -> list[str]:
-        """The float env layers ``s`` changes through ``ctx.deposit`` (combine 'add'), in name order."""
-        return [k for k in sorted(s.writable(ENV)) if deposit_layer(self.state.env[k].dtype, s.env_combine(k))]
+        """The float env layers ``s`` changes through ``ctx.deposit`` (combine 'add'), in name order
+        (found once per substep: a layer keeps its dtype).
+        """
+        layers = self._deposits_of.get(s.name)
+        if layers is None:
+            layers = self._deposits_of[s.name] = [
+                k for k in sorted(s.writable(ENV)) if deposit_layer(self.state.env[k].dtype, s.env_combine(k))]
+        return layers
 
     def _add_deposits(self, s: Substep, effects: Effects) -> None:
         """Add the deposits of ``s`` into its float layers: every rank's exact sums (a substep on agents:
@@ -792,14 +800,15 @@ class Simulation:
                       device=self.device, neighbors=neighbors if s.neighbors else None,
                       per_agent_flags=per_agent_flags, policies=self.actors,
                       groups=self.groups if groups is None else groups)
-        checking = self._checking()
+        checking = self.checks is not None and self._checking()
         if checking:  # env layers that refuse negative indices, for this call
             state.env.update(checked_env(state.env, s))
         versions = _read_only_versions(s, state, self._read_only)
-        deposited = {k: (id(state.env[k]), ops.tensor_version(state.env[k])) for k in self._deposit_layers(s)}
+        layers = self._deposit_layers(s)
+        deposited = [(k, id(state.env[k]), ops.tensor_version(state.env[k])) for k in layers] if layers else ()
         try:
             s(ctx)
-            for key, (tensor_id, version) in deposited.items():
+            for key, tensor_id, version in deposited:
                 t = state.env[key]
                 if id(t) != tensor_id or ops.tensor_version(t) != version:
                     raise FieldAccessError(
