@@ -713,6 +713,10 @@ CASES += [
     Case("cli-check-steps", "command line", "agentsim run --check 0",
          args("run", "sir", "--agents", "50", "--check", "0"), 2,
          "argument --check: expected a number of steps K >= 1 (got 0)"),
+    Case("cli-check-before-model", "command line", "agentsim run --check MODEL (a bare --check before the model)",
+         args("run", "--check", "sir", "--agents", "50"), 2,
+         "argument --check: expected a number of steps K >= 1 (got 'sir'; a bare --check, which checks every "
+         "step, goes after the model: agentsim run MODEL --check)"),
 ]
 
 # Reliability cases (issue 33), one block per fault class; each block extends CASES.

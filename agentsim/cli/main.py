@@ -189,7 +189,9 @@ def _check_steps(text: str) -> int:
     try:
         k = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of steps K >= 1 (got {text!r})") from None
+        raise argparse.ArgumentTypeError(f"expected a number of steps K >= 1 (got {text!r}; a bare --check, which "
+                                         "checks every step, goes after the model: agentsim run MODEL --check)"
+                                         ) from None
     if k < 1:
         raise argparse.ArgumentTypeError(f"expected a number of steps K >= 1 (got {k})")
     return k
