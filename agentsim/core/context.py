@@ -591,7 +591,7 @@ class Context:
         self.effects.flags.append(Flag(f"{where}: an amount that is NaN, inf or of magnitude {DEPOSIT_LIMIT:g} or "
                                        "more", bad.any()))
         keep = ~(outside | bad)
-        fixed = torch.where(keep, ops.to_fixed(torch.where(keep, amounts, 0.0), DEPOSIT_FRAC_BITS), 0)
+        fixed = ops.to_fixed(torch.where(keep, amounts, 0.0), DEPOSIT_FRAC_BITS)  # 0 where not kept
         total = self.effects.deposits.get(name)
         if total is None:
             total = self.effects.deposits[name] = torch.zeros(n, dtype=torch.int64, device=current.device)

@@ -60,8 +60,8 @@ from torch import Tensor
 from agentsim.core import portable
 from agentsim.errors import ConfigError, FieldAccessError, did_you_mean
 from agentsim.space.continuous.box import Box
-from agentsim.space.continuous.search import radius_pair_chunks
 from agentsim.space.line import Line
+from agentsim.space.neighbors import _Agents, _box_chunks
 
 __all__ = ["DIRECTIONS", "Nearest", "nearest", "turn_in_order"]
 
@@ -114,6 +114,25 @@ class Nearest:
         got = values.index_select(0, self._rows.clamp(min=0).reshape(-1)).reshape(*shape, *values.shape[1:])
         found = self.found.reshape(*shape, *([1] * (values.dim() - 1)))
         return torch.where(found, got, fill)
+
+
+def _check_reach(space: Line | Box, within: float) -> None:
+    """Refuse a query beyond the reach the substep declares (its space's query limit)."""
+    limit = space.query_limit
+    if limit is not None and within > limit[0]:
+        raise FieldAccessError(f"{limit[1]} but queries within {within:g}: on several processes the agents beyond "
+                               "the declared reach are not there. Declare a reach that covers the query")
+
+
+def _sides(agents: Any, sources: Any, field: str) -> tuple[Tensor, Tensor, Tensor, int]:
+    """The targets' positions ``field``, the sources' positions and uids (the agents' own without
+    ``sources``), and the number of targets (``n_local`` of ``ctx.neighbors(pop)``, else every row).
+    """
+    pos_t = _field(agents, field, "the agents")
+    pos_s, uid_s = (pos_t, _field(agents, "uid", "the agents")) if sources is None else (
+        _field(sources, field, "the sources"), _field(sources, "uid", "the sources"))
+    n_local = getattr(agents, "n_local", None)
+    return pos_t, pos_s, uid_s, int(pos_t.shape[0] if n_local is None else n_local)
 
 
 def _field(agents: Any, key: str, who: str) -> Tensor:
@@ -173,22 +192,14 @@ def nearest(space: Any, agents: Any, k: int = 1, *, direction: str | None = None
                           + did_you_mean(str(direction), DIRECTIONS))
     if isinstance(within, bool) or not isinstance(within, (int, float)) or not within >= 0:
         raise ConfigError(f"nearest: expected within to be a distance >= 0 (got {within!r})")
-    limit = space.query_limit
-    if limit is not None and within > limit[0]:
-        raise FieldAccessError(f"{limit[1]} but queries within {within:g}: on several processes the agents beyond "
-                               "the declared reach are not there. Declare a reach that covers the query")
+    _check_reach(space, within)
     length = space.length
     bound = length / 2 if direction == "either" else length
     if space.periodic and not within < bound:
         raise ConfigError(f"nearest: on {space.describe()}, within must be below {bound:g} for direction "
                           f"{direction!r}, or sources would be met twice round the ring (got {within:g})")
-    x_t = _field(agents, "x", "the agents")
     same = sources is None
-    src = agents if same else sources
-    x_s, uid_s = (x_t, _field(agents, "uid", "the agents")) if same else (
-        _field(src, "x", "the sources"), _field(src, "uid", "the sources"))
-    n_local = getattr(agents, "n_local", None)
-    n_t = int(x_t.shape[0] if n_local is None else n_local)
+    x_t, x_s, uid_s, n_t = _sides(agents, sources, "x")
     if x_t.dim() != 1 or x_s.dim() != 1:
         raise ConfigError(f"nearest: expected positions x of shape [n] (got {tuple(x_t.shape)})")
     if space.cells == x_s.dtype.is_floating_point:
@@ -227,35 +238,21 @@ def _box_nearest(box: Box, agents: Any, k: int, within: float, sources: Any, fil
     """
     if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 < within < float("inf"):
         raise ConfigError(f"nearest: expected within to be a distance > 0 in a Box (got {within!r})")
-    limit = box.query_limit
-    if limit is not None and within > limit[0]:
-        raise FieldAccessError(f"{limit[1]} but queries within {within:g}: on several processes the agents beyond "
-                               "the declared reach are not there. Declare a reach that covers the query")
-    field = box.position_field
-    pos_t = _field(agents, field, "the agents")
+    _check_reach(box, within)
     same = sources is None
-    pos_s, uid_s = (pos_t, _field(agents, "uid", "the agents")) if same else (
-        _field(sources, field, "the sources"), _field(sources, "uid", "the sources"))
-    n_local = getattr(agents, "n_local", None)
-    n_t = int(pos_t.shape[0] if n_local is None else n_local)
+    _, pos_s, uid_s, n_t = _sides(agents, sources, box.position_field)
+    if not same:  # the pairs' canonical order needs the targets' uids too: refused here, in nearest's words
+        _field(agents, "uid", "the agents")
     fill = float("inf") if fill is None else fill
     device = pos_s.device
     rows = torch.full((n_t, k), -1, dtype=torch.int64, device=device)
     distance = torch.full((n_t, k), fill, dtype=pos_s.dtype, device=device)
     if n_t == 0 or pos_s.shape[0] == 0:
         return Nearest(rows, rows >= 0, distance)
-    if same:
-        pos, uid = pos_s, uid_s.to(torch.int64)
-    else:  # targets first, as rows the search queries; their pairs with each other are dropped
-        pos = torch.cat([pos_t[:n_t], pos_s])
-        uid = torch.cat([_field(agents, "uid", "the agents")[:n_t].to(torch.int64), uid_s.to(torch.int64)])
-    for c in radius_pair_chunks(pos, box, float(within), uid=uid, n_query=n_t, include_self=not same,
-                                with_delta=True):
-        i, j, dist2 = c.i, c.j, c.dist2
-        assert dist2 is not None  # with_delta=True
-        if not same:
-            keep = torch.nonzero(j >= n_t).flatten()
-            i, j, dist2 = i.index_select(0, keep), j.index_select(0, keep) - n_t, dist2.index_select(0, keep)
+    tgt = _Agents("agents", agents, n_t)
+    for c in _box_chunks(box, tgt, tgt if same else _Agents("sources", sources, None), n_t, same, float(within)):
+        i, j, dist2 = c.i.to(torch.int64), c.j.to(torch.int64), c.dist2
+        assert dist2 is not None  # continuous chunks carry their squared distances
         # each target's pairs by (squared distance, uid): stable sorts, last key first
         order = torch.argsort(uid_s.index_select(0, j), stable=True)
         order = order.index_select(0, torch.argsort(dist2.index_select(0, order), stable=True))
